@@ -1,0 +1,356 @@
+//! The command line: clap definitions and thin dispatch onto the library. `anyhow` lives here only.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use arrow::array::RecordBatch;
+use arrow::datatypes::SchemaRef;
+use clap::{Parser, Subcommand, ValueEnum};
+use object_store::path::Path;
+
+use crate::config::{self, Config};
+use crate::engine::{Dag, Engine, catalog, replay};
+use crate::error::Error;
+use crate::store::{Store, layout};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rla-pipe",
+    version,
+    about = "RLAnything-style RL as a staged dataflow: every stage committed as Parquet, queryable with SQL, replayable.",
+    after_help = "Exit codes: 0 success, 1 failure, 2 usage error, 130 interrupted.\nLogs: -v, or RUST_LOG=rla_pipe=debug."
+)]
+pub struct Cli {
+    /// Log stage events (tracing) to stderr.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    /// Print nothing but results and errors.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run (or resume) a pipeline: every committed stage is skipped, the first missing one runs.
+    Run {
+        /// The iteration config (TOML), e.g. pipelines/synthetic.toml.
+        pipeline: PathBuf,
+        /// Store URL; defaults to the config's run.store.
+        #[arg(long)]
+        store: Option<String>,
+        /// Run id; defaults to the config's run.name.
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Bring the run to this many iterations (overrides run.iterations).
+        #[arg(long)]
+        iterations: Option<u32>,
+        /// Override a config key, validated like the file: --set reward.lambda=0.5 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Stop after this stage (of the last iteration reached).
+        #[arg(long, value_name = "STAGE")]
+        until: Option<String>,
+    },
+    /// Query every committed table of a store with SQL (read-only).
+    Sql {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Only this run's tables (default: all runs of the store).
+        #[arg(long)]
+        run: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+        /// Write the result as Parquet to this file instead of printing it.
+        #[arg(long, value_name = "FILE.parquet")]
+        out: Option<PathBuf>,
+        /// The query, e.g. "SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter".
+        query: String,
+    },
+    /// Re-execute a committed iteration from its committed inputs and compare digests.
+    Replay {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        #[arg(long)]
+        run: String,
+        #[arg(long)]
+        iter: u32,
+        /// Only this stage.
+        #[arg(long)]
+        stage: Option<String>,
+        /// Verify: exit 1 naming the stage and table that differ.
+        #[arg(long, required = true)]
+        verify: bool,
+    },
+    /// List the runs of a store.
+    Runs {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+    },
+    /// Show a run: config, iterations and stages (or one iteration's files with --iter).
+    Show {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Run id.
+        id: String,
+        #[arg(long)]
+        iter: Option<u32>,
+    },
+    /// Delete data files no committed manifest names (interrupted attempts, lost races).
+    Gc {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// List what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep unreferenced files younger than this many seconds (a writer may still commit them).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+    },
+    /// Write a commented iteration.toml with every key at its default.
+    Init {
+        /// Directory to write iteration.toml into.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum Format {
+    Table,
+    Csv,
+    Json,
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = dispatch(cli) => r,
+            _ = tokio::signal::ctrl_c() => Err(Error::Interrupted(
+                "stopped before the current stage committed; nothing partial is visible. Run the same command to resume.".into(),
+            ).into()),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            let interrupted = matches!(e.downcast_ref::<Error>(), Some(Error::Interrupted(_)));
+            ExitCode::from(if interrupted { 130 } else { 1 })
+        }
+    }
+}
+
+fn init_tracing(verbose: bool) {
+    let default = if verbose { "rla_pipe=info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let quiet = cli.quiet;
+    match cli.command {
+        Command::Run { pipeline, store, run_id, iterations, sets, until } => {
+            let mut cfg = Config::load(&pipeline, &sets)?;
+            if let Some(s) = store {
+                cfg.run.store = s;
+            }
+            if let Some(n) = iterations {
+                if n == 0 {
+                    bail!("--iterations must be at least 1");
+                }
+                cfg.run.iterations = n;
+            }
+            let run_id = run_id.unwrap_or_else(|| cfg.run.name.clone());
+            let store = Store::open(&cfg.run.store)?;
+            let dag = Dag::for_config(&cfg)?;
+            let iterations = cfg.run.iterations;
+            let mut engine = Engine::open(store, &run_id, cfg, dag).await?;
+            engine.verbose = !quiet;
+            engine.run(iterations, until.as_deref()).await?;
+            if !quiet {
+                eprintln!("run {run_id}: done. Query it with: rla-pipe sql --store {} --run {run_id} \"SELECT * FROM stage_runs\"", engine.store().url());
+            }
+        }
+        Command::Sql { store, run, format, out, query } => {
+            let store = Store::open(&store)?;
+            if let Some(r) = &run {
+                layout::validate_run_id(r)?;
+            }
+            let ctx = crate::sql::session(&store, run.as_deref()).await?;
+            let (schema, batches) = crate::sql::query(&ctx, &query).await?;
+            match out {
+                Some(path) => {
+                    let rows = write_parquet(&path, schema, &batches)?;
+                    if !quiet {
+                        eprintln!("wrote {rows} rows to {}", path.display());
+                    }
+                }
+                None => print_batches(format, &batches)?,
+            }
+        }
+        Command::Replay { store, run, iter, stage, verify: _ } => {
+            let store = Store::open(&store)?;
+            layout::validate_run_id(&run)?;
+            let report = replay::verify(&store, &run, iter, stage.as_deref()).await?;
+            for v in &report {
+                println!("ok  {:<14} {:<18} {:>10} rows  blake3 {}  ({})", v.stage, v.table, v.rows, &v.digest[..16], v.how);
+            }
+            println!("iteration {iter} of run {run}: verified ({} tables)", report.len());
+        }
+        Command::Runs { store } => {
+            let store = Store::open(&store)?;
+            let runs = catalog::load_runs(&store, None).await?;
+            if runs.is_empty() {
+                println!("no runs in {}", store.url());
+            } else {
+                println!("{:<24} {:>10} {:>8}  {:<12}  {:<20}  code", "run", "iterations", "stages", "config", "created");
+            }
+            for r in runs {
+                let complete = r.iters.values().filter(|i| i.complete.is_some()).count();
+                let stages: usize = r.iters.values().map(|i| i.stages.len()).sum();
+                println!(
+                    "{:<24} {:>10} {:>8}  {:<12}  {:<20}  {}",
+                    r.run.run_id,
+                    complete,
+                    stages,
+                    &r.run.config_hash[..12],
+                    r.run.created_at,
+                    r.run.code_version
+                );
+            }
+        }
+        Command::Show { store, id, iter } => {
+            let store = Store::open(&store)?;
+            let r = catalog::load_run(&store, &id).await?;
+            println!("run        {}", r.run.run_id);
+            println!("created    {}", r.run.created_at);
+            println!("code       {}", r.run.code_version);
+            println!("config     {}", r.run.config_hash);
+            match iter {
+                None => {
+                    println!("config:\n{}", serde_json::to_string_pretty(&r.run.config)?);
+                    println!("\n{:>5}  {:<16} {:>12} {:>9}  status", "iter", "stage", "rows", "seconds");
+                    for (i, it) in &r.iters {
+                        for c in it.stages.values() {
+                            let rows: u64 = c.manifest.outputs.iter().map(|o| o.rows).sum();
+                            println!("{i:>5}  {:<16} {rows:>12} {:>9.2}  {}", c.manifest.stage, c.manifest.seconds, c.manifest.status);
+                        }
+                        println!("{i:>5}  {:<16} {}", "_iteration", if it.complete.is_some() { "complete" } else { "incomplete" });
+                    }
+                }
+                Some(n) => {
+                    let it = r.iters.get(&n).with_context(|| format!("run {id:?} has no committed iteration {n}"))?;
+                    for c in it.stages.values() {
+                        println!("\nstage {}  (seed {}, config {}, {:.2}s, manifest blake3 {})", c.manifest.stage, c.manifest.seed, &c.manifest.config_hash[..12], c.manifest.seconds, &c.digest[..16]);
+                        for input in &c.manifest.inputs {
+                            println!("  in   {:<30} {}", input.tables.join(","), input.path);
+                        }
+                        for o in &c.manifest.outputs {
+                            println!("  out  {:<18} {:>10} rows {:>12} bytes  blake3 {}  {}", o.table, o.rows, o.bytes, &o.digest[..16], o.path);
+                        }
+                    }
+                    println!("\niteration {n}: {}", if it.complete.is_some() { "complete" } else { "incomplete" });
+                }
+            }
+        }
+        Command::Gc { store, run, dry_run, grace_secs } => {
+            let store = Store::open(&store)?;
+            if let Some(r) = &run {
+                layout::validate_run_id(r)?;
+            }
+            let (mut removed, mut bytes) = (0u64, 0u64);
+            for r in catalog::load_runs(&store, run.as_deref()).await? {
+                let referenced: BTreeSet<String> = r
+                    .iters
+                    .values()
+                    .flat_map(|i| i.stages.values())
+                    .flat_map(|c| c.manifest.outputs.iter().map(|o| o.path.clone()))
+                    .collect();
+                let now = std::time::SystemTime::now();
+                for dir in [layout::data_dir(&r.run.run_id), Path::from(format!("{}/artifacts", r.run.run_id))] {
+                    for meta in store.list(&dir).await? {
+                        let age = now.duration_since(meta.last_modified.into()).map(|d| d.as_secs()).unwrap_or(0);
+                        if referenced.contains(meta.location.as_ref()) || age < grace_secs {
+                            continue;
+                        }
+                        println!("{} {}  ({} bytes)", if dry_run { "would remove" } else { "removed" }, meta.location, meta.size);
+                        if !dry_run {
+                            store.delete(&meta.location).await?;
+                        }
+                        removed += 1;
+                        bytes += meta.size;
+                    }
+                }
+            }
+            println!("{} {removed} unreferenced files ({bytes} bytes)", if dry_run { "would remove" } else { "removed" });
+        }
+        Command::Init { dir } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+            let path = dir.join("iteration.toml");
+            if path.exists() {
+                bail!("{} already exists; not overwriting it", path.display());
+            }
+            std::fs::write(&path, config::DEFAULT_TOML).with_context(|| format!("writing {}", path.display()))?;
+            println!("wrote {}; run it with: rla-pipe run {}", path.display(), path.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match format {
+        Format::Table => {
+            use std::io::Write;
+            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(batches)?)?;
+        }
+        Format::Csv => {
+            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            for b in batches {
+                w.write(b)?;
+            }
+        }
+        Format::Json => {
+            let mut w = arrow::json::ArrayWriter::new(&mut out);
+            w.write_batches(&batches.iter().collect::<Vec<_>>())?;
+            w.finish()?;
+            use std::io::Write;
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}
+
+/// Write query results to a local Parquet file atomically (temp file, then rename).
+fn write_parquet(path: &std::path::Path, schema: SchemaRef, batches: &[RecordBatch]) -> Result<u64> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(tmp.reopen()?, schema, Some(crate::store::parquet::writer_properties()))?;
+    let mut rows = 0;
+    for b in batches {
+        w.write(b)?;
+        rows += b.num_rows() as u64;
+    }
+    w.close()?;
+    tmp.persist(path).with_context(|| format!("writing {}", path.display()))?;
+    Ok(rows)
+}

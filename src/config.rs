@@ -1,0 +1,582 @@
+//! `iteration.toml`: the resolved settings of a run.
+//!
+//! Every section rejects unknown keys. Errors name the file, the line and the dotted key.
+//! `--set a.b=v` overrides go through the same deserializer, so they are validated the same way.
+//! The resolved config is stored canonically (JSON, sorted keys) in `run.json`; its hash identifies
+//! the run. Execution-only settings (`run.store`, `run.iterations`, `run.memory_limit_mib`) are
+//! excluded from the hash so a run can be resumed elsewhere or extended.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The whole configuration of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub run: RunConfig,
+    #[serde(default)]
+    pub env: EnvConfig,
+    #[serde(default)]
+    pub rollout: RolloutConfig,
+    #[serde(default)]
+    pub policy: PolicyConfig,
+    #[serde(default)]
+    pub reward_model: RewardModelConfig,
+    #[serde(default)]
+    pub reward: RewardConfig,
+    #[serde(default)]
+    pub adapt: AdaptConfig,
+    #[serde(default)]
+    pub eval: EvalConfig,
+}
+
+/// `[run]`: identity and execution of the run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Run name; the default run id.
+    pub name: String,
+    /// Store URL (`./runs`, `file:///abs`, `memory://`, `s3://bucket/prefix`, ...). Not hashed.
+    #[serde(default = "default_store")]
+    pub store: String,
+    /// Root seed: every random draw derives from (seed, iter, stage, ...).
+    #[serde(default)]
+    pub seed: u64,
+    /// Number of iterations `run` brings the run to. Not hashed (a run can be extended).
+    #[serde(default = "one")]
+    pub iterations: u32,
+    /// Memory budget of the query engine in MiB; larger operators spill to disk. Not hashed.
+    #[serde(default = "default_memory")]
+    pub memory_limit_mib: u64,
+}
+
+/// `[env]`: which environment generates tasks and how hard they are.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Environment name. This build has `synthetic` (a seeded load generator, see README).
+    #[serde(default = "default_env")]
+    pub name: String,
+    /// Number of tasks in the pool.
+    #[serde(default = "default_tasks")]
+    pub initial_tasks: u32,
+    /// Step budget per episode.
+    #[serde(default = "default_max_steps")]
+    pub max_steps: u32,
+    /// Knobs of the `synthetic` environment.
+    #[serde(default)]
+    pub synthetic: SyntheticConfig,
+}
+
+/// `[env.synthetic]`: a seeded generator of trajectories, oracle labels and RM verdicts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SyntheticConfig {
+    /// Shortest episode (steps).
+    #[serde(default = "one")]
+    pub min_steps: u32,
+    /// Probability that an RM verdict agrees with the step oracle.
+    #[serde(default = "default_rm_accuracy")]
+    pub rm_accuracy: f64,
+    /// Probability that an RM sample has no parsable verdict (score 0).
+    #[serde(default = "default_unparsable")]
+    pub unparsable_rate: f64,
+}
+
+/// `[rollout]`: how many rollouts per task.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutConfig {
+    /// Rollouts per task (the group size of the policy advantage).
+    #[serde(default = "default_n")]
+    pub n: u32,
+}
+
+/// `[policy]`: the acting policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// `uniform` (uniform over admissible actions).
+    #[serde(default = "default_policy")]
+    pub kind: String,
+    /// Sampling temperature during training rollouts.
+    #[serde(default = "one_f")]
+    pub temperature: f64,
+}
+
+/// `[reward_model]`: the generative reward model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardModelConfig {
+    /// `false`: outcome-only reward (R = O) and no RM training.
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// m: verdict samples per step.
+    #[serde(default = "default_m")]
+    pub samples: u32,
+    /// Sampling temperature of the RM.
+    #[serde(default = "default_rm_temp")]
+    pub temperature: f64,
+}
+
+/// How policy advantages are standardized within a (task, step) group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdvantageMode {
+    /// Population std; std ≤ 1e-8 → 0; group of one keeps R; zero advantages excluded.
+    Reference,
+    /// Unbiased std; (R − mean)/(std + 1e-6); group of one → R/(1 + 1e-6).
+    Verl,
+}
+
+impl AdvantageMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdvantageMode::Reference => "reference",
+            AdvantageMode::Verl => "verl",
+        }
+    }
+}
+
+/// `[reward]`: reward integration, advantages, filters and the PPO clip.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RewardConfig {
+    /// λ in R = O + λ · mean_j S.
+    #[serde(default = "one_f")]
+    pub lambda: f64,
+    /// `reference` or `verl`.
+    #[serde(default = "default_mode")]
+    pub advantage_mode: AdvantageMode,
+    /// Tasks with accuracy below this give no policy samples.
+    #[serde(default = "default_policy_min")]
+    pub policy_acc_min: f64,
+    /// Tasks with accuracy above this give no policy samples.
+    #[serde(default = "default_policy_max")]
+    pub policy_acc_max: f64,
+    /// Only tasks with rm_acc_min ≤ acc ≤ rm_acc_max train the RM.
+    #[serde(default = "default_rm_min")]
+    pub rm_acc_min: f64,
+    #[serde(default = "default_rm_max")]
+    pub rm_acc_max: f64,
+    /// Consistency reward of an unparsable verdict.
+    #[serde(default = "default_unparsable_reward")]
+    pub unparsable_reward: f64,
+    /// PPO clip ε.
+    #[serde(default = "default_eps")]
+    pub clip_eps: f64,
+    /// KL coefficient β (k3 estimator).
+    #[serde(default = "default_beta")]
+    pub kl_beta: f64,
+}
+
+/// Whether acceptance bounds of the adaptation rule are inclusive or strict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bounds {
+    Inclusive,
+    Strict,
+}
+
+/// `[adapt]`: environment adaptation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptConfig {
+    #[serde(default = "yes")]
+    pub enabled: bool,
+    /// acc ≥ alpha_high → make harder.
+    #[serde(default = "default_rm_max")]
+    pub alpha_high: f64,
+    /// acc ≤ alpha_low → make easier.
+    #[serde(default = "default_rm_min")]
+    pub alpha_low: f64,
+    #[serde(default = "default_bounds")]
+    pub bounds: Bounds,
+}
+
+/// `[eval]`: the held-out task set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvalConfig {
+    /// Number of held-out tasks.
+    #[serde(default = "default_eval_tasks")]
+    pub tasks: u32,
+    /// Seed of the held-out set (fixed per run).
+    #[serde(default = "default_eval_seed")]
+    pub seed: u64,
+}
+
+fn default_store() -> String {
+    "./runs".into()
+}
+fn one() -> u32 {
+    1
+}
+fn one_f() -> f64 {
+    1.0
+}
+fn yes() -> bool {
+    true
+}
+fn default_memory() -> u64 {
+    1024
+}
+fn default_env() -> String {
+    "synthetic".into()
+}
+fn default_tasks() -> u32 {
+    64
+}
+fn default_max_steps() -> u32 {
+    12
+}
+fn default_rm_accuracy() -> f64 {
+    0.75
+}
+fn default_unparsable() -> f64 {
+    0.02
+}
+fn default_n() -> u32 {
+    8
+}
+fn default_policy() -> String {
+    "uniform".into()
+}
+fn default_m() -> u32 {
+    3
+}
+fn default_rm_temp() -> f64 {
+    0.8
+}
+fn default_mode() -> AdvantageMode {
+    AdvantageMode::Reference
+}
+fn default_policy_min() -> f64 {
+    0.125
+}
+fn default_policy_max() -> f64 {
+    0.875
+}
+fn default_rm_min() -> f64 {
+    0.2
+}
+fn default_rm_max() -> f64 {
+    0.8
+}
+fn default_unparsable_reward() -> f64 {
+    -2.0
+}
+fn default_eps() -> f64 {
+    0.2
+}
+fn default_beta() -> f64 {
+    0.01
+}
+fn default_bounds() -> Bounds {
+    Bounds::Inclusive
+}
+fn default_eval_tasks() -> u32 {
+    32
+}
+fn default_eval_seed() -> u64 {
+    1_000_003
+}
+
+macro_rules! default_from_empty {
+    ($($t:ty),*) => {$(
+        impl Default for $t {
+            fn default() -> Self {
+                toml::from_str("").expect("every key of this section has a default")
+            }
+        }
+    )*};
+}
+default_from_empty!(EnvConfig, SyntheticConfig, RolloutConfig, PolicyConfig, RewardModelConfig, RewardConfig, AdaptConfig, EvalConfig);
+
+/// Keys excluded from the config hash: they change how a run executes, not what it computes.
+pub const UNHASHED_KEYS: &[&str] = &["run.store", "run.iterations", "run.memory_limit_mib"];
+
+/// 1-based line and column of a byte offset.
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+    (line, col)
+}
+
+fn deserialize_text(text: &str, origin: &str) -> Result<Config> {
+    let de = toml::Deserializer::parse(text).map_err(|e| toml_error(text, origin, "", &e))?;
+    serde_path_to_error::deserialize::<_, Config>(de).map_err(|e| {
+        let path = e.path().to_string();
+        toml_error(text, origin, &path, e.inner())
+    })
+}
+
+fn toml_error(text: &str, origin: &str, path: &str, e: &toml::de::Error) -> Error {
+    let location = match e.span() {
+        Some(span) => {
+            let (l, c) = line_col(text, span.start);
+            format!("{origin}:{l}:{c}")
+        }
+        None => origin.to_string(),
+    };
+    let key = if path.is_empty() || path == "." { String::new() } else { format!(" key `{path}`:") };
+    Error::Config(format!("{location}:{key} {}", e.message().trim()))
+}
+
+impl Config {
+    /// Parse a config file's text; `origin` names it in errors.
+    pub fn from_toml(text: &str, origin: &str) -> Result<Config> {
+        let cfg = deserialize_text(text, origin)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Read and parse a config file, then apply `--set key=value` overrides.
+    pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
+        let origin = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::config(format!("{origin}: {e}")))?;
+        Self::from_toml_with_sets(&text, &origin, sets)
+    }
+
+    /// Parse text and apply overrides; each override is validated like a key of the file.
+    pub fn from_toml_with_sets(text: &str, origin: &str, sets: &[String]) -> Result<Config> {
+        let cfg = deserialize_text(text, origin)?;
+        if sets.is_empty() {
+            cfg.validate()?;
+            return Ok(cfg);
+        }
+        let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, origin, "", &e))?;
+        for set in sets {
+            apply_set(&mut doc, set)?;
+        }
+        let cfg = serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(doc)).map_err(|e| {
+            Error::Config(format!("{origin} with --set {}: key `{}`: {}", sets.join(" --set "), e.path(), e.inner().message().trim()))
+        })?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Semantic checks that types alone cannot express.
+    pub fn validate(&self) -> Result<()> {
+        let mut errs = Vec::new();
+        let mut check = |ok: bool, key: &str, msg: &str| {
+            if !ok {
+                errs.push(format!("key `{key}`: {msg}"));
+            }
+        };
+        let unit = |x: f64| (0.0..=1.0).contains(&x);
+        check(!self.run.name.is_empty(), "run.name", "must not be empty");
+        check(self.run.iterations >= 1, "run.iterations", "must be at least 1");
+        check(self.run.memory_limit_mib >= 64, "run.memory_limit_mib", "must be at least 64");
+        check(self.env.name == "synthetic", "env.name", "unknown environment (this build has: synthetic)");
+        check(self.env.initial_tasks >= 1, "env.initial_tasks", "must be at least 1");
+        check(self.env.max_steps >= 1, "env.max_steps", "must be at least 1");
+        check(
+            self.env.synthetic.min_steps >= 1 && self.env.synthetic.min_steps <= self.env.max_steps,
+            "env.synthetic.min_steps",
+            "must be between 1 and env.max_steps",
+        );
+        check(unit(self.env.synthetic.rm_accuracy), "env.synthetic.rm_accuracy", "must be in [0, 1]");
+        check(unit(self.env.synthetic.unparsable_rate), "env.synthetic.unparsable_rate", "must be in [0, 1]");
+        check(self.rollout.n >= 1, "rollout.n", "must be at least 1");
+        check(self.policy.kind == "uniform", "policy.kind", "unknown policy (this build has: uniform)");
+        check(self.policy.temperature > 0.0, "policy.temperature", "must be > 0");
+        check(self.reward_model.samples >= 1, "reward_model.samples", "must be at least 1");
+        check(self.reward_model.temperature > 0.0, "reward_model.temperature", "must be > 0");
+        check(self.reward.lambda.is_finite() && self.reward.lambda.abs() <= 1e6, "reward.lambda", "must be finite, |λ| ≤ 1e6");
+        check(unit(self.reward.policy_acc_min), "reward.policy_acc_min", "must be in [0, 1]");
+        check(unit(self.reward.policy_acc_max), "reward.policy_acc_max", "must be in [0, 1]");
+        check(unit(self.reward.rm_acc_min), "reward.rm_acc_min", "must be in [0, 1]");
+        check(unit(self.reward.rm_acc_max), "reward.rm_acc_max", "must be in [0, 1]");
+        check(self.reward.unparsable_reward.is_finite(), "reward.unparsable_reward", "must be finite");
+        check(self.reward.clip_eps > 0.0 && self.reward.clip_eps < 1.0, "reward.clip_eps", "must be in (0, 1)");
+        check(self.reward.kl_beta >= 0.0, "reward.kl_beta", "must be ≥ 0");
+        check(unit(self.adapt.alpha_low) && unit(self.adapt.alpha_high), "adapt.alpha_low", "alphas must be in [0, 1]");
+        check(self.adapt.alpha_low < self.adapt.alpha_high, "adapt.alpha_high", "must be greater than adapt.alpha_low");
+        if errs.is_empty() { Ok(()) } else { Err(Error::Config(errs.join("; "))) }
+    }
+
+    /// Canonical JSON (keys sorted, no whitespace) of the whole config.
+    pub fn canonical_json(&self) -> String {
+        canonical(&serde_json::to_value(self).expect("config serializes"))
+    }
+
+    /// The hashed part of the config as flat `dotted.key → JSON value`.
+    pub fn hashed_keys(&self) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        flatten("", &serde_json::to_value(self).expect("config serializes"), &mut out);
+        out.retain(|k, _| !UNHASHED_KEYS.contains(&k.as_str()));
+        out
+    }
+
+    /// blake3 of the hashed keys: the run's identity.
+    pub fn hash(&self) -> String {
+        let keys = self.hashed_keys();
+        blake3::hash(canonical(&serde_json::to_value(&keys).unwrap()).as_bytes()).to_hex().to_string()
+    }
+
+    /// Hash of the named top-level sections (what a stage depends on).
+    pub fn section_hash(&self, sections: &[&str]) -> String {
+        let all = self.hashed_keys();
+        let picked: BTreeMap<_, _> = all
+            .into_iter()
+            .filter(|(k, _)| sections.iter().any(|s| k == s || k.starts_with(&format!("{s}."))))
+            .collect();
+        blake3::hash(canonical(&serde_json::to_value(&picked).unwrap()).as_bytes()).to_hex().to_string()
+    }
+
+    /// The hashed keys whose values differ between two configs, as `key: old → new`.
+    pub fn diff(&self, other: &Config) -> Vec<String> {
+        let (a, b) = (self.hashed_keys(), other.hashed_keys());
+        let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        keys.into_iter()
+            .filter(|k| a.get(*k) != b.get(*k))
+            .map(|k| format!("{k}: {} → {}", a.get(k).map_or("(unset)", |s| s), b.get(k).map_or("(unset)", |s| s)))
+            .collect()
+    }
+}
+
+/// Apply one `key=value` override to a TOML document. The value is parsed as TOML (`3`, `0.5`,
+/// `true`, `"x"`), and taken as a bare string if it does not parse.
+fn apply_set(doc: &mut toml::Table, set: &str) -> Result<()> {
+    let (key, raw) = set
+        .split_once('=')
+        .ok_or_else(|| Error::config(format!("--set {set}: expected key=value, e.g. --set reward.lambda=0.5")))?;
+    let key = key.trim();
+    let parts: Vec<&str> = key.split('.').collect();
+    if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
+        return Err(Error::config(format!("--set {set}: invalid key `{key}`")));
+    }
+    let value = toml::from_str::<toml::Table>(&format!("v = {raw}"))
+        .ok()
+        .and_then(|mut t| t.remove("v"))
+        .unwrap_or_else(|| toml::Value::String(raw.to_string()));
+    let mut table = doc;
+    for p in &parts[..parts.len() - 1] {
+        let entry = table.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry
+            .as_table_mut()
+            .ok_or_else(|| Error::config(format!("--set {set}: `{p}` is a value, not a section")))?;
+    }
+    table.insert(parts[parts.len() - 1].to_string(), value);
+    Ok(())
+}
+
+/// Serialize a JSON value with object keys sorted and no insignificant whitespace.
+pub fn canonical(v: &serde_json::Value) -> String {
+    match v {
+        serde_json::Value::Object(m) => {
+            let mut keys: Vec<_> = m.keys().collect();
+            keys.sort();
+            let inner: Vec<String> = keys
+                .into_iter()
+                .map(|k| format!("{}:{}", serde_json::to_string(k).unwrap(), canonical(&m[k])))
+                .collect();
+            format!("{{{}}}", inner.join(","))
+        }
+        serde_json::Value::Array(a) => format!("[{}]", a.iter().map(canonical).collect::<Vec<_>>().join(",")),
+        other => other.to_string(),
+    }
+}
+
+fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                flatten(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}
+
+/// A commented config with every key at its default: what `rla-pipe init` writes.
+pub const DEFAULT_TOML: &str = include_str!("../pipelines/synthetic.toml");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "[run]\nname = \"t\"\n";
+
+    #[test]
+    fn defaults_fill_every_section() {
+        let c = Config::from_toml(MIN, "t.toml").unwrap();
+        assert_eq!(c.reward.lambda, 1.0);
+        assert_eq!(c.reward.advantage_mode, AdvantageMode::Reference);
+        assert_eq!(c.rollout.n, 8);
+        assert_eq!(c.reward_model.samples, 3);
+    }
+
+    #[test]
+    fn shipped_pipeline_parses() {
+        Config::from_toml(DEFAULT_TOML, "synthetic.toml").unwrap();
+    }
+
+    #[test]
+    fn unknown_key_names_file_line_and_key() {
+        let text = "[run]\nname = \"t\"\n\n[reward]\nlamda = 2.0\n";
+        let e = Config::from_toml(text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("x.toml:5:"), "{e}");
+        assert!(e.contains("lamda"), "{e}");
+        assert!(e.contains("reward"), "{e}");
+    }
+
+    #[test]
+    fn wrong_type_names_line_and_key() {
+        let text = "[run]\nname = \"t\"\n[rollout]\nn = \"eight\"\n";
+        let e = Config::from_toml(text, "x.toml").unwrap_err().to_string();
+        assert!(e.contains("x.toml:4:"), "{e}");
+        assert!(e.contains("rollout.n"), "{e}");
+    }
+
+    #[test]
+    fn malformed_toml_names_line() {
+        let e = Config::from_toml("[run\nname = 1", "bad.toml").unwrap_err().to_string();
+        assert!(e.contains("bad.toml:1:"), "{e}");
+    }
+
+    #[test]
+    fn set_overrides_and_validates() {
+        let c = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lambda=0.5".into(), "reward.advantage_mode=verl".into()]).unwrap();
+        assert_eq!(c.reward.lambda, 0.5);
+        assert_eq!(c.reward.advantage_mode, AdvantageMode::Verl);
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lamda=0.5".into()]).unwrap_err().to_string();
+        assert!(e.contains("lamda") && e.contains("--set"), "{e}");
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["rollout.n=many".into()]).unwrap_err().to_string();
+        assert!(e.contains("rollout.n"), "{e}");
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lambda=nan".into()]).unwrap_err().to_string();
+        assert!(e.contains("reward.lambda"), "{e}");
+    }
+
+    #[test]
+    fn hash_ignores_execution_keys_and_diff_lists_keys() {
+        let a = Config::from_toml(MIN, "t").unwrap();
+        let mut b = a.clone();
+        b.run.iterations = 7;
+        b.run.store = "memory://".into();
+        assert_eq!(a.hash(), b.hash());
+        b.reward.lambda = 0.25;
+        assert_ne!(a.hash(), b.hash());
+        assert_eq!(a.diff(&b), vec!["reward.lambda: 1.0 → 0.25".to_string()]);
+        assert_eq!(a.section_hash(&["rollout"]), b.section_hash(&["rollout"]));
+        assert_ne!(a.section_hash(&["reward"]), b.section_hash(&["reward"]));
+    }
+
+    #[test]
+    fn canonical_json_round_trips() {
+        let a = Config::from_toml(MIN, "t").unwrap();
+        let back: Config = serde_json::from_str(&a.canonical_json()).unwrap();
+        assert_eq!(a, back);
+    }
+}

@@ -1,0 +1,112 @@
+//! Reading what a store has committed: runs, their `run.json`, stage and iteration manifests.
+//! Everything readers see comes from here, so uncommitted files stay invisible.
+
+use std::collections::BTreeMap;
+
+use object_store::path::Path;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::store::manifest::{self, IterationManifest, RunManifest, StageManifest};
+use crate::store::{Store, layout};
+
+/// A committed stage manifest with the digest of its bytes.
+#[derive(Debug, Clone)]
+pub struct Committed {
+    pub path: String,
+    pub digest: String,
+    pub manifest: StageManifest,
+}
+
+/// The committed state of one iteration.
+#[derive(Debug, Clone, Default)]
+pub struct IterState {
+    pub stages: BTreeMap<String, Committed>,
+    pub complete: Option<IterationManifest>,
+}
+
+/// The committed state of one run.
+#[derive(Debug, Clone)]
+pub struct RunState {
+    pub run: RunManifest,
+    pub iters: BTreeMap<u32, IterState>,
+}
+
+impl RunState {
+    pub fn config(&self) -> Result<Config> {
+        serde_json::from_value(self.run.config.clone())
+            .map_err(|e| Error::data(format!("{}/run.json: config does not parse with this build: {e}", self.run.run_id)))
+    }
+}
+
+/// Read `run.json`; `Ok(None)` if the run does not exist.
+pub async fn read_run(store: &Store, run_id: &str) -> Result<Option<RunManifest>> {
+    layout::validate_run_id(run_id)?;
+    let path = layout::run_json(run_id);
+    match store.get_opt(&path).await? {
+        None => Ok(None),
+        Some(b) => Ok(Some(manifest::parse(&b, path.as_ref())?)),
+    }
+}
+
+/// Read one stage manifest; `Ok(None)` if not committed.
+pub async fn read_stage(store: &Store, run_id: &str, iter: u32, stage: &str) -> Result<Option<Committed>> {
+    let path = layout::stage_manifest(run_id, iter, stage);
+    read_committed(store, &path).await
+}
+
+async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>> {
+    match store.get_opt(path).await? {
+        None => Ok(None),
+        Some(b) => {
+            let manifest: StageManifest = manifest::parse(&b, path.as_ref())?;
+            Ok(Some(Committed { path: path.to_string(), digest: manifest::digest(&b), manifest }))
+        }
+    }
+}
+
+/// Read the committed state of a run (all iterations), or a clear error if it does not exist.
+pub async fn load_run(store: &Store, run_id: &str) -> Result<RunState> {
+    let run = read_run(store, run_id)
+        .await?
+        .ok_or_else(|| Error::data(format!("run {run_id:?} not found in store {}", store.url())))?;
+    let mut iters: BTreeMap<u32, IterState> = BTreeMap::new();
+    for meta in store.list(&layout::commits_dir(run_id)).await? {
+        let loc = meta.location.to_string();
+        let mut parts = loc.rsplit('/');
+        let (Some(file), Some(dir)) = (parts.next(), parts.next()) else { continue };
+        let (Some(iter), Some(name)) = (layout::parse_iter_dir(dir), file.strip_suffix(".json")) else { continue };
+        let state = iters.entry(iter).or_default();
+        if name == "_iteration" {
+            let bytes = store.get(&meta.location).await?;
+            state.complete = Some(manifest::parse(&bytes, &loc)?);
+        } else if let Some(c) = read_committed(store, &meta.location).await? {
+            state.stages.insert(name.to_string(), c);
+        }
+    }
+    Ok(RunState { run, iters })
+}
+
+/// Ids of every run in the store (directories holding a `run.json`).
+pub async fn run_ids(store: &Store) -> Result<Vec<String>> {
+    let mut ids = Vec::new();
+    for dir in store.list_dirs(None).await? {
+        if layout::validate_run_id(&dir).is_ok() && store.size(&layout::run_json(&dir)).await?.is_some() {
+            ids.push(dir);
+        }
+    }
+    Ok(ids)
+}
+
+/// Load one run (`Some(id)`) or every run of the store.
+pub async fn load_runs(store: &Store, only: Option<&str>) -> Result<Vec<RunState>> {
+    let ids = match only {
+        Some(id) => vec![id.to_string()],
+        None => run_ids(store).await?,
+    };
+    let mut runs = Vec::new();
+    for id in ids {
+        runs.push(load_run(store, &id).await?);
+    }
+    Ok(runs)
+}

@@ -1,0 +1,283 @@
+//! `run`: execute the DAG iteration by iteration, committing each stage; resume from the store.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tracing::info;
+
+use super::catalog::{self, Committed};
+use super::exec::{self, Sink};
+use super::{Dag, Stage, StageContext, derive_seed};
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::schema;
+use crate::store::manifest::{self, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest};
+use crate::store::{Store, layout};
+
+/// What `run` did with one stage.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StageEvent {
+    Ran { iter: u32, stage: String },
+    Skipped { iter: u32, stage: String },
+}
+
+/// Runs one run's DAG over a store.
+pub struct Engine {
+    store: Store,
+    run_id: String,
+    config: Arc<Config>,
+    dag: Dag,
+    /// Print per-stage lines and progress bars on stderr.
+    pub verbose: bool,
+}
+
+impl Engine {
+    /// Open (or create) a run. A new run gets `run.json` (put-if-absent); an existing run must have
+    /// been created with the same config hash, otherwise the differing keys are listed.
+    pub async fn open(store: Store, run_id: &str, config: Config, dag: Dag) -> Result<Engine> {
+        layout::validate_run_id(run_id)?;
+        let wanted = RunManifest {
+            format: manifest::FORMAT,
+            run_id: run_id.to_string(),
+            code_version: manifest::code_version(),
+            config_hash: config.hash(),
+            created_at: manifest::now_rfc3339(),
+            config: serde_json::from_str(&config.canonical_json()).expect("canonical json parses"),
+        };
+        let existing = match catalog::read_run(&store, run_id).await? {
+            Some(r) => Some(r),
+            None => match store.put_if_absent(&layout::run_json(run_id), manifest::to_bytes(&wanted)).await {
+                Ok(()) => None,
+                Err(Error::CommitConflict(_)) => catalog::read_run(&store, run_id).await?,
+                Err(e) => return Err(e),
+            },
+        };
+        if let Some(existing) = existing
+            && existing.config_hash != wanted.config_hash
+        {
+            let diff = match serde_json::from_value::<Config>(existing.config.clone()) {
+                Ok(old) => old.diff(&config).join("\n  "),
+                Err(e) => format!("(the stored config does not parse with this build: {e})"),
+            };
+            return Err(Error::Config(format!(
+                "run {run_id:?} already exists with a different config (hash {} ≠ {}); refusing to resume. Keys that differ:\n  {diff}\nStart a new run with --run-id, or restore the settings.",
+                &existing.config_hash[..12],
+                &wanted.config_hash[..12],
+            )));
+        }
+        Ok(Engine { store, run_id: run_id.to_string(), config: Arc::new(config), dag, verbose: false })
+    }
+
+    pub fn run_id(&self) -> &str {
+        &self.run_id
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Bring the run to `iterations` committed iterations, skipping every stage already
+    /// committed. With `until`, stop after that stage of the last iteration it reaches.
+    pub async fn run(&self, iterations: u32, until: Option<&str>) -> Result<Vec<StageEvent>> {
+        if let Some(u) = until
+            && self.dag.stage(u).is_none()
+        {
+            let names: Vec<_> = self.dag.stages().iter().map(|s| s.name()).collect();
+            return Err(Error::config(format!("--until {u}: no such stage (stages: {})", names.join(", "))));
+        }
+        let mut events = Vec::new();
+        for iter in 0..iterations {
+            if self.store.size(&layout::iteration_manifest(&self.run_id, iter)).await?.is_some() {
+                for s in self.dag.stages() {
+                    events.push(StageEvent::Skipped { iter, stage: s.name().to_string() });
+                }
+                self.say(format!("iter {iter:>3}  already committed"));
+                continue;
+            }
+            let started = Instant::now();
+            let mut done: BTreeMap<(u32, String), Committed> = BTreeMap::new();
+            for stage in self.dag.stages() {
+                let committed = match catalog::read_stage(&self.store, &self.run_id, iter, stage.name()).await? {
+                    Some(c) => {
+                        events.push(StageEvent::Skipped { iter, stage: stage.name().to_string() });
+                        self.say(format!("iter {iter:>3}  {:<16} committed earlier, skipped", stage.name()));
+                        c
+                    }
+                    None => {
+                        let c = self.run_stage(iter, stage.as_ref(), &mut done).await?;
+                        events.push(StageEvent::Ran { iter, stage: stage.name().to_string() });
+                        c
+                    }
+                };
+                done.insert((iter, stage.name().to_string()), committed);
+                if until == Some(stage.name()) {
+                    return Ok(events);
+                }
+            }
+            let it = IterationManifest {
+                format: manifest::FORMAT,
+                run_id: self.run_id.clone(),
+                iter,
+                code_version: manifest::code_version(),
+                stages: self
+                    .dag
+                    .stages()
+                    .iter()
+                    .map(|s| StageDigest {
+                        stage: s.name().to_string(),
+                        digest: done[&(iter, s.name().to_string())].digest.clone(),
+                    })
+                    .collect(),
+                seconds: started.elapsed().as_secs_f64(),
+            };
+            self.store.put_if_absent(&layout::iteration_manifest(&self.run_id, iter), manifest::to_bytes(&it)).await?;
+            let rows: Vec<String> = done
+                .values()
+                .flat_map(|c| c.manifest.outputs.iter().map(|o| format!("{} {}", o.table, o.rows)))
+                .collect();
+            self.say(format!("iter {iter:>3}  committed in {:.1}s · {}", started.elapsed().as_secs_f64(), rows.join(" · ")));
+        }
+        Ok(events)
+    }
+
+    fn say(&self, line: String) {
+        if self.verbose {
+            eprintln!("{line}");
+        }
+    }
+
+    /// Resolve a stage's inputs from committed manifests (cache first, then the store).
+    async fn inputs_of(
+        &self,
+        iter: u32,
+        stage: &dyn Stage,
+        done: &mut BTreeMap<(u32, String), Committed>,
+    ) -> Result<Vec<(Committed, Vec<&'static str>)>> {
+        let mut by_producer: BTreeMap<(u32, &'static str), Vec<&'static str>> = BTreeMap::new();
+        for src in self.dag.sources(stage.name()) {
+            let Some(from) = iter.checked_sub(src.iter_offset) else {
+                return Err(Error::data(format!(
+                    "stage {} reads {} from the previous iteration, and iteration 0 has none",
+                    stage.name(),
+                    src.table
+                )));
+            };
+            by_producer.entry((from, src.stage)).or_default().push(src.table);
+        }
+        let mut out = Vec::new();
+        for ((from, producer), tables) in by_producer {
+            let key = (from, producer.to_string());
+            if !done.contains_key(&key) {
+                let c = catalog::read_stage(&self.store, &self.run_id, from, producer).await?.ok_or_else(|| {
+                    Error::data(format!(
+                        "stage {} of iteration {iter} needs {} from stage {producer} of iteration {from}, which is not committed",
+                        stage.name(),
+                        tables.join(", ")
+                    ))
+                })?;
+                done.insert(key.clone(), c);
+            }
+            out.push((done[&key].clone(), tables));
+        }
+        Ok(out)
+    }
+
+    async fn run_stage(
+        &self,
+        iter: u32,
+        stage: &dyn Stage,
+        done: &mut BTreeMap<(u32, String), Committed>,
+    ) -> Result<Committed> {
+        let started_at = manifest::now_rfc3339();
+        let t0 = Instant::now();
+        let inputs = self.inputs_of(iter, stage, done).await?;
+        let seed = stage_seed(&self.config, iter, stage.name());
+        let (ctx, input_refs) =
+            build_context(&self.store, &self.run_id, iter, seed, self.config.clone(), &inputs).await?;
+        let attempt = layout::new_attempt();
+        info!(run = %self.run_id, iter, stage = stage.name(), attempt = %attempt, "stage started");
+        let bar = self.progress_bar(iter, stage.name());
+        let sink = Sink::Store { store: &self.store, run_id: &self.run_id, iter, attempt: &attempt };
+        let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
+        let outputs = exec::execute(stage, &ctx, &sink, &on_rows).await;
+        bar.finish_and_clear();
+        let outputs = outputs?;
+        let m = StageManifest {
+            format: manifest::FORMAT,
+            run_id: self.run_id.clone(),
+            iter,
+            stage: stage.name().to_string(),
+            code_version: manifest::code_version(),
+            config_sections: stage.config_sections().iter().map(|s| s.to_string()).collect(),
+            config_hash: self.config.section_hash(stage.config_sections()),
+            seed,
+            deterministic: stage.deterministic(),
+            inputs: input_refs,
+            outputs,
+            started_at,
+            seconds: t0.elapsed().as_secs_f64(),
+            status: "committed".into(),
+        };
+        let bytes = manifest::to_bytes(&m);
+        let path = layout::stage_manifest(&self.run_id, iter, stage.name());
+        self.store.put_if_absent(&path, bytes.clone()).await.map_err(|e| match e {
+            Error::CommitConflict(_) => Error::CommitConflict(format!(
+                "stage {} of iteration {iter} of run {} was committed by another writer first; this attempt's files are left for `rla-pipe gc`",
+                stage.name(),
+                self.run_id
+            )),
+            e => e,
+        })?;
+        let rows: u64 = m.outputs.iter().map(|o| o.rows).sum();
+        info!(run = %self.run_id, iter, stage = stage.name(), rows, seconds = m.seconds, "stage committed");
+        self.say(format!("iter {iter:>3}  {:<16} {rows:>10} rows  {:>7.2}s  committed", stage.name(), m.seconds));
+        Ok(Committed { path: path.to_string(), digest: manifest::digest(&bytes), manifest: m })
+    }
+
+    fn progress_bar(&self, iter: u32, stage: &str) -> ProgressBar {
+        if !self.verbose {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new_spinner().with_prefix(format!("iter {iter:>3}  {stage:<16}"));
+        bar.set_style(
+            ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]").expect("static template"),
+        );
+        bar.enable_steady_tick(Duration::from_millis(120));
+        bar
+    }
+}
+
+/// The seed of a stage in an iteration.
+pub fn stage_seed(cfg: &Config, iter: u32, stage: &str) -> u64 {
+    derive_seed(cfg.run.seed, &[&iter.to_string(), stage])
+}
+
+/// A stage context whose input tables are the files named by the given committed manifests.
+pub async fn build_context(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    seed: u64,
+    config: Arc<Config>,
+    inputs: &[(Committed, Vec<&'static str>)],
+) -> Result<(StageContext, Vec<InputRef>)> {
+    let session = exec::new_session(store, config.run.memory_limit_mib)?;
+    let mut refs = Vec::new();
+    for (c, tables) in inputs {
+        for table in tables {
+            let files: Vec<_> = c.manifest.outputs.iter().filter(|o| o.table == *table).cloned().collect();
+            exec::check_sizes(store, &files).await?;
+            let def = schema::table_def(table).expect("known table");
+            exec::register_files(&session, &def, &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>())?;
+        }
+        refs.push(InputRef {
+            kind: "manifest".into(),
+            tables: tables.iter().map(|t| t.to_string()).collect(),
+            path: c.path.clone(),
+            digest: c.digest.clone(),
+        });
+    }
+    Ok((StageContext { run_id: run_id.to_string(), iter, seed, config, session }, refs))
+}

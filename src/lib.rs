@@ -1,0 +1,21 @@
+//! rla-pipe: RLAnything-style reinforcement learning as a staged dataflow.
+//!
+//! Modules, by concern:
+//! - [`config`]: `iteration.toml`, validation, `--set`, canonical hashing.
+//! - [`store`]: object_store URLs, the layout, manifests, deterministic Parquet.
+//! - [`engine`]: the DAG, the runner (resume), replay, reading committed state.
+//! - [`stages`]: one file per stage; relational stages keep their SQL beside them.
+//! - [`schema`]: the Arrow schema of every table (documented in `schemas/`).
+//! - [`sql`]: the read-only query session of `rla-pipe sql`.
+//! - [`cli`]: clap only.
+
+pub mod cli;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod schema;
+pub mod sql;
+pub mod stages;
+pub mod store;
+
+pub use error::{Error, Result};

@@ -1,0 +1,3 @@
+fn main() -> std::process::ExitCode {
+    rla_pipe::cli::main()
+}

@@ -1,0 +1,236 @@
+//! Arrow schemas of every table the engine commits. `schemas/<table>.md` documents each one and a
+//! test checks that the two agree column by column.
+
+use std::sync::Arc;
+
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+
+/// A committed table: its name, its Arrow schema, and the key its rows are sorted by.
+#[derive(Debug, Clone)]
+pub struct TableDef {
+    pub name: &'static str,
+    pub schema: SchemaRef,
+    /// Columns (after `run_id`, `iter`) whose ascending order is the table's row order.
+    pub key: &'static [&'static str],
+}
+
+fn f(name: &str, dt: DataType, nullable: bool) -> Field {
+    Field::new(name, dt, nullable)
+}
+
+fn table(name: &'static str, key: &'static [&'static str], cols: Vec<Field>) -> TableDef {
+    let mut fields = vec![f("run_id", DataType::Utf8, false), f("iter", DataType::UInt32, false)];
+    fields.extend(cols);
+    TableDef { name, schema: Arc::new(Schema::new(fields)), key }
+}
+
+use DataType::{Boolean, Float64, Int8, UInt32, UInt64, Utf8};
+
+/// Every table of DESIGN.md plus `stage_runs`, in DAG order.
+pub fn all_tables() -> Vec<TableDef> {
+    vec![
+        table(
+            "tasks",
+            &["slot", "status", "task_id"],
+            vec![
+                f("task_id", Utf8, false),
+                f("slot", UInt32, false),
+                f("status", Utf8, false),
+                f("spec", Utf8, false),
+                f("parent_task_id", Utf8, true),
+            ],
+        ),
+        table(
+            "trajectories",
+            &["task_id", "traj_id"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("rollout_idx", UInt32, false),
+                f("outcome", Int8, false),
+                f("num_steps", UInt32, false),
+            ],
+        ),
+        table(
+            "steps",
+            &["task_id", "traj_id", "step_idx"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("step_idx", UInt32, false),
+                f("observation", Utf8, false),
+                f("action", Utf8, false),
+                f("action_logprob", Float64, false),
+                f("oracle_progress", Int8, true),
+            ],
+        ),
+        table(
+            "rm_samples",
+            &["task_id", "traj_id", "step_idx", "sample_idx"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("step_idx", UInt32, false),
+                f("sample_idx", UInt32, false),
+                f("reasoning", Utf8, false),
+                f("score", Int8, false),
+            ],
+        ),
+        table(
+            "step_rewards",
+            &["task_id", "traj_id", "step_idx"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("step_idx", UInt32, false),
+                f("outcome", Int8, false),
+                f("rm_mean", Float64, true),
+                f("rm_count", UInt32, false),
+                f("reward", Float64, false),
+            ],
+        ),
+        table(
+            "policy_advantages",
+            &["task_id", "traj_id", "step_idx"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("step_idx", UInt32, false),
+                f("reward", Float64, false),
+                f("group_size", UInt32, false),
+                f("group_mean", Float64, false),
+                f("group_std", Float64, false),
+                f("task_acc", Float64, false),
+                f("advantage", Float64, false),
+                f("included", Boolean, false),
+            ],
+        ),
+        table(
+            "rm_advantages",
+            &["task_id", "traj_id", "step_idx", "sample_idx"],
+            vec![
+                f("task_id", Utf8, false),
+                f("traj_id", Utf8, false),
+                f("step_idx", UInt32, false),
+                f("sample_idx", UInt32, false),
+                f("score", Int8, false),
+                f("consistency_reward", Float64, false),
+                f("group_size", UInt32, false),
+                f("group_std", Float64, false),
+                f("task_acc", Float64, false),
+                f("advantage", Float64, false),
+                f("included", Boolean, false),
+            ],
+        ),
+        table(
+            "update_metrics",
+            &["model", "step"],
+            vec![
+                f("model", Utf8, false),
+                f("step", UInt32, false),
+                f("loss", Float64, false),
+                f("kl", Float64, false),
+                f("clip_frac", Float64, false),
+                f("grad_norm", Float64, false),
+            ],
+        ),
+        table(
+            "task_accuracy",
+            &["task_id"],
+            vec![
+                f("task_id", Utf8, false),
+                f("rollouts", UInt32, false),
+                f("successes", UInt32, false),
+                f("acc", Float64, false),
+                f("judged_steps", UInt32, false),
+                f("rm_process_acc", Float64, true),
+                f("judged_trajectories", UInt32, false),
+                f("rm_outcome_acc", Float64, true),
+            ],
+        ),
+        table(
+            "adaptations",
+            &["task_id", "candidate_task_id"],
+            vec![
+                f("task_id", Utf8, false),
+                f("candidate_task_id", Utf8, false),
+                f("direction", Utf8, false),
+                f("prev_acc", Float64, false),
+                f("candidate_acc", Float64, true),
+                f("decision", Utf8, false),
+            ],
+        ),
+        table(
+            "evaluations",
+            &["task_id"],
+            vec![f("task_id", Utf8, false), f("rollouts", UInt32, false), f("successes", UInt32, false)],
+        ),
+        table(
+            "stage_runs",
+            &["stage"],
+            vec![
+                f("stage", Utf8, false),
+                f("status", Utf8, false),
+                f("rows", UInt64, false),
+                f("bytes", UInt64, false),
+                f("seconds", Float64, false),
+                f("digest", Utf8, false),
+                f("config_hash", Utf8, false),
+                f("code_version", Utf8, false),
+                f("committed_at", Utf8, false),
+            ],
+        ),
+    ]
+}
+
+/// The definition of a table by name.
+pub fn table_def(name: &str) -> Option<TableDef> {
+    all_tables().into_iter().find(|t| t.name == name)
+}
+
+/// Names of the tables that stages commit as Parquet (everything but `stage_runs`).
+pub fn data_table_names() -> Vec<&'static str> {
+    all_tables().into_iter().map(|t| t.name).filter(|n| *n != "stage_runs").collect()
+}
+
+/// Render a type the way `schemas/*.md` writes it.
+pub fn type_name(dt: &DataType) -> String {
+    format!("{dt}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Parse the `| column | type | nullable | meaning |` table of a schema file.
+    fn parse_schema_md(text: &str) -> Vec<(String, String, bool)> {
+        text.lines()
+            .filter(|l| l.starts_with('|'))
+            .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().trim_matches('`').to_string()).collect::<Vec<_>>())
+            .filter(|c| c.len() >= 3 && c[0] != "column" && !c[0].starts_with('-'))
+            .map(|c| (c[0].clone(), c[1].clone(), c[2] == "yes"))
+            .collect()
+    }
+
+    #[test]
+    fn code_schemas_match_schema_files() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
+        for t in all_tables() {
+            let path = dir.join(format!("{}.md", t.name));
+            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let documented = parse_schema_md(&text);
+            let code: Vec<_> = t
+                .schema
+                .fields()
+                .iter()
+                .map(|f| (f.name().clone(), type_name(f.data_type()), f.is_nullable()))
+                .collect();
+            assert_eq!(documented, code, "schemas/{}.md disagrees with src/schema.rs", t.name);
+            let key_line = text.lines().find(|l| l.starts_with("Key:")).unwrap_or_else(|| panic!("{}: no Key: line", path.display()));
+            let key = format!("Key: {}", t.key.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "));
+            assert_eq!(key_line.trim(), key, "schemas/{}.md key", t.name);
+        }
+        let files = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(files, all_tables().len(), "one file per table in schemas/");
+    }
+}

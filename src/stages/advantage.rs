@@ -1,0 +1,302 @@
+//! Stage 4, `advantage`: `step_rewards` + `rm_samples` + `trajectories` → `policy_advantages`
+//! (`policy_advantages.sql`) and `rm_advantages` (`rm_advantages.sql`).
+
+use async_trait::async_trait;
+
+use super::{f64_lit, query, render, str_lit};
+use crate::engine::{Stage, StageContext, TableOutput};
+use crate::error::Result;
+
+const POLICY_SQL: &str = include_str!("policy_advantages.sql");
+const RM_SQL: &str = include_str!("rm_advantages.sql");
+
+/// Groups whose standard deviation is at most this are "zero variance".
+pub const MIN_STD: f64 = 1e-8;
+/// The ε verl adds to the standard deviation.
+pub const VERL_EPS: f64 = 1e-6;
+
+pub struct Advantage;
+
+#[async_trait]
+impl Stage for Advantage {
+    fn name(&self) -> &'static str {
+        "advantage"
+    }
+    fn inputs(&self) -> &'static [&'static str] {
+        &["step_rewards", "rm_samples", "trajectories"]
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["policy_advantages", "rm_advantages"]
+    }
+    fn config_sections(&self) -> &'static [&'static str] {
+        &["reward"]
+    }
+    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        let r = &ctx.config.reward;
+        let policy = render(
+            POLICY_SQL,
+            &[
+                ("mode", str_lit(r.advantage_mode.as_str())),
+                ("verl_eps", f64_lit(VERL_EPS)),
+                ("min_std", f64_lit(MIN_STD)),
+                ("acc_min", f64_lit(r.policy_acc_min)),
+                ("acc_max", f64_lit(r.policy_acc_max)),
+            ],
+        )?;
+        let rm = render(
+            RM_SQL,
+            &[
+                ("unparsable", f64_lit(r.unparsable_reward)),
+                ("min_std", f64_lit(MIN_STD)),
+                ("acc_min", f64_lit(r.rm_acc_min)),
+                ("acc_max", f64_lit(r.rm_acc_max)),
+            ],
+        )?;
+        Ok(vec![
+            ("policy_advantages", TableOutput::Frame(query(&ctx.session, &policy).await?)),
+            ("rm_advantages", TableOutput::Frame(query(&ctx.session, &rm).await?)),
+        ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::Arc;
+
+    use arrow::array::{Array, BooleanArray, Float64Array, Int8Array, RecordBatch, StringArray, UInt32Array};
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::config::Config;
+    use crate::stages::testutil::{ctx, output, register};
+
+    fn s(v: &[&str]) -> Arc<StringArray> {
+        Arc::new(StringArray::from(v.to_vec()))
+    }
+    fn u(v: &[u32]) -> Arc<UInt32Array> {
+        Arc::new(UInt32Array::from(v.to_vec()))
+    }
+    fn f(v: &[f64]) -> Arc<Float64Array> {
+        Arc::new(Float64Array::from(v.to_vec()))
+    }
+    fn i8s(v: &[i8]) -> Arc<Int8Array> {
+        Arc::new(Int8Array::from(v.to_vec()))
+    }
+
+    /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
+    /// step_rewards as in the comments; rm_samples for the RM golden table.
+    fn golden_ctx(sets: &[&str]) -> crate::engine::StageContext {
+        let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
+        let c = ctx(Config::from_toml_with_sets("[run]\nname='t'\n", "t", &sets).unwrap());
+        register(
+            &c,
+            "trajectories",
+            vec![
+                s(&["A", "A", "A", "A", "B", "B"]),
+                s(&["A-0", "A-1", "A-2", "A-3", "B-0", "B-1"]),
+                u(&[0, 1, 2, 3, 0, 1]),
+                i8s(&[1, 1, -1, -1, 1, 1]),
+                u(&[3, 3, 1, 1, 1, 1]),
+            ],
+        );
+        // (task, traj, step, R): A step 0: 1.5, 1.0, -1.0, -0.5 (mean 0.25, pop var 1.0625);
+        // A step 1: only A-0 (group of one); A step 2: A-0, A-1 both 1.0 (zero variance);
+        // B step 0: 1.0, 1.5.
+        let rows: &[(&str, &str, u32, i8, f64)] = &[
+            ("A", "A-0", 0, 1, 1.5),
+            ("A", "A-0", 1, 1, 1.0),
+            ("A", "A-0", 2, 1, 1.0),
+            ("A", "A-1", 0, 1, 1.0),
+            ("A", "A-1", 2, 1, 1.0),
+            ("A", "A-2", 0, -1, -1.0),
+            ("A", "A-3", 0, -1, -0.5),
+            ("B", "B-0", 0, 1, 1.0),
+            ("B", "B-1", 0, 1, 1.5),
+        ];
+        register(
+            &c,
+            "step_rewards",
+            vec![
+                s(&rows.iter().map(|r| r.0).collect::<Vec<_>>()),
+                s(&rows.iter().map(|r| r.1).collect::<Vec<_>>()),
+                u(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
+                i8s(&rows.iter().map(|r| r.3).collect::<Vec<_>>()),
+                Arc::new(Float64Array::from(vec![None; rows.len()])),
+                u(&vec![3; rows.len()]),
+                f(&rows.iter().map(|r| r.4).collect::<Vec<_>>()),
+            ],
+        );
+        // rm_samples: A-0/0 (R 1.5): +1 +1 -1; A-1/0 (R 1.0): +1 0 -1; A-2/0 (R -1): -1 -1 -1;
+        // B-0/0 (R 1.0): +1 -1 +1.
+        let samples: &[(&str, &str, u32, i8)] = &[
+            ("A", "A-0", 0, 1),
+            ("A", "A-0", 1, 1),
+            ("A", "A-0", 2, -1),
+            ("A", "A-1", 0, 1),
+            ("A", "A-1", 1, 0),
+            ("A", "A-1", 2, -1),
+            ("A", "A-2", 0, -1),
+            ("A", "A-2", 1, -1),
+            ("A", "A-2", 2, -1),
+            ("B", "B-0", 0, 1),
+            ("B", "B-0", 1, -1),
+            ("B", "B-0", 2, 1),
+        ];
+        register(
+            &c,
+            "rm_samples",
+            vec![
+                s(&samples.iter().map(|r| r.0).collect::<Vec<_>>()),
+                s(&samples.iter().map(|r| r.1).collect::<Vec<_>>()),
+                u(&vec![0; samples.len()]),
+                u(&samples.iter().map(|r| r.2).collect::<Vec<_>>()),
+                s(&vec!["r"; samples.len()]),
+                i8s(&samples.iter().map(|r| r.3).collect::<Vec<_>>()),
+            ],
+        );
+        c
+    }
+
+    fn floats(b: &RecordBatch, name: &str) -> Vec<f64> {
+        b.column_by_name(name).unwrap().as_any().downcast_ref::<Float64Array>().unwrap().values().to_vec()
+    }
+    fn bools(b: &RecordBatch, name: &str) -> Vec<bool> {
+        let a = b.column_by_name(name).unwrap();
+        let a = a.as_any().downcast_ref::<BooleanArray>().unwrap();
+        (0..a.len()).map(|i| a.value(i)).collect()
+    }
+    fn u32s(b: &RecordBatch, name: &str) -> Vec<u32> {
+        b.column_by_name(name).unwrap().as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec()
+    }
+    fn assert_close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 1e-12, "{got:?} vs {want:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn golden_policy_reference() {
+        let c = golden_ctx(&[]);
+        let b = output(&Advantage, &c, "policy_advantages").await;
+        // Row order (task, traj, step): A-0/0 A-0/1 A-0/2 A-1/0 A-1/2 A-2/0 A-3/0 B-0/0 B-1/0.
+        let std = 1.0625f64.sqrt();
+        assert_eq!(u32s(&b, "group_size"), vec![4, 1, 2, 4, 2, 4, 4, 2, 2]);
+        assert_close(
+            &floats(&b, "advantage"),
+            &[1.25 / std, 1.0, 0.0, 0.75 / std, 0.0, -1.25 / std, -0.75 / std, -1.0, 1.0],
+        );
+        assert_close(&floats(&b, "task_acc"), &[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0]);
+        // Zero-variance rows and task B (acc 1 > 7/8) are excluded.
+        assert_eq!(bools(&b, "included"), vec![true, true, false, true, false, true, true, false, false]);
+    }
+
+    #[tokio::test]
+    async fn golden_policy_verl() {
+        let c = golden_ctx(&["reward.advantage_mode=verl", "reward.policy_acc_max=1.0"]);
+        let b = output(&Advantage, &c, "policy_advantages").await;
+        let std = (4.25f64 / 3.0).sqrt();
+        let e = VERL_EPS;
+        let std_b = (0.125f64).sqrt(); // devs ±0.25 → Σ = 0.125, n − 1 = 1
+        assert_close(
+            &floats(&b, "advantage"),
+            &[
+                1.25 / (std + e),
+                1.0 / (1.0 + e),
+                0.0,
+                0.75 / (std + e),
+                0.0,
+                -1.25 / (std + e),
+                -0.75 / (std + e),
+                -0.25 / (std_b + e),
+                0.25 / (std_b + e),
+            ],
+        );
+        // verl keeps zero advantages; the filter now admits task B.
+        assert_eq!(bools(&b, "included"), vec![true; 9]);
+    }
+
+    #[tokio::test]
+    async fn golden_rm_advantages() {
+        let c = golden_ctx(&[]);
+        let b = output(&Advantage, &c, "rm_advantages").await;
+        // A-0/0: R_S = 1.5, 1.5, -1.5 → mean 0.5, pop std √2.
+        // A-1/0: R_S = 1.0, -2 (unparsable), -1.0 → mean -2/3, pop std √14/3.
+        // A-2/0: R_S = 1, 1, 1 → zero variance. B-0/0: filtered out (acc 1.0 > 0.8).
+        assert_close(&floats(&b, "consistency_reward"), &[1.5, 1.5, -1.5, 1.0, -2.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0]);
+        let s2 = 2f64.sqrt();
+        let s14 = 14f64.sqrt() / 3.0;
+        let m = -2.0 / 3.0;
+        let adv = floats(&b, "advantage");
+        let want = [1.0 / s2, 1.0 / s2, -2.0 / s2, (1.0 - m) / s14, (-2.0 - m) / s14, (-1.0 - m) / s14, 0.0, 0.0, 0.0];
+        for (g, w) in adv.iter().zip(want.iter()) {
+            assert!((g - w).abs() < 1e-9, "{adv:?} vs {want:?}");
+        }
+        assert_eq!(
+            bools(&b, "included"),
+            vec![true, true, true, true, true, true, false, false, false, false, false, false]
+        );
+    }
+
+    fn policy_stats(groups: &[Vec<f64>]) -> RecordBatch {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let c = ctx(Config::from_toml("[run]\nname='t'\n", "t").unwrap());
+        let mut rows = Vec::new();
+        for (g, rewards) in groups.iter().enumerate() {
+            for (t, r) in rewards.iter().enumerate() {
+                rows.push((format!("T{g:03}"), format!("T{g:03}-{t:03}"), *r));
+            }
+        }
+        let task: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        let traj: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+        let outcome: Vec<i8> = rows.iter().map(|r| if r.2 > 0.0 { 1 } else { -1 }).collect();
+        register(&c, "trajectories", vec![s(&task), s(&traj), u(&vec![0; rows.len()]), i8s(&outcome), u(&vec![1; rows.len()])]);
+        register(
+            &c,
+            "step_rewards",
+            vec![
+                s(&task),
+                s(&traj),
+                u(&vec![0; rows.len()]),
+                i8s(&outcome),
+                Arc::new(Float64Array::from(vec![None; rows.len()])),
+                u(&vec![0; rows.len()]),
+                f(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
+            ],
+        );
+        register(&c, "rm_samples", vec![s(&[]), s(&[]), u(&[]), u(&[]), s(&[]), i8s(&[])]);
+        rt.block_on(output(&Advantage, &c, "policy_advantages"))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(24))]
+        /// Reference mode: in every (task, step) group of ≥ 2 with nonzero std, advantages have
+        /// mean 0 and population std 1.
+        #[test]
+        fn reference_advantages_are_standardized(
+            groups in proptest::collection::vec(proptest::collection::vec(-3.0f64..3.0, 1..9), 1..12)
+        ) {
+            let b = policy_stats(&groups);
+            let tasks = b.column_by_name("task_id").unwrap();
+            let tasks = tasks.as_any().downcast_ref::<StringArray>().unwrap();
+            let adv = floats(&b, "advantage");
+            let std = floats(&b, "group_std");
+            let mut by_task: BTreeMap<&str, Vec<(f64, f64)>> = BTreeMap::new();
+            for i in 0..b.num_rows() {
+                by_task.entry(tasks.value(i)).or_default().push((adv[i], std[i]));
+            }
+            prop_assert_eq!(by_task.len(), groups.len());
+            for rows in by_task.values() {
+                let n = rows.len() as f64;
+                if rows.len() < 2 || rows[0].1 <= MIN_STD {
+                    continue;
+                }
+                let mean = rows.iter().map(|r| r.0).sum::<f64>() / n;
+                let var = rows.iter().map(|r| (r.0 - mean).powi(2)).sum::<f64>() / n;
+                prop_assert!(mean.abs() < 1e-9, "mean {}", mean);
+                prop_assert!((var.sqrt() - 1.0).abs() < 1e-9, "std {}", var.sqrt());
+            }
+        }
+    }
+}

@@ -1,0 +1,114 @@
+//! The stages of the iteration DAG, one file each; relational stages keep their SQL beside them.
+//!
+//! | stage | reads | writes |
+//! |---|---|---|
+//! | `synthetic` | — | `tasks`, `trajectories`, `steps`, `rm_samples` |
+//! | `reward_join` | `steps`, `trajectories`, `rm_samples` | `step_rewards` |
+//! | `advantage` | `step_rewards`, `rm_samples`, `trajectories` | `policy_advantages`, `rm_advantages` |
+//! | `task_accuracy` | `trajectories`, `rm_samples`, `steps` | `task_accuracy` |
+
+pub mod advantage;
+pub mod reward_join;
+pub mod synthetic;
+pub mod task_accuracy;
+
+use datafusion::dataframe::DataFrame;
+use datafusion::prelude::SessionContext;
+
+use crate::error::{Error, Result};
+
+/// Substitute `${name}` parameters of a stage's SQL file. Every parameter must be used and every
+/// placeholder bound, so a typo in a SQL file fails loudly.
+pub fn render(sql: &str, params: &[(&str, String)]) -> Result<String> {
+    let mut out = sql.to_string();
+    for (name, value) in params {
+        let key = format!("${{{name}}}");
+        if !out.contains(&key) {
+            return Err(Error::sql(format!("SQL parameter {key} is not used by the query")));
+        }
+        out = out.replace(&key, value);
+    }
+    if let Some(pos) = out.find("${") {
+        let end = out[pos..].find('}').map_or(out.len(), |e| pos + e + 1);
+        return Err(Error::sql(format!("SQL parameter {} is not bound", &out[pos..end])));
+    }
+    Ok(out)
+}
+
+/// A double literal that round-trips exactly.
+pub fn f64_lit(x: f64) -> String {
+    format!("CAST('{x:?}' AS DOUBLE)")
+}
+
+/// A single-quoted SQL string literal.
+pub fn str_lit(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}
+
+/// Plan a query of a stage against its session.
+pub async fn query(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
+    ctx.sql(sql).await.map_err(Error::from)
+}
+
+#[cfg(test)]
+pub(crate) mod testutil {
+    //! Helpers for stage unit tests: register hand-built batches as input tables.
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, RecordBatch};
+    use datafusion::catalog::MemTable;
+    use datafusion::prelude::SessionContext;
+
+    use crate::config::Config;
+    use crate::engine::{Stage, StageContext, TableOutput};
+    use crate::schema;
+
+    pub fn ctx(config: Config) -> StageContext {
+        StageContext { run_id: "r".into(), iter: 0, seed: 7, config: Arc::new(config), session: SessionContext::new() }
+    }
+
+    /// Register `table` from columns given without `run_id` / `iter` (filled with "r" / 0).
+    pub fn register(ctx: &StageContext, table: &str, columns: Vec<ArrayRef>) {
+        let def = schema::table_def(table).unwrap();
+        let n = columns.first().map_or(0, |c| c.len());
+        let mut all: Vec<ArrayRef> = vec![
+            Arc::new(arrow::array::StringArray::from(vec!["r"; n])),
+            Arc::new(arrow::array::UInt32Array::from(vec![0u32; n])),
+        ];
+        all.extend(columns);
+        let batch = RecordBatch::try_new(def.schema.clone(), all).unwrap();
+        let _ = ctx.session.deregister_table(table);
+        ctx.session.register_table(table, Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![batch]]).unwrap())).unwrap();
+    }
+
+    /// Run a stage and collect one output table, sorted by its key.
+    pub async fn output(stage: &dyn Stage, ctx: &StageContext, table: &str) -> RecordBatch {
+        let outs = stage.run(ctx).await.unwrap();
+        let def = schema::table_def(table).unwrap();
+        let (_, out) = outs.into_iter().find(|(t, _)| *t == table).unwrap();
+        let batches = match out {
+            TableOutput::Frame(df) => {
+                let sort = def.key.iter().map(|k| datafusion::prelude::col(*k).sort(true, false)).collect();
+                df.sort(sort).unwrap().collect().await.unwrap()
+            }
+            TableOutput::Sorted(s) => {
+                use futures::TryStreamExt;
+                s.try_collect::<Vec<_>>().await.unwrap()
+            }
+        };
+        arrow::compute::concat_batches(&def.schema, &batches).unwrap()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_checks_parameters() {
+        assert_eq!(render("a ${x} b", &[("x", "1".into())]).unwrap(), "a 1 b");
+        assert!(render("a ${x} ${y}", &[("x", "1".into())]).is_err());
+        assert!(render("a", &[("x", "1".into())]).is_err());
+        assert_eq!(f64_lit(1e-8), "CAST('1e-8' AS DOUBLE)");
+    }
+}

@@ -1,0 +1,174 @@
+//! Stage and iteration manifests: the commit points of the store.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// Manifest format version written into every manifest.
+pub const FORMAT: u32 = 1;
+
+/// The code version recorded in manifests and `run.json`.
+pub fn code_version() -> String {
+    format!("rla-pipe {}", env!("CARGO_PKG_VERSION"))
+}
+
+/// One committed output file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputFile {
+    pub table: String,
+    /// Path relative to the store root.
+    pub path: String,
+    pub bytes: u64,
+    pub rows: u64,
+    /// blake3 of the file's bytes (hex).
+    pub digest: String,
+}
+
+/// One input a stage read: another stage's manifest (by its digest) or an artifact.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InputRef {
+    /// `manifest` or `artifact`.
+    pub kind: String,
+    /// Tables read from this input (manifest inputs).
+    #[serde(default)]
+    pub tables: Vec<String>,
+    /// Path relative to the store root.
+    pub path: String,
+    /// blake3 of the input manifest's (or artifact's) bytes.
+    pub digest: String,
+}
+
+/// The manifest of one committed stage of one iteration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageManifest {
+    pub format: u32,
+    pub run_id: String,
+    pub iter: u32,
+    pub stage: String,
+    pub code_version: String,
+    /// Config sections this stage depends on, and the hash of their values.
+    pub config_sections: Vec<String>,
+    pub config_hash: String,
+    pub seed: u64,
+    pub deterministic: bool,
+    pub inputs: Vec<InputRef>,
+    pub outputs: Vec<OutputFile>,
+    pub started_at: String,
+    pub seconds: f64,
+    pub status: String,
+}
+
+/// Written after every stage manifest of an iteration is committed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IterationManifest {
+    pub format: u32,
+    pub run_id: String,
+    pub iter: u32,
+    pub code_version: String,
+    /// (stage, manifest digest) in DAG order.
+    pub stages: Vec<StageDigest>,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageDigest {
+    pub stage: String,
+    pub digest: String,
+}
+
+/// `run.json`: the resolved config of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunManifest {
+    pub format: u32,
+    pub run_id: String,
+    pub code_version: String,
+    pub config_hash: String,
+    pub created_at: String,
+    pub config: serde_json::Value,
+}
+
+/// Serialize a manifest (pretty JSON, trailing newline).
+pub fn to_bytes<T: Serialize>(m: &T) -> bytes::Bytes {
+    let mut s = serde_json::to_string_pretty(m).expect("manifest serializes");
+    s.push('\n');
+    bytes::Bytes::from(s)
+}
+
+/// Parse a manifest, naming its path in the error (truncated or corrupt manifests).
+pub fn parse<T: for<'de> Deserialize<'de>>(bytes: &[u8], path: &str) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::data(format!("corrupt manifest {path}: {e}")))
+}
+
+/// blake3 hex digest of some bytes.
+pub fn digest(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
+}
+
+/// Current UTC time as RFC 3339 (seconds precision), without a date/time dependency.
+pub fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn arb_output() -> impl Strategy<Value = OutputFile> {
+        ("[a-z_]{1,12}", "[ -~]{0,40}", any::<u64>(), any::<u64>(), "[0-9a-f]{64}")
+            .prop_map(|(table, path, bytes, rows, digest)| OutputFile { table, path, bytes, rows, digest })
+    }
+
+    proptest! {
+        #[test]
+        fn stage_manifest_round_trips(
+            run_id in "[a-z0-9-]{1,20}", iter in any::<u32>(), stage in "[a-z_]{1,16}",
+            seed in any::<u64>(), secs in 0.0f64..1e6, outputs in proptest::collection::vec(arb_output(), 0..5),
+            tables in proptest::collection::vec("[a-z_]{1,10}", 0..4), det in any::<bool>(),
+        ) {
+            let m = StageManifest {
+                format: FORMAT, run_id, iter, stage, code_version: code_version(),
+                config_sections: vec!["reward".into()], config_hash: digest(b"x"), seed, deterministic: det,
+                inputs: vec![InputRef { kind: "manifest".into(), tables, path: "p".into(), digest: digest(b"y") }],
+                outputs, started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
+            };
+            let bytes = to_bytes(&m);
+            let back: StageManifest = parse(&bytes, "m.json").unwrap();
+            prop_assert_eq!(&back, &m);
+            prop_assert_eq!(to_bytes(&back), bytes);
+        }
+    }
+
+    #[test]
+    fn truncated_manifest_is_a_clear_error() {
+        let m = IterationManifest { format: 1, run_id: "r".into(), iter: 0, code_version: code_version(), stages: vec![], seconds: 0.0 };
+        let bytes = to_bytes(&m);
+        let e = parse::<IterationManifest>(&bytes[..bytes.len() / 2], "r/_commits/iter=000000/_iteration.json").unwrap_err();
+        assert!(e.to_string().contains("corrupt manifest r/_commits/iter=000000/_iteration.json"), "{e}");
+    }
+
+    #[test]
+    fn rfc3339_shape() {
+        let t = now_rfc3339();
+        assert_eq!(t.len(), 20, "{t}");
+        assert!(t.starts_with("20") && t.ends_with('Z'));
+    }
+}

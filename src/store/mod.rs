@@ -1,0 +1,217 @@
+//! The object store a run lives in: URL parsing, the layout of DESIGN.md, manifests and the
+//! put-if-absent commit. Only the engine uses this module; stages never touch storage.
+
+pub mod layout;
+pub mod manifest;
+pub mod parquet;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::local::LocalFileSystem;
+use object_store::memory::InMemory;
+use object_store::path::Path;
+use object_store::prefix::PrefixStore;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
+
+use crate::error::{Error, Result};
+
+/// The URL DataFusion knows the store under.
+pub const DATAFUSION_URL: &str = "rla://store/";
+
+/// A store opened from a URL. Paths are relative to the store root (`<run_id>/...`).
+#[derive(Clone, Debug)]
+pub struct Store {
+    url: String,
+    inner: Arc<dyn ObjectStore>,
+}
+
+impl Store {
+    /// Open a store: a path (`./runs`, `/abs/runs`), `file://PATH`, `memory://`, `s3://bucket[/prefix]`
+    /// (AWS_* variables; `AWS_ENDPOINT_URL` for S3-compatible servers), and with the cargo features
+    /// `gcp` / `azure`, `gs://` and `az://`.
+    pub fn open(url: &str) -> Result<Store> {
+        let inner: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("memory://") {
+            if !rest.is_empty() {
+                return Err(Error::store(format!("{url}: memory:// takes no path")));
+            }
+            Arc::new(InMemory::new())
+        } else if let Some(rest) = url.strip_prefix("s3://") {
+            let (bucket, prefix) = split_bucket(url, rest)?;
+            let s3 = object_store::aws::AmazonS3Builder::from_env()
+                .with_bucket_name(bucket)
+                .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
+                .build()
+                .map_err(|e| Error::store(format!("{url}: {e}")))?;
+            with_prefix(Arc::new(s3), prefix)
+        } else if let Some(rest) = url.strip_prefix("gs://") {
+            open_gcs(url, rest)?
+        } else if let Some(rest) = url.strip_prefix("az://") {
+            open_azure(url, rest)?
+        } else if let Some(rest) = url.strip_prefix("file://") {
+            local(url, rest)?
+        } else if url.contains("://") {
+            let scheme = url.split("://").next().unwrap_or_default();
+            return Err(Error::store(format!(
+                "{url}: unknown store scheme `{scheme}://` (use a path, file://, memory://, s3://, gs://, az://)"
+            )));
+        } else {
+            local(url, url)?
+        };
+        Ok(Store { url: url.to_string(), inner })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    pub fn object_store(&self) -> Arc<dyn ObjectStore> {
+        self.inner.clone()
+    }
+
+    fn err(&self, path: &Path, e: object_store::Error) -> Error {
+        Error::store(format!("{}/{path}: {e}", self.url.trim_end_matches('/')))
+    }
+
+    /// Read a whole object; `Ok(None)` if it does not exist.
+    pub async fn get_opt(&self, path: &Path) -> Result<Option<Bytes>> {
+        match self.inner.get(path).await {
+            Ok(r) => Ok(Some(r.bytes().await.map_err(|e| self.err(path, e))?)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(path, e)),
+        }
+    }
+
+    /// Read a whole object that must exist.
+    pub async fn get(&self, path: &Path) -> Result<Bytes> {
+        self.get_opt(path).await?.ok_or_else(|| Error::data(format!("{}/{path}: missing", self.url.trim_end_matches('/'))))
+    }
+
+    /// Size of an object; `Ok(None)` if missing.
+    pub async fn size(&self, path: &Path) -> Result<Option<u64>> {
+        match self.inner.head(path).await {
+            Ok(m) => Ok(Some(m.size)),
+            Err(object_store::Error::NotFound { .. }) => Ok(None),
+            Err(e) => Err(self.err(path, e)),
+        }
+    }
+
+    /// Write an object that must not exist yet (the commit point). A lost race is a
+    /// [`Error::CommitConflict`], never an overwrite.
+    pub async fn put_if_absent(&self, path: &Path, bytes: Bytes) -> Result<()> {
+        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.inner.put_opts(path, PutPayload::from(bytes), opts).await {
+            Ok(_) => Ok(()),
+            Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
+                Err(Error::CommitConflict(format!("{path} was committed by another writer first")))
+            }
+            Err(e) => Err(self.err(path, e)),
+        }
+    }
+
+    /// Names of the direct children "directories" under a prefix.
+    pub async fn list_dirs(&self, prefix: Option<&Path>) -> Result<Vec<String>> {
+        let res = self
+            .inner
+            .list_with_delimiter(prefix)
+            .await
+            .map_err(|e| self.err(prefix.unwrap_or(&Path::from("")), e))?;
+        let mut names: Vec<String> =
+            res.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Every object under a prefix (recursively), sorted by path.
+    pub async fn list(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
+        let mut all: Vec<_> = self.inner.list(Some(prefix)).try_collect().await.map_err(|e| self.err(prefix, e))?;
+        all.sort_by(|a, b| a.location.cmp(&b.location));
+        Ok(all)
+    }
+
+    pub async fn delete(&self, path: &Path) -> Result<()> {
+        self.inner.delete(path).await.map_err(|e| self.err(path, e))
+    }
+}
+
+fn split_bucket<'a>(url: &str, rest: &'a str) -> Result<(&'a str, &'a str)> {
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(Error::store(format!("{url}: missing bucket name")));
+    }
+    Ok((bucket, prefix.trim_matches('/')))
+}
+
+fn with_prefix(store: Arc<dyn ObjectStore>, prefix: &str) -> Arc<dyn ObjectStore> {
+    if prefix.is_empty() { store } else { Arc::new(PrefixStore::new(store, prefix)) }
+}
+
+fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
+    if path.is_empty() {
+        return Err(Error::store(format!("{url}: empty path")));
+    }
+    std::fs::create_dir_all(path).map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;
+    let fs = LocalFileSystem::new_with_prefix(path).map_err(|e| Error::store(format!("{url}: {e}")))?;
+    Ok(Arc::new(fs))
+}
+
+#[cfg(feature = "gcp")]
+fn open_gcs(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
+    let (bucket, prefix) = split_bucket(url, rest)?;
+    let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+        .with_bucket_name(bucket)
+        .build()
+        .map_err(|e| Error::store(format!("{url}: {e}")))?;
+    Ok(with_prefix(Arc::new(gcs), prefix))
+}
+
+#[cfg(not(feature = "gcp"))]
+fn open_gcs(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
+    Err(Error::store(format!("{url}: this build has no gs:// support (rebuild with `--features gcp`)")))
+}
+
+#[cfg(feature = "azure")]
+fn open_azure(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
+    let (container, prefix) = split_bucket(url, rest)?;
+    let az = object_store::azure::MicrosoftAzureBuilder::from_env()
+        .with_container_name(container)
+        .build()
+        .map_err(|e| Error::store(format!("{url}: {e}")))?;
+    Ok(with_prefix(Arc::new(az), prefix))
+}
+
+#[cfg(not(feature = "azure"))]
+fn open_azure(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
+    Err(Error::store(format!("{url}: this build has no az:// support (rebuild with `--features azure`)")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_scheme_is_refused() {
+        let e = Store::open("ftp://x/y").unwrap_err().to_string();
+        assert!(e.contains("unknown store scheme `ftp://`"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn put_if_absent_refuses_second_writer() {
+        let s = Store::open("memory://").unwrap();
+        let p = Path::from("r/_commits/iter=000000/x.json");
+        s.put_if_absent(&p, Bytes::from_static(b"a")).await.unwrap();
+        let e = s.put_if_absent(&p, Bytes::from_static(b"b")).await.unwrap_err();
+        assert!(matches!(e, Error::CommitConflict(_)), "{e}");
+        assert_eq!(s.get(&p).await.unwrap(), Bytes::from_static(b"a"));
+    }
+
+    #[tokio::test]
+    async fn local_store_put_if_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Store::open(&format!("file://{}", dir.path().display())).unwrap();
+        let p = Path::from("r/_commits/iter=000000/x.json");
+        s.put_if_absent(&p, Bytes::from_static(b"a")).await.unwrap();
+        assert!(matches!(s.put_if_absent(&p, Bytes::from_static(b"b")).await, Err(Error::CommitConflict(_))));
+    }
+}
