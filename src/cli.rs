@@ -132,7 +132,10 @@ enum Format {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -161,13 +164,24 @@ fn init_tracing(verbose: bool) {
     let default = if verbose { "rla_pipe=info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let quiet = cli.quiet;
     match cli.command {
-        Command::Run { pipeline, store, run_id, iterations, sets, until } => {
+        Command::Run {
+            pipeline,
+            store,
+            run_id,
+            iterations,
+            sets,
+            until,
+        } => {
             let mut cfg = Config::load(&pipeline, &sets)?;
             if let Some(s) = store {
                 cfg.run.store = s;
@@ -186,10 +200,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             engine.verbose = !quiet;
             engine.run(iterations, until.as_deref()).await?;
             if !quiet {
-                eprintln!("run {run_id}: done. Query it with: rla-pipe sql --store {} --run {run_id} \"SELECT * FROM stage_runs\"", engine.store().url());
+                eprintln!(
+                    "run {run_id}: done. Query it with: rla-pipe sql --store {} --run {run_id} \"SELECT * FROM stage_runs\"",
+                    engine.store().url()
+                );
             }
         }
-        Command::Sql { store, run, format, out, query } => {
+        Command::Sql {
+            store,
+            run,
+            format,
+            out,
+            query,
+        } => {
             let store = Store::open(&store)?;
             if let Some(r) = &run {
                 layout::validate_run_id(r)?;
@@ -206,14 +229,30 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 None => print_batches(format, &batches)?,
             }
         }
-        Command::Replay { store, run, iter, stage, verify: _ } => {
+        Command::Replay {
+            store,
+            run,
+            iter,
+            stage,
+            verify: _,
+        } => {
             let store = Store::open(&store)?;
             layout::validate_run_id(&run)?;
             let report = replay::verify(&store, &run, iter, stage.as_deref()).await?;
             for v in &report {
-                println!("ok  {:<14} {:<18} {:>10} rows  blake3 {}  ({})", v.stage, v.table, v.rows, &v.digest[..16], v.how);
+                println!(
+                    "ok  {:<14} {:<18} {:>10} rows  blake3 {}  ({})",
+                    v.stage,
+                    v.table,
+                    v.rows,
+                    &v.digest[..16],
+                    v.how
+                );
             }
-            println!("iteration {iter} of run {run}: verified ({} tables)", report.len());
+            println!(
+                "iteration {iter} of run {run}: verified ({} tables)",
+                report.len()
+            );
         }
         Command::Runs { store } => {
             let store = Store::open(&store)?;
@@ -221,7 +260,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             if runs.is_empty() {
                 println!("no runs in {}", store.url());
             } else {
-                println!("{:<24} {:>10} {:>8}  {:<12}  {:<20}  code", "run", "iterations", "stages", "config", "created");
+                println!(
+                    "{:<24} {:>10} {:>8}  {:<12}  {:<20}  code",
+                    "run", "iterations", "stages", "config", "created"
+                );
             }
             for r in runs {
                 let complete = r.iters.values().filter(|i| i.complete.is_some()).count();
@@ -247,31 +289,74 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             match iter {
                 None => {
                     println!("config:\n{}", serde_json::to_string_pretty(&r.run.config)?);
-                    println!("\n{:>5}  {:<16} {:>12} {:>9}  status", "iter", "stage", "rows", "seconds");
+                    println!(
+                        "\n{:>5}  {:<16} {:>12} {:>9}  status",
+                        "iter", "stage", "rows", "seconds"
+                    );
                     for (i, it) in &r.iters {
                         for c in it.stages.values() {
                             let rows: u64 = c.manifest.outputs.iter().map(|o| o.rows).sum();
-                            println!("{i:>5}  {:<16} {rows:>12} {:>9.2}  {}", c.manifest.stage, c.manifest.seconds, c.manifest.status);
+                            println!(
+                                "{i:>5}  {:<16} {rows:>12} {:>9.2}  {}",
+                                c.manifest.stage, c.manifest.seconds, c.manifest.status
+                            );
                         }
-                        println!("{i:>5}  {:<16} {}", "_iteration", if it.complete.is_some() { "complete" } else { "incomplete" });
+                        println!(
+                            "{i:>5}  {:<16} {}",
+                            "_iteration",
+                            if it.complete.is_some() {
+                                "complete"
+                            } else {
+                                "incomplete"
+                            }
+                        );
                     }
                 }
                 Some(n) => {
-                    let it = r.iters.get(&n).with_context(|| format!("run {id:?} has no committed iteration {n}"))?;
+                    let it = r
+                        .iters
+                        .get(&n)
+                        .with_context(|| format!("run {id:?} has no committed iteration {n}"))?;
                     for c in it.stages.values() {
-                        println!("\nstage {}  (seed {}, config {}, {:.2}s, manifest blake3 {})", c.manifest.stage, c.manifest.seed, &c.manifest.config_hash[..12], c.manifest.seconds, &c.digest[..16]);
+                        println!(
+                            "\nstage {}  (seed {}, config {}, {:.2}s, manifest blake3 {})",
+                            c.manifest.stage,
+                            c.manifest.seed,
+                            &c.manifest.config_hash[..12],
+                            c.manifest.seconds,
+                            &c.digest[..16]
+                        );
                         for input in &c.manifest.inputs {
                             println!("  in   {:<30} {}", input.tables.join(","), input.path);
                         }
                         for o in &c.manifest.outputs {
-                            println!("  out  {:<18} {:>10} rows {:>12} bytes  blake3 {}  {}", o.table, o.rows, o.bytes, &o.digest[..16], o.path);
+                            println!(
+                                "  out  {:<18} {:>10} rows {:>12} bytes  blake3 {}  {}",
+                                o.table,
+                                o.rows,
+                                o.bytes,
+                                &o.digest[..16],
+                                o.path
+                            );
                         }
                     }
-                    println!("\niteration {n}: {}", if it.complete.is_some() { "complete" } else { "incomplete" });
+                    println!(
+                        "\niteration {n}: {}",
+                        if it.complete.is_some() {
+                            "complete"
+                        } else {
+                            "incomplete"
+                        }
+                    );
                 }
             }
         }
-        Command::Gc { store, run, dry_run, grace_secs } => {
+        Command::Gc {
+            store,
+            run,
+            dry_run,
+            grace_secs,
+        } => {
             let store = Store::open(&store)?;
             if let Some(r) = &run {
                 layout::validate_run_id(r)?;
@@ -285,13 +370,24 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     .flat_map(|c| c.manifest.outputs.iter().map(|o| o.path.clone()))
                     .collect();
                 let now = std::time::SystemTime::now();
-                for dir in [layout::data_dir(&r.run.run_id), Path::from(format!("{}/artifacts", r.run.run_id))] {
+                for dir in [
+                    layout::data_dir(&r.run.run_id),
+                    Path::from(format!("{}/artifacts", r.run.run_id)),
+                ] {
                     for meta in store.list(&dir).await? {
-                        let age = now.duration_since(meta.last_modified.into()).map(|d| d.as_secs()).unwrap_or(0);
+                        let age = now
+                            .duration_since(meta.last_modified.into())
+                            .map(|d| d.as_secs())
+                            .unwrap_or(0);
                         if referenced.contains(meta.location.as_ref()) || age < grace_secs {
                             continue;
                         }
-                        println!("{} {}  ({} bytes)", if dry_run { "would remove" } else { "removed" }, meta.location, meta.size);
+                        println!(
+                            "{} {}  ({} bytes)",
+                            if dry_run { "would remove" } else { "removed" },
+                            meta.location,
+                            meta.size
+                        );
                         if !dry_run {
                             store.delete(&meta.location).await?;
                         }
@@ -300,7 +396,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     }
                 }
             }
-            println!("{} {removed} unreferenced files ({bytes} bytes)", if dry_run { "would remove" } else { "removed" });
+            println!(
+                "{} {removed} unreferenced files ({bytes} bytes)",
+                if dry_run { "would remove" } else { "removed" }
+            );
         }
         Command::Init { dir } => {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -308,8 +407,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             if path.exists() {
                 bail!("{} already exists; not overwriting it", path.display());
             }
-            std::fs::write(&path, config::DEFAULT_TOML).with_context(|| format!("writing {}", path.display()))?;
-            println!("wrote {}; run it with: rla-pipe run {}", path.display(), path.display());
+            std::fs::write(&path, config::DEFAULT_TOML)
+                .with_context(|| format!("writing {}", path.display()))?;
+            println!(
+                "wrote {}; run it with: rla-pipe run {}",
+                path.display(),
+                path.display()
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -321,10 +425,16 @@ fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {
     match format {
         Format::Table => {
             use std::io::Write;
-            writeln!(out, "{}", arrow::util::pretty::pretty_format_batches(batches)?)?;
+            writeln!(
+                out,
+                "{}",
+                arrow::util::pretty::pretty_format_batches(batches)?
+            )?;
         }
         Format::Csv => {
-            let mut w = arrow::csv::WriterBuilder::new().with_header(true).build(&mut out);
+            let mut w = arrow::csv::WriterBuilder::new()
+                .with_header(true)
+                .build(&mut out);
             for b in batches {
                 w.write(b)?;
             }
@@ -341,16 +451,29 @@ fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {
 }
 
 /// Write query results to a local Parquet file atomically (temp file, then rename).
-fn write_parquet(path: &std::path::Path, schema: SchemaRef, batches: &[RecordBatch]) -> Result<u64> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir).with_context(|| format!("creating a temp file in {}", dir.display()))?;
-    let mut w = parquet::arrow::ArrowWriter::try_new(tmp.reopen()?, schema, Some(crate::store::parquet::writer_properties()))?;
+fn write_parquet(
+    path: &std::path::Path,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<u64> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let tmp = tempfile::NamedTempFile::new_in(dir)
+        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        tmp.reopen()?,
+        schema,
+        Some(crate::store::parquet::writer_properties()),
+    )?;
     let mut rows = 0;
     for b in batches {
         w.write(b)?;
         rows += b.num_rows() as u64;
     }
     w.close()?;
-    tmp.persist(path).with_context(|| format!("writing {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("writing {}", path.display()))?;
     Ok(rows)
 }

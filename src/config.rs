@@ -295,7 +295,16 @@ macro_rules! default_from_empty {
         }
     )*};
 }
-default_from_empty!(EnvConfig, SyntheticConfig, RolloutConfig, PolicyConfig, RewardModelConfig, RewardConfig, AdaptConfig, EvalConfig);
+default_from_empty!(
+    EnvConfig,
+    SyntheticConfig,
+    RolloutConfig,
+    PolicyConfig,
+    RewardModelConfig,
+    RewardConfig,
+    AdaptConfig,
+    EvalConfig
+);
 
 /// Keys excluded from the config hash: they change how a run executes, not what it computes.
 pub const UNHASHED_KEYS: &[&str] = &["run.store", "run.iterations", "run.memory_limit_mib"];
@@ -324,7 +333,11 @@ fn toml_error(text: &str, origin: &str, path: &str, e: &toml::de::Error) -> Erro
         }
         None => origin.to_string(),
     };
-    let key = if path.is_empty() || path == "." { String::new() } else { format!(" key `{path}`:") };
+    let key = if path.is_empty() || path == "." {
+        String::new()
+    } else {
+        format!(" key `{path}`:")
+    };
     Error::Config(format!("{location}:{key} {}", e.message().trim()))
 }
 
@@ -339,7 +352,8 @@ impl Config {
     /// Read and parse a config file, then apply `--set key=value` overrides.
     pub fn load(path: &Path, sets: &[String]) -> Result<Config> {
         let origin = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| Error::config(format!("{origin}: {e}")))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| Error::config(format!("{origin}: {e}")))?;
         Self::from_toml_with_sets(&text, &origin, sets)
     }
 
@@ -350,13 +364,21 @@ impl Config {
             cfg.validate()?;
             return Ok(cfg);
         }
-        let mut doc: toml::Table = toml::from_str(text).map_err(|e| toml_error(text, origin, "", &e))?;
+        let mut doc: toml::Table =
+            toml::from_str(text).map_err(|e| toml_error(text, origin, "", &e))?;
         for set in sets {
             apply_set(&mut doc, set)?;
         }
-        let cfg = serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(doc)).map_err(|e| {
-            Error::Config(format!("{origin} with --set {}: key `{}`: {}", sets.join(" --set "), e.path(), e.inner().message().trim()))
-        })?;
+        let cfg = serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(doc)).map_err(
+            |e| {
+                Error::Config(format!(
+                    "{origin} with --set {}: key `{}`: {}",
+                    sets.join(" --set "),
+                    e.path(),
+                    e.inner().message().trim()
+                ))
+            },
+        )?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -371,34 +393,118 @@ impl Config {
         };
         let unit = |x: f64| (0.0..=1.0).contains(&x);
         check(!self.run.name.is_empty(), "run.name", "must not be empty");
-        check(self.run.iterations >= 1, "run.iterations", "must be at least 1");
-        check(self.run.memory_limit_mib >= 64, "run.memory_limit_mib", "must be at least 64");
-        check(self.env.name == "synthetic", "env.name", "unknown environment (this build has: synthetic)");
-        check(self.env.initial_tasks >= 1, "env.initial_tasks", "must be at least 1");
-        check(self.env.max_steps >= 1, "env.max_steps", "must be at least 1");
+        check(
+            self.run.iterations >= 1,
+            "run.iterations",
+            "must be at least 1",
+        );
+        check(
+            self.run.memory_limit_mib >= 64,
+            "run.memory_limit_mib",
+            "must be at least 64",
+        );
+        check(
+            self.env.name == "synthetic",
+            "env.name",
+            "unknown environment (this build has: synthetic)",
+        );
+        check(
+            self.env.initial_tasks >= 1,
+            "env.initial_tasks",
+            "must be at least 1",
+        );
+        check(
+            self.env.max_steps >= 1,
+            "env.max_steps",
+            "must be at least 1",
+        );
         check(
             self.env.synthetic.min_steps >= 1 && self.env.synthetic.min_steps <= self.env.max_steps,
             "env.synthetic.min_steps",
             "must be between 1 and env.max_steps",
         );
-        check(unit(self.env.synthetic.rm_accuracy), "env.synthetic.rm_accuracy", "must be in [0, 1]");
-        check(unit(self.env.synthetic.unparsable_rate), "env.synthetic.unparsable_rate", "must be in [0, 1]");
+        check(
+            unit(self.env.synthetic.rm_accuracy),
+            "env.synthetic.rm_accuracy",
+            "must be in [0, 1]",
+        );
+        check(
+            unit(self.env.synthetic.unparsable_rate),
+            "env.synthetic.unparsable_rate",
+            "must be in [0, 1]",
+        );
         check(self.rollout.n >= 1, "rollout.n", "must be at least 1");
-        check(self.policy.kind == "uniform", "policy.kind", "unknown policy (this build has: uniform)");
-        check(self.policy.temperature > 0.0, "policy.temperature", "must be > 0");
-        check(self.reward_model.samples >= 1, "reward_model.samples", "must be at least 1");
-        check(self.reward_model.temperature > 0.0, "reward_model.temperature", "must be > 0");
-        check(self.reward.lambda.is_finite() && self.reward.lambda.abs() <= 1e6, "reward.lambda", "must be finite, |λ| ≤ 1e6");
-        check(unit(self.reward.policy_acc_min), "reward.policy_acc_min", "must be in [0, 1]");
-        check(unit(self.reward.policy_acc_max), "reward.policy_acc_max", "must be in [0, 1]");
-        check(unit(self.reward.rm_acc_min), "reward.rm_acc_min", "must be in [0, 1]");
-        check(unit(self.reward.rm_acc_max), "reward.rm_acc_max", "must be in [0, 1]");
-        check(self.reward.unparsable_reward.is_finite(), "reward.unparsable_reward", "must be finite");
-        check(self.reward.clip_eps > 0.0 && self.reward.clip_eps < 1.0, "reward.clip_eps", "must be in (0, 1)");
+        check(
+            self.policy.kind == "uniform",
+            "policy.kind",
+            "unknown policy (this build has: uniform)",
+        );
+        check(
+            self.policy.temperature > 0.0,
+            "policy.temperature",
+            "must be > 0",
+        );
+        check(
+            self.reward_model.samples >= 1,
+            "reward_model.samples",
+            "must be at least 1",
+        );
+        check(
+            self.reward_model.temperature > 0.0,
+            "reward_model.temperature",
+            "must be > 0",
+        );
+        check(
+            self.reward.lambda.is_finite() && self.reward.lambda.abs() <= 1e6,
+            "reward.lambda",
+            "must be finite, |λ| ≤ 1e6",
+        );
+        check(
+            unit(self.reward.policy_acc_min),
+            "reward.policy_acc_min",
+            "must be in [0, 1]",
+        );
+        check(
+            unit(self.reward.policy_acc_max),
+            "reward.policy_acc_max",
+            "must be in [0, 1]",
+        );
+        check(
+            unit(self.reward.rm_acc_min),
+            "reward.rm_acc_min",
+            "must be in [0, 1]",
+        );
+        check(
+            unit(self.reward.rm_acc_max),
+            "reward.rm_acc_max",
+            "must be in [0, 1]",
+        );
+        check(
+            self.reward.unparsable_reward.is_finite(),
+            "reward.unparsable_reward",
+            "must be finite",
+        );
+        check(
+            self.reward.clip_eps > 0.0 && self.reward.clip_eps < 1.0,
+            "reward.clip_eps",
+            "must be in (0, 1)",
+        );
         check(self.reward.kl_beta >= 0.0, "reward.kl_beta", "must be ≥ 0");
-        check(unit(self.adapt.alpha_low) && unit(self.adapt.alpha_high), "adapt.alpha_low", "alphas must be in [0, 1]");
-        check(self.adapt.alpha_low < self.adapt.alpha_high, "adapt.alpha_high", "must be greater than adapt.alpha_low");
-        if errs.is_empty() { Ok(()) } else { Err(Error::Config(errs.join("; "))) }
+        check(
+            unit(self.adapt.alpha_low) && unit(self.adapt.alpha_high),
+            "adapt.alpha_low",
+            "alphas must be in [0, 1]",
+        );
+        check(
+            self.adapt.alpha_low < self.adapt.alpha_high,
+            "adapt.alpha_high",
+            "must be greater than adapt.alpha_low",
+        );
+        if errs.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Config(errs.join("; ")))
+        }
     }
 
     /// Canonical JSON (keys sorted, no whitespace) of the whole config.
@@ -409,7 +515,11 @@ impl Config {
     /// The hashed part of the config as flat `dotted.key → JSON value`.
     pub fn hashed_keys(&self) -> BTreeMap<String, String> {
         let mut out = BTreeMap::new();
-        flatten("", &serde_json::to_value(self).expect("config serializes"), &mut out);
+        flatten(
+            "",
+            &serde_json::to_value(self).expect("config serializes"),
+            &mut out,
+        );
         out.retain(|k, _| !UNHASHED_KEYS.contains(&k.as_str()));
         out
     }
@@ -417,7 +527,9 @@ impl Config {
     /// blake3 of the hashed keys: the run's identity.
     pub fn hash(&self) -> String {
         let keys = self.hashed_keys();
-        blake3::hash(canonical(&serde_json::to_value(&keys).unwrap()).as_bytes()).to_hex().to_string()
+        blake3::hash(canonical(&serde_json::to_value(&keys).unwrap()).as_bytes())
+            .to_hex()
+            .to_string()
     }
 
     /// Hash of the named top-level sections (what a stage depends on).
@@ -425,9 +537,15 @@ impl Config {
         let all = self.hashed_keys();
         let picked: BTreeMap<_, _> = all
             .into_iter()
-            .filter(|(k, _)| sections.iter().any(|s| k == s || k.starts_with(&format!("{s}."))))
+            .filter(|(k, _)| {
+                sections
+                    .iter()
+                    .any(|s| k == s || k.starts_with(&format!("{s}.")))
+            })
             .collect();
-        blake3::hash(canonical(&serde_json::to_value(&picked).unwrap()).as_bytes()).to_hex().to_string()
+        blake3::hash(canonical(&serde_json::to_value(&picked).unwrap()).as_bytes())
+            .to_hex()
+            .to_string()
     }
 
     /// The hashed keys whose values differ between two configs, as `key: old → new`.
@@ -438,7 +556,13 @@ impl Config {
         keys.dedup();
         keys.into_iter()
             .filter(|k| a.get(*k) != b.get(*k))
-            .map(|k| format!("{k}: {} → {}", a.get(k).map_or("(unset)", |s| s), b.get(k).map_or("(unset)", |s| s)))
+            .map(|k| {
+                format!(
+                    "{k}: {} → {}",
+                    a.get(k).map_or("(unset)", |s| s),
+                    b.get(k).map_or("(unset)", |s| s)
+                )
+            })
             .collect()
     }
 }
@@ -446,9 +570,11 @@ impl Config {
 /// Apply one `key=value` override to a TOML document. The value is parsed as TOML (`3`, `0.5`,
 /// `true`, `"x"`), and taken as a bare string if it does not parse.
 fn apply_set(doc: &mut toml::Table, set: &str) -> Result<()> {
-    let (key, raw) = set
-        .split_once('=')
-        .ok_or_else(|| Error::config(format!("--set {set}: expected key=value, e.g. --set reward.lambda=0.5")))?;
+    let (key, raw) = set.split_once('=').ok_or_else(|| {
+        Error::config(format!(
+            "--set {set}: expected key=value, e.g. --set reward.lambda=0.5"
+        ))
+    })?;
     let key = key.trim();
     let parts: Vec<&str> = key.split('.').collect();
     if key.is_empty() || parts.iter().any(|p| p.is_empty()) {
@@ -460,10 +586,12 @@ fn apply_set(doc: &mut toml::Table, set: &str) -> Result<()> {
         .unwrap_or_else(|| toml::Value::String(raw.to_string()));
     let mut table = doc;
     for p in &parts[..parts.len() - 1] {
-        let entry = table.entry(p.to_string()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
-        table = entry
-            .as_table_mut()
-            .ok_or_else(|| Error::config(format!("--set {set}: `{p}` is a value, not a section")))?;
+        let entry = table
+            .entry(p.to_string())
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        table = entry.as_table_mut().ok_or_else(|| {
+            Error::config(format!("--set {set}: `{p}` is a value, not a section"))
+        })?;
     }
     table.insert(parts[parts.len() - 1].to_string(), value);
     Ok(())
@@ -481,7 +609,10 @@ pub fn canonical(v: &serde_json::Value) -> String {
                 .collect();
             format!("{{{}}}", inner.join(","))
         }
-        serde_json::Value::Array(a) => format!("[{}]", a.iter().map(canonical).collect::<Vec<_>>().join(",")),
+        serde_json::Value::Array(a) => format!(
+            "[{}]",
+            a.iter().map(canonical).collect::<Vec<_>>().join(",")
+        ),
         other => other.to_string(),
     }
 }
@@ -490,7 +621,11 @@ fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, Strin
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {
-                let key = if prefix.is_empty() { k.clone() } else { format!("{prefix}.{k}") };
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
                 flatten(&key, v, out);
             }
         }
@@ -542,20 +677,36 @@ mod tests {
 
     #[test]
     fn malformed_toml_names_line() {
-        let e = Config::from_toml("[run\nname = 1", "bad.toml").unwrap_err().to_string();
+        let e = Config::from_toml("[run\nname = 1", "bad.toml")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("bad.toml:1:"), "{e}");
     }
 
     #[test]
     fn set_overrides_and_validates() {
-        let c = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lambda=0.5".into(), "reward.advantage_mode=verl".into()]).unwrap();
+        let c = Config::from_toml_with_sets(
+            MIN,
+            "t.toml",
+            &[
+                "reward.lambda=0.5".into(),
+                "reward.advantage_mode=verl".into(),
+            ],
+        )
+        .unwrap();
         assert_eq!(c.reward.lambda, 0.5);
         assert_eq!(c.reward.advantage_mode, AdvantageMode::Verl);
-        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lamda=0.5".into()]).unwrap_err().to_string();
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lamda=0.5".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("lamda") && e.contains("--set"), "{e}");
-        let e = Config::from_toml_with_sets(MIN, "t.toml", &["rollout.n=many".into()]).unwrap_err().to_string();
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["rollout.n=many".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("rollout.n"), "{e}");
-        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lambda=nan".into()]).unwrap_err().to_string();
+        let e = Config::from_toml_with_sets(MIN, "t.toml", &["reward.lambda=nan".into()])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("reward.lambda"), "{e}");
     }
 

@@ -19,9 +19,16 @@ fn f(name: &str, dt: DataType, nullable: bool) -> Field {
 }
 
 fn table(name: &'static str, key: &'static [&'static str], cols: Vec<Field>) -> TableDef {
-    let mut fields = vec![f("run_id", DataType::Utf8, false), f("iter", DataType::UInt32, false)];
+    let mut fields = vec![
+        f("run_id", DataType::Utf8, false),
+        f("iter", DataType::UInt32, false),
+    ];
     fields.extend(cols);
-    TableDef { name, schema: Arc::new(Schema::new(fields)), key }
+    TableDef {
+        name,
+        schema: Arc::new(Schema::new(fields)),
+        key,
+    }
 }
 
 use DataType::{Boolean, Float64, Int8, UInt32, UInt64, Utf8};
@@ -163,7 +170,11 @@ pub fn all_tables() -> Vec<TableDef> {
         table(
             "evaluations",
             &["task_id"],
-            vec![f("task_id", Utf8, false), f("rollouts", UInt32, false), f("successes", UInt32, false)],
+            vec![
+                f("task_id", Utf8, false),
+                f("rollouts", UInt32, false),
+                f("successes", UInt32, false),
+            ],
         ),
         table(
             "stage_runs",
@@ -190,7 +201,11 @@ pub fn table_def(name: &str) -> Option<TableDef> {
 
 /// Names of the tables that stages commit as Parquet (everything but `stage_runs`).
 pub fn data_table_names() -> Vec<&'static str> {
-    all_tables().into_iter().map(|t| t.name).filter(|n| *n != "stage_runs").collect()
+    all_tables()
+        .into_iter()
+        .map(|t| t.name)
+        .filter(|n| *n != "stage_runs")
+        .collect()
 }
 
 /// Render a type the way `schemas/*.md` writes it.
@@ -206,7 +221,12 @@ mod tests {
     fn parse_schema_md(text: &str) -> Vec<(String, String, bool)> {
         text.lines()
             .filter(|l| l.starts_with('|'))
-            .map(|l| l.trim_matches('|').split('|').map(|c| c.trim().trim_matches('`').to_string()).collect::<Vec<_>>())
+            .map(|l| {
+                l.trim_matches('|')
+                    .split('|')
+                    .map(|c| c.trim().trim_matches('`').to_string())
+                    .collect::<Vec<_>>()
+            })
             .filter(|c| c.len() >= 3 && c[0] != "column" && !c[0].starts_with('-'))
             .map(|c| (c[0].clone(), c[1].clone(), c[2] == "yes"))
             .collect()
@@ -217,7 +237,8 @@ mod tests {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("schemas");
         for t in all_tables() {
             let path = dir.join(format!("{}.md", t.name));
-            let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let documented = parse_schema_md(&text);
             let code: Vec<_> = t
                 .schema
@@ -225,9 +246,23 @@ mod tests {
                 .iter()
                 .map(|f| (f.name().clone(), type_name(f.data_type()), f.is_nullable()))
                 .collect();
-            assert_eq!(documented, code, "schemas/{}.md disagrees with src/schema.rs", t.name);
-            let key_line = text.lines().find(|l| l.starts_with("Key:")).unwrap_or_else(|| panic!("{}: no Key: line", path.display()));
-            let key = format!("Key: {}", t.key.iter().map(|k| format!("`{k}`")).collect::<Vec<_>>().join(", "));
+            assert_eq!(
+                documented, code,
+                "schemas/{}.md disagrees with src/schema.rs",
+                t.name
+            );
+            let key_line = text
+                .lines()
+                .find(|l| l.starts_with("Key:"))
+                .unwrap_or_else(|| panic!("{}: no Key: line", path.display()));
+            let key = format!(
+                "Key: {}",
+                t.key
+                    .iter()
+                    .map(|k| format!("`{k}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
             assert_eq!(key_line.trim(), key, "schemas/{}.md key", t.name);
         }
         let files = std::fs::read_dir(&dir).unwrap().count();

@@ -27,7 +27,10 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
         for it in r.iters.values() {
             for c in it.stages.values() {
                 for o in &c.manifest.outputs {
-                    if let Some(t) = schema::data_table_names().into_iter().find(|t| *t == o.table) {
+                    if let Some(t) = schema::data_table_names()
+                        .into_iter()
+                        .find(|t| *t == o.table)
+                    {
                         files.entry(t).or_default().push(o.clone());
                     }
                 }
@@ -38,10 +41,20 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
         let def = schema::table_def(table).expect("known table");
         let fs = files.remove(table).unwrap_or_default();
         exec::check_sizes(store, &fs).await?;
-        exec::register_files(&ctx, &def, &fs.into_iter().map(|f| f.path).collect::<Vec<_>>())?;
+        exec::register_files(
+            &ctx,
+            &def,
+            &fs.into_iter().map(|f| f.path).collect::<Vec<_>>(),
+        )?;
     }
     let stage_runs = stage_runs_batch(&runs)?;
-    ctx.register_table("stage_runs", Arc::new(MemTable::try_new(stage_runs.schema(), vec![vec![stage_runs]])?))?;
+    ctx.register_table(
+        "stage_runs",
+        Arc::new(MemTable::try_new(
+            stage_runs.schema(),
+            vec![vec![stage_runs]],
+        )?),
+    )?;
     Ok(ctx)
 }
 
@@ -95,11 +108,21 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
 }
 
 /// Run a read-only query and collect its result.
-pub async fn query(ctx: &SessionContext, sql: &str) -> Result<(arrow::datatypes::SchemaRef, Vec<RecordBatch>)> {
-    let options = SQLOptions::new().with_allow_ddl(false).with_allow_dml(false).with_allow_statements(false);
+pub async fn query(
+    ctx: &SessionContext,
+    sql: &str,
+) -> Result<(arrow::datatypes::SchemaRef, Vec<RecordBatch>)> {
+    let options = SQLOptions::new()
+        .with_allow_ddl(false)
+        .with_allow_dml(false)
+        .with_allow_statements(false);
     let df = ctx.sql_with_options(sql, options).await.map_err(|e| {
         let msg = e.to_string();
-        if msg.contains("not supported") || msg.contains("DDL") || msg.contains("DML") || msg.contains("Statement") {
+        if msg.contains("not supported")
+            || msg.contains("DDL")
+            || msg.contains("DML")
+            || msg.contains("Statement")
+        {
             Error::Sql(format!("{msg} (`rla-pipe sql` is read-only)"))
         } else {
             Error::from(e)

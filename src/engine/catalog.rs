@@ -34,8 +34,12 @@ pub struct RunState {
 
 impl RunState {
     pub fn config(&self) -> Result<Config> {
-        serde_json::from_value(self.run.config.clone())
-            .map_err(|e| Error::data(format!("{}/run.json: config does not parse with this build: {e}", self.run.run_id)))
+        serde_json::from_value(self.run.config.clone()).map_err(|e| {
+            Error::data(format!(
+                "{}/run.json: config does not parse with this build: {e}",
+                self.run.run_id
+            ))
+        })
     }
 }
 
@@ -50,7 +54,12 @@ pub async fn read_run(store: &Store, run_id: &str) -> Result<Option<RunManifest>
 }
 
 /// Read one stage manifest; `Ok(None)` if not committed.
-pub async fn read_stage(store: &Store, run_id: &str, iter: u32, stage: &str) -> Result<Option<Committed>> {
+pub async fn read_stage(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    stage: &str,
+) -> Result<Option<Committed>> {
     let path = layout::stage_manifest(run_id, iter, stage);
     read_committed(store, &path).await
 }
@@ -60,7 +69,11 @@ async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>>
         None => Ok(None),
         Some(b) => {
             let manifest: StageManifest = manifest::parse(&b, path.as_ref())?;
-            Ok(Some(Committed { path: path.to_string(), digest: manifest::digest(&b), manifest }))
+            Ok(Some(Committed {
+                path: path.to_string(),
+                digest: manifest::digest(&b),
+                manifest,
+            }))
         }
     }
 }
@@ -74,8 +87,13 @@ pub async fn load_run(store: &Store, run_id: &str) -> Result<RunState> {
     for meta in store.list(&layout::commits_dir(run_id)).await? {
         let loc = meta.location.to_string();
         let mut parts = loc.rsplit('/');
-        let (Some(file), Some(dir)) = (parts.next(), parts.next()) else { continue };
-        let (Some(iter), Some(name)) = (layout::parse_iter_dir(dir), file.strip_suffix(".json")) else { continue };
+        let (Some(file), Some(dir)) = (parts.next(), parts.next()) else {
+            continue;
+        };
+        let (Some(iter), Some(name)) = (layout::parse_iter_dir(dir), file.strip_suffix(".json"))
+        else {
+            continue;
+        };
         let state = iters.entry(iter).or_default();
         if name == "_iteration" {
             let bytes = store.get(&meta.location).await?;
@@ -91,7 +109,9 @@ pub async fn load_run(store: &Store, run_id: &str) -> Result<RunState> {
 pub async fn run_ids(store: &Store) -> Result<Vec<String>> {
     let mut ids = Vec::new();
     for dir in store.list_dirs(None).await? {
-        if layout::validate_run_id(&dir).is_ok() && store.size(&layout::run_json(&dir)).await?.is_some() {
+        if layout::validate_run_id(&dir).is_ok()
+            && store.size(&layout::run_json(&dir)).await?.is_some()
+        {
             ids.push(dir);
         }
     }

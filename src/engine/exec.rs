@@ -6,7 +6,9 @@ use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::MemTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl};
+use datafusion::datasource::listing::{
+    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
+};
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::runtime_env::RuntimeEnvBuilder;
 use datafusion::prelude::{SessionConfig, SessionContext, col};
@@ -45,7 +47,8 @@ pub fn register_files(ctx: &SessionContext, def: &TableDef, files: &[String]) ->
             .iter()
             .map(|p| ListingTableUrl::parse(format!("{}{p}", store::DATAFUSION_URL)))
             .collect::<datafusion::error::Result<Vec<_>>>()?;
-        let options = ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        let options =
+            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
         let config = ListingTableConfig::new_with_multi_paths(urls)
             .with_listing_options(options)
             .with_schema(def.schema.clone());
@@ -61,7 +64,12 @@ pub fn register_files(ctx: &SessionContext, def: &TableDef, files: &[String]) ->
 pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
     for f in files {
         match store.size(&Path::from(f.path.as_str())).await? {
-            None => return Err(Error::data(format!("committed file {} (table {}) is missing", f.path, f.table))),
+            None => {
+                return Err(Error::data(format!(
+                    "committed file {} (table {}) is missing",
+                    f.path, f.table
+                )));
+            }
             Some(n) if n != f.bytes => {
                 return Err(Error::data(format!(
                     "committed file {} (table {}) is {n} bytes, its manifest says {}: the file was truncated or altered",
@@ -77,7 +85,12 @@ pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
 /// Where a stage's outputs go.
 pub enum Sink<'a> {
     /// Write `<run>/data/<table>/iter=<N>/<attempt>.parquet` to the store.
-    Store { store: &'a Store, run_id: &'a str, iter: u32, attempt: &'a str },
+    Store {
+        store: &'a Store,
+        run_id: &'a str,
+        iter: u32,
+        attempt: &'a str,
+    },
     /// Only hash (replay).
     HashOnly,
 }
@@ -93,25 +106,43 @@ pub async fn execute(
     let mut produced = stage.run(ctx).await?;
     let mut files = Vec::new();
     for table in stage.outputs() {
-        let pos = produced.iter().position(|(t, _)| t == table).ok_or_else(|| {
-            Error::data(format!("stage {} did not produce its declared output table {table}", stage.name()))
-        })?;
+        let pos = produced
+            .iter()
+            .position(|(t, _)| t == table)
+            .ok_or_else(|| {
+                Error::data(format!(
+                    "stage {} did not produce its declared output table {table}",
+                    stage.name()
+                ))
+            })?;
         let (_, out) = produced.swap_remove(pos);
         let def = schema::table_def(table).expect("validated by Dag::new");
         let stream = into_sorted_stream(stage.name(), &def, out).await?;
         files.push(write_table(stage.name(), &def, stream, sink, on_rows).await?);
     }
     if let Some((t, _)) = produced.first() {
-        return Err(Error::data(format!("stage {} produced undeclared table {t}", stage.name())));
+        return Err(Error::data(format!(
+            "stage {} produced undeclared table {t}",
+            stage.name()
+        )));
     }
     Ok(files)
 }
 
 fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
     let want = &def.schema;
-    let names = |s: &SchemaRef| s.fields().iter().map(|f| format!("{}: {}", f.name(), f.data_type())).collect::<Vec<_>>();
+    let names = |s: &SchemaRef| {
+        s.fields()
+            .iter()
+            .map(|f| format!("{}: {}", f.name(), f.data_type()))
+            .collect::<Vec<_>>()
+    };
     if got.fields().len() != want.fields().len()
-        || got.fields().iter().zip(want.fields()).any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type())
+        || got
+            .fields()
+            .iter()
+            .zip(want.fields())
+            .any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type())
     {
         return Err(Error::data(format!(
             "stage {stage} produced table {} with columns [{}]; schemas/{}.md declares [{}]",
@@ -124,12 +155,20 @@ fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
     Ok(())
 }
 
-async fn into_sorted_stream(stage: &str, def: &TableDef, out: TableOutput) -> Result<SendableRecordBatchStream> {
+async fn into_sorted_stream(
+    stage: &str,
+    def: &TableDef,
+    out: TableOutput,
+) -> Result<SendableRecordBatchStream> {
     match out {
         TableOutput::Frame(df) => {
             let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
             check_schema(stage, def, &schema)?;
-            let sort = def.key.iter().map(|k| col(*k).sort(true, false)).collect::<Vec<_>>();
+            let sort = def
+                .key
+                .iter()
+                .map(|k| col(*k).sort(true, false))
+                .collect::<Vec<_>>();
             Ok(df.sort(sort)?.execute_stream().await?)
         }
         TableOutput::Sorted(stream) => {
@@ -147,11 +186,19 @@ async fn write_table(
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<OutputFile> {
     let path = match sink {
-        Sink::Store { run_id, iter, attempt, .. } => layout::data_file(run_id, def.name, *iter, attempt).to_string(),
+        Sink::Store {
+            run_id,
+            iter,
+            attempt,
+            ..
+        } => layout::data_file(run_id, def.name, *iter, attempt).to_string(),
         Sink::HashOnly => String::new(),
     };
     let object_writer = match sink {
-        Sink::Store { store, .. } => Some(object_store::buffered::BufWriter::new(store.object_store(), Path::from(path.as_str()))),
+        Sink::Store { store, .. } => Some(object_store::buffered::BufWriter::new(
+            store.object_store(),
+            Path::from(path.as_str()),
+        )),
         Sink::HashOnly => None,
     };
     let mut writer = store::parquet::writer(object_writer, def.schema.clone())?;
@@ -163,14 +210,24 @@ async fn write_table(
         }
         // Re-label with the declared schema (field nullability included): a null in a column the
         // schema declares non-nullable fails here, naming the table.
-        let batch = RecordBatch::try_new(def.schema.clone(), batch.columns().to_vec()).map_err(|e| {
-            Error::data(format!("stage {stage}: table {} does not fit schemas/{}.md: {e}", def.name, def.name))
-        })?;
+        let batch =
+            RecordBatch::try_new(def.schema.clone(), batch.columns().to_vec()).map_err(|e| {
+                Error::data(format!(
+                    "stage {stage}: table {} does not fit schemas/{}.md: {e}",
+                    def.name, def.name
+                ))
+            })?;
         rows += batch.num_rows() as u64;
         writer.write(&batch).await?;
         on_rows(def.name, rows);
     }
     writer.finish().await?;
     let (bytes, digest) = writer.into_inner().finish();
-    Ok(OutputFile { table: def.name.to_string(), path, bytes, rows, digest })
+    Ok(OutputFile {
+        table: def.name.to_string(),
+        path,
+        bytes,
+        rows,
+        digest,
+    })
 }

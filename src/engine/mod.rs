@@ -90,17 +90,26 @@ impl Dag {
             }
             for t in s.outputs() {
                 if schema::table_def(t).is_none() || *t == "stage_runs" {
-                    return Err(Error::config(format!("stage {} writes unknown table {t}", s.name())));
+                    return Err(Error::config(format!(
+                        "stage {} writes unknown table {t}",
+                        s.name()
+                    )));
                 }
                 if let Some(other) = seen.insert(*t, s.name()) {
-                    return Err(Error::config(format!("table {t} is written by both {other} and {}", s.name())));
+                    return Err(Error::config(format!(
+                        "table {t} is written by both {other} and {}",
+                        s.name()
+                    )));
                 }
             }
         }
         for s in &dag.stages {
             for t in s.inputs() {
                 if !seen.contains_key(t) {
-                    return Err(Error::config(format!("stage {} reads table {t}, which no stage of this DAG writes", s.name())));
+                    return Err(Error::config(format!(
+                        "stage {} reads table {t}, which no stage of this DAG writes",
+                        s.name()
+                    )));
                 }
             }
         }
@@ -127,7 +136,10 @@ impl Dag {
     }
 
     fn index(&self, name: &str) -> usize {
-        self.stages.iter().position(|s| s.name() == name).expect("stage of this DAG")
+        self.stages
+            .iter()
+            .position(|s| s.name() == name)
+            .expect("stage of this DAG")
     }
 
     /// Producer and iteration offset of every input of a stage.
@@ -137,9 +149,17 @@ impl Dag {
             .inputs()
             .iter()
             .map(|t| {
-                let (i, producer) =
-                    self.stages.iter().enumerate().find(|(_, s)| s.outputs().contains(t)).expect("validated");
-                InputSource { table: t, stage: producer.name(), iter_offset: u32::from(i >= me) }
+                let (i, producer) = self
+                    .stages
+                    .iter()
+                    .enumerate()
+                    .find(|(_, s)| s.outputs().contains(t))
+                    .expect("validated");
+                InputSource {
+                    table: t,
+                    stage: producer.name(),
+                    iter_offset: u32::from(i >= me),
+                }
             })
             .collect()
     }
@@ -163,9 +183,18 @@ mod tests {
 
     #[test]
     fn seeds_are_stable_and_distinct() {
-        assert_eq!(derive_seed(1, &["0", "rollout"]), derive_seed(1, &["0", "rollout"]));
-        assert_ne!(derive_seed(1, &["0", "rollout"]), derive_seed(2, &["0", "rollout"]));
-        assert_ne!(derive_seed(1, &["0r", "ollout"]), derive_seed(1, &["0", "rollout"]));
+        assert_eq!(
+            derive_seed(1, &["0", "rollout"]),
+            derive_seed(1, &["0", "rollout"])
+        );
+        assert_ne!(
+            derive_seed(1, &["0", "rollout"]),
+            derive_seed(2, &["0", "rollout"])
+        );
+        assert_ne!(
+            derive_seed(1, &["0r", "ollout"]),
+            derive_seed(1, &["0", "rollout"])
+        );
     }
 
     #[test]
@@ -174,6 +203,9 @@ mod tests {
         let dag = Dag::for_config(&cfg).unwrap();
         let src = dag.sources("advantage");
         assert!(src.iter().all(|s| s.iter_offset == 0));
-        assert!(src.iter().any(|s| s.table == "step_rewards" && s.stage == "reward_join"));
+        assert!(
+            src.iter()
+                .any(|s| s.table == "step_rewards" && s.stage == "reward_join")
+        );
     }
 }

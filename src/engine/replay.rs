@@ -10,10 +10,10 @@ use std::sync::Arc;
 
 use object_store::path::Path;
 
+use super::Dag;
 use super::catalog::{self, Committed};
 use super::exec::{self, Sink};
 use super::runner::build_context;
-use super::Dag;
 use crate::error::{Error, Result};
 use crate::store::{Store, manifest};
 
@@ -29,22 +29,38 @@ pub struct Verified {
 }
 
 /// Verify iteration `iter` of `run_id` (all its stages, or one).
-pub async fn verify(store: &Store, run_id: &str, iter: u32, only: Option<&str>) -> Result<Vec<Verified>> {
+pub async fn verify(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    only: Option<&str>,
+) -> Result<Vec<Verified>> {
     let state = catalog::load_run(store, run_id).await?;
     let config = Arc::new(state.config()?);
     let dag = Dag::for_config(&config)?;
-    let it = state.iters.get(&iter).filter(|s| !s.stages.is_empty()).ok_or_else(|| {
-        let have: Vec<String> = state.iters.keys().map(|i| i.to_string()).collect();
-        Error::data(format!(
-            "run {run_id:?} has no committed iteration {iter} (committed: {})",
-            if have.is_empty() { "none".into() } else { have.join(", ") }
-        ))
-    })?;
+    let it = state
+        .iters
+        .get(&iter)
+        .filter(|s| !s.stages.is_empty())
+        .ok_or_else(|| {
+            let have: Vec<String> = state.iters.keys().map(|i| i.to_string()).collect();
+            Error::data(format!(
+                "run {run_id:?} has no committed iteration {iter} (committed: {})",
+                if have.is_empty() {
+                    "none".into()
+                } else {
+                    have.join(", ")
+                }
+            ))
+        })?;
     if let Some(s) = only
         && !it.stages.contains_key(s)
     {
         let have: Vec<_> = it.stages.keys().cloned().collect();
-        return Err(Error::data(format!("iteration {iter} of run {run_id:?} has no committed stage {s:?} (committed: {})", have.join(", "))));
+        return Err(Error::data(format!(
+            "iteration {iter} of run {run_id:?} has no committed stage {s:?} (committed: {})",
+            have.join(", ")
+        )));
     }
 
     // 1. Integrity of every committed file and recorded input manifest.
@@ -56,12 +72,23 @@ pub async fn verify(store: &Store, run_id: &str, iter: u32, only: Option<&str>) 
             let bytes = store
                 .get_opt(&Path::from(f.path.as_str()))
                 .await?
-                .ok_or_else(|| Error::Mismatch(format!("stage {}: table {}: committed file {} is missing", c.manifest.stage, f.table, f.path)))?;
+                .ok_or_else(|| {
+                    Error::Mismatch(format!(
+                        "stage {}: table {}: committed file {} is missing",
+                        c.manifest.stage, f.table, f.path
+                    ))
+                })?;
             let d = manifest::digest(&bytes);
             if bytes.len() as u64 != f.bytes || d != f.digest {
                 return Err(Error::Mismatch(format!(
                     "stage {}: table {}: committed file {} no longer matches its manifest ({} bytes, blake3 {}; manifest: {} bytes, blake3 {})",
-                    c.manifest.stage, f.table, f.path, bytes.len(), &d[..16], f.bytes, &f.digest[..16]
+                    c.manifest.stage,
+                    f.table,
+                    f.path,
+                    bytes.len(),
+                    &d[..16],
+                    f.bytes,
+                    &f.digest[..16]
                 )));
             }
         }
@@ -79,7 +106,9 @@ pub async fn verify(store: &Store, run_id: &str, iter: u32, only: Option<&str>) 
     // 2. Re-execute deterministic stages from the inputs their manifests name.
     let mut report = Vec::new();
     for stage in dag.stages() {
-        let Some(c) = it.stages.get(stage.name()) else { continue };
+        let Some(c) = it.stages.get(stage.name()) else {
+            continue;
+        };
         if only.is_some_and(|s| s != stage.name()) {
             continue;
         }
@@ -98,7 +127,10 @@ pub async fn verify(store: &Store, run_id: &str, iter: u32, only: Option<&str>) 
         if want != m.config_hash {
             return Err(Error::Mismatch(format!(
                 "stage {}: the config sections {:?} hash to {} but the manifest recorded {}",
-                m.stage, m.config_sections, &want[..12], &m.config_hash[..12]
+                m.stage,
+                m.config_sections,
+                &want[..12],
+                &m.config_hash[..12]
             )));
         }
         let mut inputs: Vec<(Committed, Vec<&'static str>)> = Vec::new();
@@ -112,21 +144,46 @@ pub async fn verify(store: &Store, run_id: &str, iter: u32, only: Option<&str>) 
                     Error::Mismatch(format!("stage {}: manifest input table {t} is not an input of this build's stage", m.stage))
                 }))
                 .collect::<Result<Vec<_>>>()?;
-            inputs.push((Committed { path: input.path.clone(), digest: input.digest.clone(), manifest }, tables));
+            inputs.push((
+                Committed {
+                    path: input.path.clone(),
+                    digest: input.digest.clone(),
+                    manifest,
+                },
+                tables,
+            ));
         }
         let (ctx, _) = build_context(store, run_id, iter, m.seed, config.clone(), &inputs).await?;
         let outputs = exec::execute(stage.as_ref(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
         for out in outputs {
-            let committed = m.outputs.iter().find(|o| o.table == out.table).ok_or_else(|| {
-                Error::Mismatch(format!("stage {}: table {} was replayed but is not in the manifest", m.stage, out.table))
-            })?;
+            let committed = m
+                .outputs
+                .iter()
+                .find(|o| o.table == out.table)
+                .ok_or_else(|| {
+                    Error::Mismatch(format!(
+                        "stage {}: table {} was replayed but is not in the manifest",
+                        m.stage, out.table
+                    ))
+                })?;
             if committed.digest != out.digest || committed.rows != out.rows {
                 return Err(Error::Mismatch(format!(
                     "stage {}: table {} differs: committed {} rows, blake3 {}; replayed {} rows, blake3 {}",
-                    m.stage, out.table, committed.rows, &committed.digest[..16], out.rows, &out.digest[..16]
+                    m.stage,
+                    out.table,
+                    committed.rows,
+                    &committed.digest[..16],
+                    out.rows,
+                    &out.digest[..16]
                 )));
             }
-            report.push(Verified { stage: m.stage.clone(), table: out.table, rows: out.rows, digest: out.digest, how: "replayed" });
+            report.push(Verified {
+                stage: m.stage.clone(),
+                table: out.table,
+                rows: out.rows,
+                digest: out.digest,
+                how: "replayed",
+            });
         }
     }
     Ok(report)

@@ -13,7 +13,9 @@ use super::{Dag, Stage, StageContext, derive_seed};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::schema;
-use crate::store::manifest::{self, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest};
+use crate::store::manifest::{
+    self, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
+};
 use crate::store::{Store, layout};
 
 /// What `run` did with one stage.
@@ -48,7 +50,10 @@ impl Engine {
         };
         let existing = match catalog::read_run(&store, run_id).await? {
             Some(r) => Some(r),
-            None => match store.put_if_absent(&layout::run_json(run_id), manifest::to_bytes(&wanted)).await {
+            None => match store
+                .put_if_absent(&layout::run_json(run_id), manifest::to_bytes(&wanted))
+                .await
+            {
                 Ok(()) => None,
                 Err(Error::CommitConflict(_)) => catalog::read_run(&store, run_id).await?,
                 Err(e) => return Err(e),
@@ -67,7 +72,13 @@ impl Engine {
                 &wanted.config_hash[..12],
             )));
         }
-        Ok(Engine { store, run_id: run_id.to_string(), config: Arc::new(config), dag, verbose: false })
+        Ok(Engine {
+            store,
+            run_id: run_id.to_string(),
+            config: Arc::new(config),
+            dag,
+            verbose: false,
+        })
     }
 
     pub fn run_id(&self) -> &str {
@@ -85,13 +96,24 @@ impl Engine {
             && self.dag.stage(u).is_none()
         {
             let names: Vec<_> = self.dag.stages().iter().map(|s| s.name()).collect();
-            return Err(Error::config(format!("--until {u}: no such stage (stages: {})", names.join(", "))));
+            return Err(Error::config(format!(
+                "--until {u}: no such stage (stages: {})",
+                names.join(", ")
+            )));
         }
         let mut events = Vec::new();
         for iter in 0..iterations {
-            if self.store.size(&layout::iteration_manifest(&self.run_id, iter)).await?.is_some() {
+            if self
+                .store
+                .size(&layout::iteration_manifest(&self.run_id, iter))
+                .await?
+                .is_some()
+            {
                 for s in self.dag.stages() {
-                    events.push(StageEvent::Skipped { iter, stage: s.name().to_string() });
+                    events.push(StageEvent::Skipped {
+                        iter,
+                        stage: s.name().to_string(),
+                    });
                 }
                 self.say(format!("iter {iter:>3}  already committed"));
                 continue;
@@ -99,18 +121,29 @@ impl Engine {
             let started = Instant::now();
             let mut done: BTreeMap<(u32, String), Committed> = BTreeMap::new();
             for stage in self.dag.stages() {
-                let committed = match catalog::read_stage(&self.store, &self.run_id, iter, stage.name()).await? {
-                    Some(c) => {
-                        events.push(StageEvent::Skipped { iter, stage: stage.name().to_string() });
-                        self.say(format!("iter {iter:>3}  {:<16} committed earlier, skipped", stage.name()));
-                        c
-                    }
-                    None => {
-                        let c = self.run_stage(iter, stage.as_ref(), &mut done).await?;
-                        events.push(StageEvent::Ran { iter, stage: stage.name().to_string() });
-                        c
-                    }
-                };
+                let committed =
+                    match catalog::read_stage(&self.store, &self.run_id, iter, stage.name()).await?
+                    {
+                        Some(c) => {
+                            events.push(StageEvent::Skipped {
+                                iter,
+                                stage: stage.name().to_string(),
+                            });
+                            self.say(format!(
+                                "iter {iter:>3}  {:<16} committed earlier, skipped",
+                                stage.name()
+                            ));
+                            c
+                        }
+                        None => {
+                            let c = self.run_stage(iter, stage.as_ref(), &mut done).await?;
+                            events.push(StageEvent::Ran {
+                                iter,
+                                stage: stage.name().to_string(),
+                            });
+                            c
+                        }
+                    };
                 done.insert((iter, stage.name().to_string()), committed);
                 if until == Some(stage.name()) {
                     return Ok(events);
@@ -132,14 +165,43 @@ impl Engine {
                     .collect(),
                 seconds: started.elapsed().as_secs_f64(),
             };
-            self.store.put_if_absent(&layout::iteration_manifest(&self.run_id, iter), manifest::to_bytes(&it)).await?;
+            self.store
+                .put_if_absent(
+                    &layout::iteration_manifest(&self.run_id, iter),
+                    manifest::to_bytes(&it),
+                )
+                .await?;
             let rows: Vec<String> = done
                 .values()
-                .flat_map(|c| c.manifest.outputs.iter().map(|o| format!("{} {}", o.table, o.rows)))
+                .flat_map(|c| {
+                    c.manifest
+                        .outputs
+                        .iter()
+                        .map(|o| format!("{} {}", o.table, o.rows))
+                })
                 .collect();
-            self.say(format!("iter {iter:>3}  committed in {:.1}s · {}", started.elapsed().as_secs_f64(), rows.join(" · ")));
+            self.say(format!(
+                "iter {iter:>3}  committed in {:.1}s · {}",
+                started.elapsed().as_secs_f64(),
+                rows.join(" · ")
+            ));
         }
         Ok(events)
+    }
+
+    /// Execute one stage of one iteration and commit it, without the resume check: if the stage
+    /// is already committed (or another writer commits first) this is a commit conflict.
+    pub async fn commit_stage(&self, iter: u32, stage: &str) -> Result<StageManifest> {
+        let stage = self
+            .dag
+            .stage(stage)
+            .ok_or_else(|| Error::config(format!("no stage {stage} in this DAG")))?
+            .clone();
+        let mut done = BTreeMap::new();
+        Ok(self
+            .run_stage(iter, stage.as_ref(), &mut done)
+            .await?
+            .manifest)
     }
 
     fn say(&self, line: String) {
@@ -164,7 +226,10 @@ impl Engine {
                     src.table
                 )));
             };
-            by_producer.entry((from, src.stage)).or_default().push(src.table);
+            by_producer
+                .entry((from, src.stage))
+                .or_default()
+                .push(src.table);
         }
         let mut out = Vec::new();
         for ((from, producer), tables) in by_producer {
@@ -194,12 +259,24 @@ impl Engine {
         let t0 = Instant::now();
         let inputs = self.inputs_of(iter, stage, done).await?;
         let seed = stage_seed(&self.config, iter, stage.name());
-        let (ctx, input_refs) =
-            build_context(&self.store, &self.run_id, iter, seed, self.config.clone(), &inputs).await?;
+        let (ctx, input_refs) = build_context(
+            &self.store,
+            &self.run_id,
+            iter,
+            seed,
+            self.config.clone(),
+            &inputs,
+        )
+        .await?;
         let attempt = layout::new_attempt();
         info!(run = %self.run_id, iter, stage = stage.name(), attempt = %attempt, "stage started");
         let bar = self.progress_bar(iter, stage.name());
-        let sink = Sink::Store { store: &self.store, run_id: &self.run_id, iter, attempt: &attempt };
+        let sink = Sink::Store {
+            store: &self.store,
+            run_id: &self.run_id,
+            iter,
+            attempt: &attempt,
+        };
         let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
         let outputs = exec::execute(stage, &ctx, &sink, &on_rows).await;
         bar.finish_and_clear();
@@ -210,7 +287,11 @@ impl Engine {
             iter,
             stage: stage.name().to_string(),
             code_version: manifest::code_version(),
-            config_sections: stage.config_sections().iter().map(|s| s.to_string()).collect(),
+            config_sections: stage
+                .config_sections()
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
             config_hash: self.config.section_hash(stage.config_sections()),
             seed,
             deterministic: stage.deterministic(),
@@ -232,8 +313,16 @@ impl Engine {
         })?;
         let rows: u64 = m.outputs.iter().map(|o| o.rows).sum();
         info!(run = %self.run_id, iter, stage = stage.name(), rows, seconds = m.seconds, "stage committed");
-        self.say(format!("iter {iter:>3}  {:<16} {rows:>10} rows  {:>7.2}s  committed", stage.name(), m.seconds));
-        Ok(Committed { path: path.to_string(), digest: manifest::digest(&bytes), manifest: m })
+        self.say(format!(
+            "iter {iter:>3}  {:<16} {rows:>10} rows  {:>7.2}s  committed",
+            stage.name(),
+            m.seconds
+        ));
+        Ok(Committed {
+            path: path.to_string(),
+            digest: manifest::digest(&bytes),
+            manifest: m,
+        })
     }
 
     fn progress_bar(&self, iter: u32, stage: &str) -> ProgressBar {
@@ -242,7 +331,8 @@ impl Engine {
         }
         let bar = ProgressBar::new_spinner().with_prefix(format!("iter {iter:>3}  {stage:<16}"));
         bar.set_style(
-            ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]").expect("static template"),
+            ProgressStyle::with_template("{spinner} {prefix} {msg} [{elapsed}]")
+                .expect("static template"),
         );
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
@@ -267,10 +357,20 @@ pub async fn build_context(
     let mut refs = Vec::new();
     for (c, tables) in inputs {
         for table in tables {
-            let files: Vec<_> = c.manifest.outputs.iter().filter(|o| o.table == *table).cloned().collect();
+            let files: Vec<_> = c
+                .manifest
+                .outputs
+                .iter()
+                .filter(|o| o.table == *table)
+                .cloned()
+                .collect();
             exec::check_sizes(store, &files).await?;
             let def = schema::table_def(table).expect("known table");
-            exec::register_files(&session, &def, &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>())?;
+            exec::register_files(
+                &session,
+                &def,
+                &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
+            )?;
         }
         refs.push(InputRef {
             kind: "manifest".into(),
@@ -279,5 +379,14 @@ pub async fn build_context(
             digest: c.digest.clone(),
         });
     }
-    Ok((StageContext { run_id: run_id.to_string(), iter, seed, config, session }, refs))
+    Ok((
+        StageContext {
+            run_id: run_id.to_string(),
+            iter,
+            seed,
+            config,
+            session,
+        },
+        refs,
+    ))
 }

@@ -53,8 +53,14 @@ impl Stage for Advantage {
             ],
         )?;
         Ok(vec![
-            ("policy_advantages", TableOutput::Frame(query(&ctx.session, &policy).await?)),
-            ("rm_advantages", TableOutput::Frame(query(&ctx.session, &rm).await?)),
+            (
+                "policy_advantages",
+                TableOutput::Frame(query(&ctx.session, &policy).await?),
+            ),
+            (
+                "rm_advantages",
+                TableOutput::Frame(query(&ctx.session, &rm).await?),
+            ),
         ])
     }
 }
@@ -64,7 +70,9 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use arrow::array::{Array, BooleanArray, Float64Array, Int8Array, RecordBatch, StringArray, UInt32Array};
+    use arrow::array::{
+        Array, BooleanArray, Float64Array, Int8Array, RecordBatch, StringArray, UInt32Array,
+    };
     use proptest::prelude::*;
 
     use super::*;
@@ -159,7 +167,13 @@ mod tests {
     }
 
     fn floats(b: &RecordBatch, name: &str) -> Vec<f64> {
-        b.column_by_name(name).unwrap().as_any().downcast_ref::<Float64Array>().unwrap().values().to_vec()
+        b.column_by_name(name)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<Float64Array>()
+            .unwrap()
+            .values()
+            .to_vec()
     }
     fn bools(b: &RecordBatch, name: &str) -> Vec<bool> {
         let a = b.column_by_name(name).unwrap();
@@ -167,7 +181,13 @@ mod tests {
         (0..a.len()).map(|i| a.value(i)).collect()
     }
     fn u32s(b: &RecordBatch, name: &str) -> Vec<u32> {
-        b.column_by_name(name).unwrap().as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec()
+        b.column_by_name(name)
+            .unwrap()
+            .as_any()
+            .downcast_ref::<UInt32Array>()
+            .unwrap()
+            .values()
+            .to_vec()
     }
     fn assert_close(got: &[f64], want: &[f64]) {
         assert_eq!(got.len(), want.len(), "{got:?} vs {want:?}");
@@ -185,11 +205,27 @@ mod tests {
         assert_eq!(u32s(&b, "group_size"), vec![4, 1, 2, 4, 2, 4, 4, 2, 2]);
         assert_close(
             &floats(&b, "advantage"),
-            &[1.25 / std, 1.0, 0.0, 0.75 / std, 0.0, -1.25 / std, -0.75 / std, -1.0, 1.0],
+            &[
+                1.25 / std,
+                1.0,
+                0.0,
+                0.75 / std,
+                0.0,
+                -1.25 / std,
+                -0.75 / std,
+                -1.0,
+                1.0,
+            ],
         );
-        assert_close(&floats(&b, "task_acc"), &[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0]);
+        assert_close(
+            &floats(&b, "task_acc"),
+            &[0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 1.0, 1.0],
+        );
         // Zero-variance rows and task B (acc 1 > 7/8) are excluded.
-        assert_eq!(bools(&b, "included"), vec![true, true, false, true, false, true, true, false, false]);
+        assert_eq!(
+            bools(&b, "included"),
+            vec![true, true, false, true, false, true, true, false, false]
+        );
     }
 
     #[tokio::test]
@@ -224,23 +260,42 @@ mod tests {
         // A-0/0: R_S = 1.5, 1.5, -1.5 → mean 0.5, pop std √2.
         // A-1/0: R_S = 1.0, -2 (unparsable), -1.0 → mean -2/3, pop std √14/3.
         // A-2/0: R_S = 1, 1, 1 → zero variance. B-0/0: filtered out (acc 1.0 > 0.8).
-        assert_close(&floats(&b, "consistency_reward"), &[1.5, 1.5, -1.5, 1.0, -2.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0]);
+        assert_close(
+            &floats(&b, "consistency_reward"),
+            &[
+                1.5, 1.5, -1.5, 1.0, -2.0, -1.0, 1.0, 1.0, 1.0, 1.0, -1.0, 1.0,
+            ],
+        );
         let s2 = 2f64.sqrt();
         let s14 = 14f64.sqrt() / 3.0;
         let m = -2.0 / 3.0;
         let adv = floats(&b, "advantage");
-        let want = [1.0 / s2, 1.0 / s2, -2.0 / s2, (1.0 - m) / s14, (-2.0 - m) / s14, (-1.0 - m) / s14, 0.0, 0.0, 0.0];
+        let want = [
+            1.0 / s2,
+            1.0 / s2,
+            -2.0 / s2,
+            (1.0 - m) / s14,
+            (-2.0 - m) / s14,
+            (-1.0 - m) / s14,
+            0.0,
+            0.0,
+            0.0,
+        ];
         for (g, w) in adv.iter().zip(want.iter()) {
             assert!((g - w).abs() < 1e-9, "{adv:?} vs {want:?}");
         }
         assert_eq!(
             bools(&b, "included"),
-            vec![true, true, true, true, true, true, false, false, false, false, false, false]
+            vec![
+                true, true, true, true, true, true, false, false, false, false, false, false
+            ]
         );
     }
 
     fn policy_stats(groups: &[Vec<f64>]) -> RecordBatch {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let c = ctx(Config::from_toml("[run]\nname='t'\n", "t").unwrap());
         let mut rows = Vec::new();
         for (g, rewards) in groups.iter().enumerate() {
@@ -250,8 +305,21 @@ mod tests {
         }
         let task: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
         let traj: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
-        let outcome: Vec<i8> = rows.iter().map(|r| if r.2 > 0.0 { 1 } else { -1 }).collect();
-        register(&c, "trajectories", vec![s(&task), s(&traj), u(&vec![0; rows.len()]), i8s(&outcome), u(&vec![1; rows.len()])]);
+        let outcome: Vec<i8> = rows
+            .iter()
+            .map(|r| if r.2 > 0.0 { 1 } else { -1 })
+            .collect();
+        register(
+            &c,
+            "trajectories",
+            vec![
+                s(&task),
+                s(&traj),
+                u(&vec![0; rows.len()]),
+                i8s(&outcome),
+                u(&vec![1; rows.len()]),
+            ],
+        );
         register(
             &c,
             "step_rewards",
@@ -265,7 +333,11 @@ mod tests {
                 f(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
             ],
         );
-        register(&c, "rm_samples", vec![s(&[]), s(&[]), u(&[]), u(&[]), s(&[]), i8s(&[])]);
+        register(
+            &c,
+            "rm_samples",
+            vec![s(&[]), s(&[]), u(&[]), u(&[]), s(&[]), i8s(&[])],
+        );
         rt.block_on(output(&Advantage, &c, "policy_advantages"))
     }
 

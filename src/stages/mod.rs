@@ -24,13 +24,18 @@ pub fn render(sql: &str, params: &[(&str, String)]) -> Result<String> {
     for (name, value) in params {
         let key = format!("${{{name}}}");
         if !out.contains(&key) {
-            return Err(Error::sql(format!("SQL parameter {key} is not used by the query")));
+            return Err(Error::sql(format!(
+                "SQL parameter {key} is not used by the query"
+            )));
         }
         out = out.replace(&key, value);
     }
     if let Some(pos) = out.find("${") {
         let end = out[pos..].find('}').map_or(out.len(), |e| pos + e + 1);
-        return Err(Error::sql(format!("SQL parameter {} is not bound", &out[pos..end])));
+        return Err(Error::sql(format!(
+            "SQL parameter {} is not bound",
+            &out[pos..end]
+        )));
     }
     Ok(out)
 }
@@ -64,7 +69,13 @@ pub(crate) mod testutil {
     use crate::schema;
 
     pub fn ctx(config: Config) -> StageContext {
-        StageContext { run_id: "r".into(), iter: 0, seed: 7, config: Arc::new(config), session: SessionContext::new() }
+        StageContext {
+            run_id: "r".into(),
+            iter: 0,
+            seed: 7,
+            config: Arc::new(config),
+            session: SessionContext::new(),
+        }
     }
 
     /// Register `table` from columns given without `run_id` / `iter` (filled with "r" / 0).
@@ -78,7 +89,12 @@ pub(crate) mod testutil {
         all.extend(columns);
         let batch = RecordBatch::try_new(def.schema.clone(), all).unwrap();
         let _ = ctx.session.deregister_table(table);
-        ctx.session.register_table(table, Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![batch]]).unwrap())).unwrap();
+        ctx.session
+            .register_table(
+                table,
+                Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![batch]]).unwrap()),
+            )
+            .unwrap();
     }
 
     /// Run a stage and collect one output table, sorted by its key.
@@ -88,7 +104,11 @@ pub(crate) mod testutil {
         let (_, out) = outs.into_iter().find(|(t, _)| *t == table).unwrap();
         let batches = match out {
             TableOutput::Frame(df) => {
-                let sort = def.key.iter().map(|k| datafusion::prelude::col(*k).sort(true, false)).collect();
+                let sort = def
+                    .key
+                    .iter()
+                    .map(|k| datafusion::prelude::col(*k).sort(true, false))
+                    .collect();
                 df.sort(sort).unwrap().collect().await.unwrap()
             }
             TableOutput::Sorted(s) => {

@@ -27,7 +27,10 @@ impl Stage for RewardJoin {
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let sql = render(SQL, &[("lambda", f64_lit(ctx.config.reward.lambda))])?;
-        Ok(vec![("step_rewards", TableOutput::Frame(query(&ctx.session, &sql).await?))])
+        Ok(vec![(
+            "step_rewards",
+            TableOutput::Frame(query(&ctx.session, &sql).await?),
+        )])
     }
 }
 
@@ -55,9 +58,21 @@ mod tests {
     /// a second step for the winner; m = 3 samples, one unparsable; one step without samples.
     #[tokio::test]
     async fn golden_step_rewards() {
-        let cfg = Config::from_toml_with_sets("[run]\nname='t'\n", "t", &["reward.lambda=0.5".into()]).unwrap();
+        let cfg =
+            Config::from_toml_with_sets("[run]\nname='t'\n", "t", &["reward.lambda=0.5".into()])
+                .unwrap();
         let c = ctx(cfg);
-        register(&c, "trajectories", vec![s(&["A", "A"]), s(&["A-0", "A-1"]), u(&[0, 1]), i8s(&[1, -1]), u(&[2, 1])]);
+        register(
+            &c,
+            "trajectories",
+            vec![
+                s(&["A", "A"]),
+                s(&["A-0", "A-1"]),
+                u(&[0, 1]),
+                i8s(&[1, -1]),
+                u(&[2, 1]),
+            ],
+        );
         register(
             &c,
             "steps",
@@ -89,14 +104,25 @@ mod tests {
         let col = |n: &str| b.column_by_name(n).unwrap().clone();
         let traj = col("traj_id");
         let traj = traj.as_any().downcast_ref::<StringArray>().unwrap();
-        assert_eq!(traj.iter().flatten().collect::<Vec<_>>(), vec!["A-0", "A-0", "A-1"]);
+        assert_eq!(
+            traj.iter().flatten().collect::<Vec<_>>(),
+            vec!["A-0", "A-0", "A-1"]
+        );
         let rm_mean = col("rm_mean");
         let rm_mean = rm_mean.as_any().downcast_ref::<Float64Array>().unwrap();
         assert_eq!(rm_mean.value(0), 1.0 / 3.0);
         assert!(rm_mean.is_null(1));
         assert_eq!(rm_mean.value(2), 0.0);
         let count = col("rm_count");
-        assert_eq!(count.as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec(), vec![3, 0, 3]);
+        assert_eq!(
+            count
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec(),
+            vec![3, 0, 3]
+        );
         let r = col("reward");
         let r = r.as_any().downcast_ref::<Float64Array>().unwrap();
         assert_eq!(r.values().to_vec(), vec![1.0 + 0.5 / 3.0, 1.0, -1.0]);

@@ -26,7 +26,11 @@ pub struct Synthetic;
 /// Tasks per generated batch.
 const TASKS_PER_BATCH: usize = 256;
 const ACTIONS: [&str; 4] = ["go north", "go south", "go east", "go west"];
-const CRITIQUES: [&str; 3] = ["the agent moved closer to the goal", "the agent made no progress", "unclear"];
+const CRITIQUES: [&str; 3] = [
+    "the agent moved closer to the goal",
+    "the agent made no progress",
+    "unclear",
+];
 
 /// SplitMix64: small, fast, and fully determined by its seed.
 #[derive(Clone)]
@@ -90,11 +94,20 @@ impl Generator {
         // The pool is fixed per run (seeded by the run seed), like a real task pool.
         let mut tasks: Vec<Task> = (0..c.env.initial_tasks)
             .map(|slot| {
-                let mut rng = Rng::new(derive_seed(c.run.seed, &["synthetic-task", &slot.to_string()]));
+                let mut rng = Rng::new(derive_seed(
+                    c.run.seed,
+                    &["synthetic-task", &slot.to_string()],
+                ));
                 let p_success = (rng.unit() * 1000.0).round() / 1000.0;
                 let spec = format!(r#"{{"p_success":{p_success},"variant":{slot}}}"#);
-                let task_id = blake3::hash(format!("synthetic\n{spec}").as_bytes()).to_hex()[..16].to_string();
-                Task { task_id, slot, spec, p_success }
+                let task_id = blake3::hash(format!("synthetic\n{spec}").as_bytes()).to_hex()[..16]
+                    .to_string();
+                Task {
+                    task_id,
+                    slot,
+                    spec,
+                    p_success,
+                }
             })
             .collect();
         tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
@@ -114,11 +127,19 @@ impl Generator {
     }
 
     fn trajectory(&self, task: &Task, rollout: u32) -> Trajectory {
-        let mut rng = Rng::new(derive_seed(self.root, &[&task.task_id, &rollout.to_string()]));
+        let mut rng = Rng::new(derive_seed(
+            self.root,
+            &[&task.task_id, &rollout.to_string()],
+        ));
         let outcome = if rng.unit() < task.p_success { 1 } else { -1 };
         let steps = rng.range(self.min_steps, self.max_steps) as usize;
         let p_progress = if outcome > 0 { 0.7 } else { 0.35 };
-        let mut t = Trajectory { outcome, oracle: Vec::with_capacity(steps), actions: Vec::with_capacity(steps), verdicts: Vec::new() };
+        let mut t = Trajectory {
+            outcome,
+            oracle: Vec::with_capacity(steps),
+            actions: Vec::with_capacity(steps),
+            verdicts: Vec::new(),
+        };
         for _ in 0..steps {
             let oracle = if rng.unit() < p_progress { 1 } else { -1 };
             t.oracle.push(oracle);
@@ -145,7 +166,8 @@ impl Generator {
 
     fn batch(&self, table: &str, chunk: usize) -> Result<RecordBatch> {
         let def = schema::table_def(table).expect("known table");
-        let tasks = &self.tasks[chunk * TASKS_PER_BATCH..((chunk + 1) * TASKS_PER_BATCH).min(self.tasks.len())];
+        let tasks = &self.tasks
+            [chunk * TASKS_PER_BATCH..((chunk + 1) * TASKS_PER_BATCH).min(self.tasks.len())];
         let mut run_id = StringBuilder::new();
         let mut iter = UInt32Builder::new();
         let mut task_id = StringBuilder::new();
@@ -157,8 +179,12 @@ impl Generator {
         };
         match table {
             "tasks" => {
-                let (mut slot, mut status, mut spec, mut parent) =
-                    (UInt32Builder::new(), StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
+                let (mut slot, mut status, mut spec, mut parent) = (
+                    UInt32Builder::new(),
+                    StringBuilder::new(),
+                    StringBuilder::new(),
+                    StringBuilder::new(),
+                );
                 let mut by_slot: Vec<&Task> = tasks.iter().collect();
                 by_slot.sort_by_key(|t| t.slot);
                 for t in by_slot {
@@ -168,11 +194,20 @@ impl Generator {
                     spec.append_value(&t.spec);
                     parent.append_null();
                 }
-                cols.extend([Arc::new(slot.finish()) as ArrayRef, Arc::new(status.finish()), Arc::new(spec.finish()), Arc::new(parent.finish())]);
+                cols.extend([
+                    Arc::new(slot.finish()) as ArrayRef,
+                    Arc::new(status.finish()),
+                    Arc::new(spec.finish()),
+                    Arc::new(parent.finish()),
+                ]);
             }
             "trajectories" => {
-                let (mut traj, mut idx, mut outcome, mut steps) =
-                    (StringBuilder::new(), UInt32Builder::new(), Int8Builder::new(), UInt32Builder::new());
+                let (mut traj, mut idx, mut outcome, mut steps) = (
+                    StringBuilder::new(),
+                    UInt32Builder::new(),
+                    Int8Builder::new(),
+                    UInt32Builder::new(),
+                );
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
@@ -183,7 +218,12 @@ impl Generator {
                         steps.append_value(tr.oracle.len() as u32);
                     }
                 }
-                cols.extend([Arc::new(traj.finish()) as ArrayRef, Arc::new(idx.finish()), Arc::new(outcome.finish()), Arc::new(steps.finish())]);
+                cols.extend([
+                    Arc::new(traj.finish()) as ArrayRef,
+                    Arc::new(idx.finish()),
+                    Arc::new(outcome.finish()),
+                    Arc::new(steps.finish()),
+                ]);
             }
             "steps" => {
                 let (mut traj, mut step, mut obs, mut action, mut logp, mut oracle) = (
@@ -219,8 +259,13 @@ impl Generator {
                 ]);
             }
             "rm_samples" => {
-                let (mut traj, mut step, mut sample, mut reasoning, mut score) =
-                    (StringBuilder::new(), UInt32Builder::new(), UInt32Builder::new(), StringBuilder::new(), Int8Builder::new());
+                let (mut traj, mut step, mut sample, mut reasoning, mut score) = (
+                    StringBuilder::new(),
+                    UInt32Builder::new(),
+                    UInt32Builder::new(),
+                    StringBuilder::new(),
+                    Int8Builder::new(),
+                );
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
@@ -245,7 +290,11 @@ impl Generator {
             }
             other => unreachable!("synthetic does not produce {other}"),
         }
-        let mut all: Vec<ArrayRef> = vec![Arc::new(run_id.finish()), Arc::new(iter.finish()), Arc::new(task_id.finish())];
+        let mut all: Vec<ArrayRef> = vec![
+            Arc::new(run_id.finish()),
+            Arc::new(iter.finish()),
+            Arc::new(task_id.finish()),
+        ];
         all.extend(cols);
         Ok(RecordBatch::try_new(def.schema.clone(), all)?)
     }
@@ -254,7 +303,10 @@ impl Generator {
         let schema: SchemaRef = schema::table_def(table).expect("known table").schema;
         let chunks = self.tasks.len().div_ceil(TASKS_PER_BATCH);
         let g = self.clone();
-        let s = futures::stream::iter(0..chunks).map(move |c| g.batch(table, c).map_err(|e| datafusion::error::DataFusionError::External(Box::new(e))));
+        let s = futures::stream::iter(0..chunks).map(move |c| {
+            g.batch(table, c)
+                .map_err(|e| datafusion::error::DataFusionError::External(Box::new(e)))
+        });
         TableOutput::Sorted(Box::pin(RecordBatchStreamAdapter::new(schema, s)))
     }
 }
@@ -306,7 +358,16 @@ mod tests {
         assert_eq!(rm.num_rows() as u64, total_steps * 3);
         // Key order holds across batch boundaries.
         let ids = traj.column_by_name("traj_id").unwrap();
-        let ids = ids.as_any().downcast_ref::<arrow::array::StringArray>().unwrap();
-        assert!(ids.iter().flatten().collect::<Vec<_>>().windows(2).all(|w| w[0] < w[1]));
+        let ids = ids
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .unwrap();
+        assert!(
+            ids.iter()
+                .flatten()
+                .collect::<Vec<_>>()
+                .windows(2)
+                .all(|w| w[0] < w[1])
+        );
     }
 }

@@ -23,7 +23,10 @@ impl Stage for TaskAccuracy {
         &["task_accuracy"]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        Ok(vec![("task_accuracy", TableOutput::Frame(query(&ctx.session, SQL).await?))])
+        Ok(vec![(
+            "task_accuracy",
+            TableOutput::Frame(query(&ctx.session, SQL).await?),
+        )])
     }
 }
 
@@ -72,7 +75,13 @@ mod tests {
                 s(&["o"; 5]),
                 s(&["a"; 5]),
                 Arc::new(Float64Array::from(vec![0.0; 5])),
-                Arc::new(Int8Array::from(vec![Some(1), Some(-1), Some(-1), None, Some(1)])),
+                Arc::new(Int8Array::from(vec![
+                    Some(1),
+                    Some(-1),
+                    Some(-1),
+                    None,
+                    Some(1),
+                ])),
             ],
         );
         let samples: &[(&str, u32, i8)] = &[
@@ -96,16 +105,49 @@ mod tests {
                 u(&samples.iter().map(|r| r.1).collect::<Vec<_>>()),
                 u(&(0..samples.len() as u32).map(|i| i % 3).collect::<Vec<_>>()),
                 s(&vec!["r"; samples.len()]),
-                Arc::new(Int8Array::from(samples.iter().map(|r| r.2).collect::<Vec<_>>())),
+                Arc::new(Int8Array::from(
+                    samples.iter().map(|r| r.2).collect::<Vec<_>>(),
+                )),
             ],
         );
         let b = output(&TaskAccuracy, &c, "task_accuracy").await;
         let col = |n: &str| b.column_by_name(n).unwrap().clone();
-        assert_eq!(col("rollouts").as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec(), vec![3, 1]);
-        assert_eq!(col("successes").as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec(), vec![2, 0]);
+        assert_eq!(
+            col("rollouts")
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec(),
+            vec![3, 1]
+        );
+        assert_eq!(
+            col("successes")
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec(),
+            vec![2, 0]
+        );
         let acc = col("acc");
-        assert_eq!(acc.as_any().downcast_ref::<Float64Array>().unwrap().values().to_vec(), vec![2.0 / 3.0, 0.0]);
-        assert_eq!(col("judged_steps").as_any().downcast_ref::<UInt32Array>().unwrap().values().to_vec(), vec![3, 0]);
+        assert_eq!(
+            acc.as_any()
+                .downcast_ref::<Float64Array>()
+                .unwrap()
+                .values()
+                .to_vec(),
+            vec![2.0 / 3.0, 0.0]
+        );
+        assert_eq!(
+            col("judged_steps")
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec(),
+            vec![3, 0]
+        );
         let p = col("rm_process_acc");
         let p = p.as_any().downcast_ref::<Float64Array>().unwrap();
         assert_eq!(p.value(0), 2.0 / 3.0);

@@ -33,7 +33,10 @@ pub fn validate_run_id(id: &str) -> Result<()> {
     if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
         return bad("contains control or whitespace characters");
     }
-    if !id.chars().all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '=' | '@')) {
+    if !id
+        .chars()
+        .all(|c| c.is_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '=' | '@'))
+    {
         return bad("use letters, digits and - _ . + = @");
     }
     Ok(())
@@ -48,7 +51,10 @@ pub fn run_json(run: &str) -> Path {
 }
 
 pub fn data_file(run: &str, table: &str, iter: u32, attempt: &str) -> Path {
-    Path::from(format!("{run}/data/{table}/{}/{attempt}.parquet", iter_dir(iter)))
+    Path::from(format!(
+        "{run}/data/{table}/{}/{attempt}.parquet",
+        iter_dir(iter)
+    ))
 }
 
 pub fn data_dir(run: &str) -> Path {
@@ -56,7 +62,10 @@ pub fn data_dir(run: &str) -> Path {
 }
 
 pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
-    Path::from(format!("{run}/artifacts/{}/{name}.{digest}.mpk", iter_dir(iter)))
+    Path::from(format!(
+        "{run}/artifacts/{}/{name}.{digest}.mpk",
+        iter_dir(iter)
+    ))
 }
 
 pub fn commits_dir(run: &str) -> Path {
@@ -77,7 +86,9 @@ pub fn iteration_manifest(run: &str, iter: u32) -> Path {
 
 /// Parse `iter=000012` → 12.
 pub fn parse_iter_dir(name: &str) -> Option<u32> {
-    name.strip_prefix("iter=").filter(|d| d.len() == 6).and_then(|d| d.parse().ok())
+    name.strip_prefix("iter=")
+        .filter(|d| d.len() == 6)
+        .and_then(|d| d.parse().ok())
 }
 
 /// A fresh, unique attempt name: a counter-free token so that concurrent writers never share a
@@ -85,7 +96,10 @@ pub fn parse_iter_dir(name: &str) -> Option<u32> {
 pub fn new_attempt() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{nanos:x}-{:x}-{n}", std::process::id())
 }
@@ -99,15 +113,23 @@ mod tests {
         for ok in ["gridnav", "run-1", "a.b", "x_2", "seed=3"] {
             validate_run_id(ok).unwrap();
         }
-        for bad in ["", "a/b", "..", "a..b", ".hidden", "_commits", "a\nb", "a b", "a\\b", "a\u{7}"] {
+        for bad in [
+            "", "a/b", "..", "a..b", ".hidden", "_commits", "a\nb", "a b", "a\\b", "a\u{7}",
+        ] {
             assert!(validate_run_id(bad).is_err(), "{bad:?} accepted");
         }
     }
 
     #[test]
     fn paths() {
-        assert_eq!(stage_manifest("r", 3, "advantage").as_ref(), "r/_commits/iter=000003/advantage.json");
-        assert_eq!(data_file("r", "steps", 12, "a").as_ref(), "r/data/steps/iter=000012/a.parquet");
+        assert_eq!(
+            stage_manifest("r", 3, "advantage").as_ref(),
+            "r/_commits/iter=000003/advantage.json"
+        );
+        assert_eq!(
+            data_file("r", "steps", 12, "a").as_ref(),
+            "r/data/steps/iter=000012/a.parquet"
+        );
         assert_eq!(parse_iter_dir("iter=000012"), Some(12));
         assert_eq!(parse_iter_dir("iter=12"), None);
     }

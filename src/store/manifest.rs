@@ -112,7 +112,10 @@ pub fn digest(bytes: &[u8]) -> String {
 
 /// Current UTC time as RFC 3339 (seconds precision), without a date/time dependency.
 pub fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
     let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
     // Civil-from-days (Howard Hinnant's algorithm).
     let z = days + 719_468;
@@ -124,7 +127,12 @@ pub fn now_rfc3339() -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -133,8 +141,20 @@ mod tests {
     use proptest::prelude::*;
 
     fn arb_output() -> impl Strategy<Value = OutputFile> {
-        ("[a-z_]{1,12}", "[ -~]{0,40}", any::<u64>(), any::<u64>(), "[0-9a-f]{64}")
-            .prop_map(|(table, path, bytes, rows, digest)| OutputFile { table, path, bytes, rows, digest })
+        (
+            "[a-z_]{1,12}",
+            "[ -~]{0,40}",
+            any::<u64>(),
+            any::<u64>(),
+            "[0-9a-f]{64}",
+        )
+            .prop_map(|(table, path, bytes, rows, digest)| OutputFile {
+                table,
+                path,
+                bytes,
+                rows,
+                digest,
+            })
     }
 
     proptest! {
@@ -159,10 +179,25 @@ mod tests {
 
     #[test]
     fn truncated_manifest_is_a_clear_error() {
-        let m = IterationManifest { format: 1, run_id: "r".into(), iter: 0, code_version: code_version(), stages: vec![], seconds: 0.0 };
+        let m = IterationManifest {
+            format: 1,
+            run_id: "r".into(),
+            iter: 0,
+            code_version: code_version(),
+            stages: vec![],
+            seconds: 0.0,
+        };
         let bytes = to_bytes(&m);
-        let e = parse::<IterationManifest>(&bytes[..bytes.len() / 2], "r/_commits/iter=000000/_iteration.json").unwrap_err();
-        assert!(e.to_string().contains("corrupt manifest r/_commits/iter=000000/_iteration.json"), "{e}");
+        let e = parse::<IterationManifest>(
+            &bytes[..bytes.len() / 2],
+            "r/_commits/iter=000000/_iteration.json",
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("corrupt manifest r/_commits/iter=000000/_iteration.json"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -59,7 +59,10 @@ impl Store {
         } else {
             local(url, url)?
         };
-        Ok(Store { url: url.to_string(), inner })
+        Ok(Store {
+            url: url.to_string(),
+            inner,
+        })
     }
 
     pub fn url(&self) -> &str {
@@ -85,7 +88,12 @@ impl Store {
 
     /// Read a whole object that must exist.
     pub async fn get(&self, path: &Path) -> Result<Bytes> {
-        self.get_opt(path).await?.ok_or_else(|| Error::data(format!("{}/{path}: missing", self.url.trim_end_matches('/'))))
+        self.get_opt(path).await?.ok_or_else(|| {
+            Error::data(format!(
+                "{}/{path}: missing",
+                self.url.trim_end_matches('/')
+            ))
+        })
     }
 
     /// Size of an object; `Ok(None)` if missing.
@@ -100,12 +108,20 @@ impl Store {
     /// Write an object that must not exist yet (the commit point). A lost race is a
     /// [`Error::CommitConflict`], never an overwrite.
     pub async fn put_if_absent(&self, path: &Path, bytes: Bytes) -> Result<()> {
-        let opts = PutOptions { mode: PutMode::Create, ..Default::default() };
-        match self.inner.put_opts(path, PutPayload::from(bytes), opts).await {
+        let opts = PutOptions {
+            mode: PutMode::Create,
+            ..Default::default()
+        };
+        match self
+            .inner
+            .put_opts(path, PutPayload::from(bytes), opts)
+            .await
+        {
             Ok(_) => Ok(()),
-            Err(object_store::Error::AlreadyExists { .. }) | Err(object_store::Error::Precondition { .. }) => {
-                Err(Error::CommitConflict(format!("{path} was committed by another writer first")))
-            }
+            Err(object_store::Error::AlreadyExists { .. })
+            | Err(object_store::Error::Precondition { .. }) => Err(Error::CommitConflict(format!(
+                "{path} was committed by another writer first"
+            ))),
             Err(e) => Err(self.err(path, e)),
         }
     }
@@ -117,15 +133,23 @@ impl Store {
             .list_with_delimiter(prefix)
             .await
             .map_err(|e| self.err(prefix.unwrap_or(&Path::from("")), e))?;
-        let mut names: Vec<String> =
-            res.common_prefixes.iter().filter_map(|p| p.filename().map(str::to_string)).collect();
+        let mut names: Vec<String> = res
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .collect();
         names.sort();
         Ok(names)
     }
 
     /// Every object under a prefix (recursively), sorted by path.
     pub async fn list(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
-        let mut all: Vec<_> = self.inner.list(Some(prefix)).try_collect().await.map_err(|e| self.err(prefix, e))?;
+        let mut all: Vec<_> = self
+            .inner
+            .list(Some(prefix))
+            .try_collect()
+            .await
+            .map_err(|e| self.err(prefix, e))?;
         all.sort_by(|a, b| a.location.cmp(&b.location));
         Ok(all)
     }
@@ -144,15 +168,21 @@ fn split_bucket<'a>(url: &str, rest: &'a str) -> Result<(&'a str, &'a str)> {
 }
 
 fn with_prefix(store: Arc<dyn ObjectStore>, prefix: &str) -> Arc<dyn ObjectStore> {
-    if prefix.is_empty() { store } else { Arc::new(PrefixStore::new(store, prefix)) }
+    if prefix.is_empty() {
+        store
+    } else {
+        Arc::new(PrefixStore::new(store, prefix))
+    }
 }
 
 fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
     if path.is_empty() {
         return Err(Error::store(format!("{url}: empty path")));
     }
-    std::fs::create_dir_all(path).map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;
-    let fs = LocalFileSystem::new_with_prefix(path).map_err(|e| Error::store(format!("{url}: {e}")))?;
+    std::fs::create_dir_all(path)
+        .map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;
+    let fs =
+        LocalFileSystem::new_with_prefix(path).map_err(|e| Error::store(format!("{url}: {e}")))?;
     Ok(Arc::new(fs))
 }
 
@@ -168,7 +198,9 @@ fn open_gcs(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
 
 #[cfg(not(feature = "gcp"))]
 fn open_gcs(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
-    Err(Error::store(format!("{url}: this build has no gs:// support (rebuild with `--features gcp`)")))
+    Err(Error::store(format!(
+        "{url}: this build has no gs:// support (rebuild with `--features gcp`)"
+    )))
 }
 
 #[cfg(feature = "azure")]
@@ -183,7 +215,9 @@ fn open_azure(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
 
 #[cfg(not(feature = "azure"))]
 fn open_azure(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
-    Err(Error::store(format!("{url}: this build has no az:// support (rebuild with `--features azure`)")))
+    Err(Error::store(format!(
+        "{url}: this build has no az:// support (rebuild with `--features azure`)"
+    )))
 }
 
 #[cfg(test)]
@@ -201,7 +235,10 @@ mod tests {
         let s = Store::open("memory://").unwrap();
         let p = Path::from("r/_commits/iter=000000/x.json");
         s.put_if_absent(&p, Bytes::from_static(b"a")).await.unwrap();
-        let e = s.put_if_absent(&p, Bytes::from_static(b"b")).await.unwrap_err();
+        let e = s
+            .put_if_absent(&p, Bytes::from_static(b"b"))
+            .await
+            .unwrap_err();
         assert!(matches!(e, Error::CommitConflict(_)), "{e}");
         assert_eq!(s.get(&p).await.unwrap(), Bytes::from_static(b"a"));
     }
@@ -212,6 +249,9 @@ mod tests {
         let s = Store::open(&format!("file://{}", dir.path().display())).unwrap();
         let p = Path::from("r/_commits/iter=000000/x.json");
         s.put_if_absent(&p, Bytes::from_static(b"a")).await.unwrap();
-        assert!(matches!(s.put_if_absent(&p, Bytes::from_static(b"b")).await, Err(Error::CommitConflict(_))));
+        assert!(matches!(
+            s.put_if_absent(&p, Bytes::from_static(b"b")).await,
+            Err(Error::CommitConflict(_))
+        ));
     }
 }

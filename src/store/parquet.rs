@@ -17,7 +17,9 @@ pub const ROW_GROUP_ROWS: usize = 1 << 20;
 pub fn writer_properties() -> WriterProperties {
     WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_1_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid zstd level")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid zstd level"),
+        ))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_created_by("rla-pipe".to_string())
@@ -34,7 +36,11 @@ pub struct HashingWriter {
 
 impl HashingWriter {
     pub fn new(inner: Option<BufWriter>) -> Self {
-        HashingWriter { inner, hasher: blake3::Hasher::new(), bytes: 0 }
+        HashingWriter {
+            inner,
+            hasher: blake3::Hasher::new(),
+            bytes: 0,
+        }
     }
 
     /// (bytes written, blake3 hex digest).

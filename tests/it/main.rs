@@ -1,1 +1,145 @@
+//! Integration tests: drive the real `rla-pipe` binary on temporary stores.
 
+mod cli;
+mod commit;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A temporary store directory with a small synthetic pipeline config.
+pub struct Fixture {
+    pub dir: tempfile::TempDir,
+}
+
+pub const SMALL: &str = r#"
+[run]
+name = "small"
+seed = 7
+iterations = 2
+
+[env]
+name = "synthetic"
+initial_tasks = 24
+max_steps = 6
+
+[rollout]
+n = 4
+"#;
+
+impl Fixture {
+    pub fn new() -> Fixture {
+        let f = Fixture {
+            dir: tempfile::tempdir().unwrap(),
+        };
+        std::fs::write(f.config(), SMALL).unwrap();
+        f
+    }
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("small.toml")
+    }
+    pub fn store(&self) -> PathBuf {
+        self.dir.path().join("runs")
+    }
+    pub fn store_arg(&self) -> String {
+        self.store().display().to_string()
+    }
+    /// `rla-pipe <args>` with `--store` pointing at this fixture's store where the command takes it.
+    pub fn rla(&self, args: &[&str]) -> Run {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+        cmd.current_dir(self.dir.path())
+            .env_remove("RUST_LOG")
+            .env("RLA_PIPE_STORE", self.store());
+        cmd.args(args);
+        Run::from(cmd.output().expect("spawn rla-pipe"))
+    }
+    pub fn run_small(&self, extra: &[&str]) -> Run {
+        let config = self.config().display().to_string();
+        let store = self.store_arg();
+        let mut args = vec!["run", config.as_str(), "--store", store.as_str()];
+        args.extend_from_slice(extra);
+        self.rla(&args)
+    }
+    pub fn sql(&self, query: &str) -> Run {
+        self.rla(&["sql", "--format", "csv", query])
+    }
+    /// Every file under the store, relative, sorted.
+    pub fn files(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        walk(&self.store(), &self.store(), &mut out);
+        out.sort();
+        out
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            walk(root, &p, out);
+        } else {
+            out.push(p.strip_prefix(root).unwrap().display().to_string());
+        }
+    }
+}
+
+/// The result of one invocation.
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl From<Output> for Run {
+    fn from(o: Output) -> Run {
+        Run {
+            code: o.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+}
+
+impl Run {
+    #[track_caller]
+    pub fn ok(self) -> Run {
+        assert_eq!(
+            self.code, 0,
+            "expected success\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        self
+    }
+    /// Expect a clean failure with this exit code whose stderr mentions every needle.
+    #[track_caller]
+    pub fn fails(self, code: i32, needles: &[&str]) -> Run {
+        assert_eq!(
+            self.code, code,
+            "exit code\nstdout:\n{}\nstderr:\n{}",
+            self.stdout, self.stderr
+        );
+        assert!(!self.stderr.contains("panicked"), "panic:\n{}", self.stderr);
+        for n in needles {
+            assert!(
+                self.stderr.contains(n),
+                "stderr lacks {n:?}:\n{}",
+                self.stderr
+            );
+        }
+        self
+    }
+    /// CSV output → rows of fields (header dropped).
+    pub fn csv(&self) -> Vec<Vec<String>> {
+        self.stdout
+            .lines()
+            .skip(1)
+            .map(|l| l.split(',').map(str::to_string).collect())
+            .collect()
+    }
+    /// The single value of a one-row, one-column CSV result.
+    #[track_caller]
+    pub fn scalar(&self) -> String {
+        let rows = self.csv();
+        assert_eq!(rows.len(), 1, "{}", self.stdout);
+        rows[0][0].clone()
+    }
+}

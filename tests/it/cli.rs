@@ -1,0 +1,496 @@
+//! The CLI contract: run/resume, sql, replay --verify, runs, show, gc, bad input.
+
+use crate::Fixture;
+
+#[test]
+fn run_then_query_every_table() {
+    let f = Fixture::new();
+    let r = f.run_small(&[]).ok();
+    assert!(r.stderr.contains("iter   1  committed"), "{}", r.stderr);
+    // 2 iterations × 4 stages.
+    assert_eq!(f.sql("SELECT count(*) FROM stage_runs").ok().scalar(), "8");
+    assert_eq!(
+        f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
+        (2 * 24 * 4).to_string()
+    );
+    // Every step gets a reward and a policy advantage; every sample an RM advantage.
+    let steps = f.sql("SELECT count(*) FROM steps").ok().scalar();
+    assert_eq!(
+        f.sql("SELECT count(*) FROM step_rewards").ok().scalar(),
+        steps
+    );
+    assert_eq!(
+        f.sql("SELECT count(*) FROM policy_advantages")
+            .ok()
+            .scalar(),
+        steps
+    );
+    let samples = f.sql("SELECT count(*) FROM rm_samples").ok().scalar();
+    assert_eq!(
+        samples.parse::<u64>().unwrap(),
+        3 * steps.parse::<u64>().unwrap()
+    );
+    assert_eq!(
+        f.sql("SELECT count(*) FROM rm_advantages").ok().scalar(),
+        samples
+    );
+    assert_eq!(
+        f.sql("SELECT count(DISTINCT iter) FROM task_accuracy")
+            .ok()
+            .scalar(),
+        "2"
+    );
+    // Tables of later stages exist (empty) so the same SQL works on every run.
+    assert_eq!(
+        f.sql("SELECT count(*) FROM update_metrics").ok().scalar(),
+        "0"
+    );
+    assert_eq!(f.sql("SELECT count(*) FROM evaluations").ok().scalar(), "0");
+    // Cross-table SQL: task accuracy agrees with trajectories.
+    let q = "SELECT count(*) FROM task_accuracy a JOIN (SELECT iter, task_id, avg(CASE WHEN outcome > 0 THEN 1.0 ELSE 0.0 END) AS acc FROM trajectories GROUP BY iter, task_id) t ON a.iter = t.iter AND a.task_id = t.task_id WHERE abs(a.acc - t.acc) > 1e-12";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    // The synthetic RM agrees with the oracle about as often as configured (0.75, a few unparsable).
+    let p: f64 = f
+        .sql("SELECT sum(rm_process_acc * judged_steps) / sum(judged_steps) FROM task_accuracy")
+        .ok()
+        .scalar()
+        .parse()
+        .unwrap();
+    assert!((0.7..0.95).contains(&p), "process accuracy {p}");
+}
+
+#[test]
+fn resume_is_idempotent_and_extends() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let before = f.files();
+    let r = f.run_small(&["--iterations", "1"]).ok();
+    assert!(r.stderr.contains("already committed"), "{}", r.stderr);
+    assert_eq!(f.files(), before, "a resumed complete run writes nothing");
+    // Extending the run (iterations are not part of the config hash) runs only iteration 1.
+    f.run_small(&["--iterations", "2"]).ok();
+    assert_eq!(
+        f.sql("SELECT count(*) FROM stage_runs WHERE iter = 0")
+            .ok()
+            .scalar(),
+        "4"
+    );
+    assert_eq!(
+        f.sql("SELECT count(*) FROM stage_runs WHERE iter = 1")
+            .ok()
+            .scalar(),
+        "4"
+    );
+}
+
+#[test]
+fn uncommitted_data_is_invisible_and_redone() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1", "--until", "reward_join"])
+        .ok();
+    assert_eq!(f.sql("SELECT count(*) FROM stage_runs").ok().scalar(), "2");
+    // Simulate a crashed attempt of `advantage`: its data is there, its manifest is not. Use a
+    // copy of a real committed Parquet file so the data would be readable if it were visible.
+    let src = f
+        .files()
+        .into_iter()
+        .find(|p| p.contains("data/step_rewards/"))
+        .unwrap();
+    let stray = f
+        .store()
+        .join("small/data/policy_advantages/iter=000000/crashed.parquet");
+    std::fs::create_dir_all(stray.parent().unwrap()).unwrap();
+    std::fs::copy(f.store().join(&src), &stray).unwrap();
+    assert_eq!(
+        f.sql("SELECT count(*) FROM policy_advantages")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    // The run redoes the stage; readers see exactly one copy of each row.
+    let r = f.run_small(&["--iterations", "1"]).ok();
+    assert!(
+        r.stderr
+            .contains("reward_join      committed earlier, skipped"),
+        "{}",
+        r.stderr
+    );
+    let steps = f.sql("SELECT count(*) FROM steps").ok().scalar();
+    assert_eq!(
+        f.sql("SELECT count(*) FROM policy_advantages")
+            .ok()
+            .scalar(),
+        steps
+    );
+    // gc removes the stray file (grace 0), and only it.
+    let g = f.rla(&["gc", "--grace-secs", "0"]).ok();
+    assert!(
+        g.stdout.contains("crashed.parquet") && g.stdout.contains("removed 1 unreferenced"),
+        "{}",
+        g.stdout
+    );
+    assert!(!stray.exists());
+    f.rla(&["replay", "--run", "small", "--iter", "0", "--verify"])
+        .ok();
+}
+
+#[test]
+fn replay_verifies_and_detects_tampering() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let r = f
+        .rla(&["replay", "--run", "small", "--iter", "0", "--verify"])
+        .ok();
+    for t in [
+        "tasks",
+        "trajectories",
+        "steps",
+        "rm_samples",
+        "step_rewards",
+        "policy_advantages",
+        "rm_advantages",
+        "task_accuracy",
+    ] {
+        assert!(r.stdout.contains(t), "{t} not verified:\n{}", r.stdout);
+    }
+    assert!(r.stdout.contains("verified (8 tables)"), "{}", r.stdout);
+    f.rla(&[
+        "replay",
+        "--run",
+        "small",
+        "--iter",
+        "0",
+        "--stage",
+        "advantage",
+        "--verify",
+    ])
+    .ok();
+    // Alter one byte of a committed file (same size): replay names the stage and the table.
+    let file = f
+        .files()
+        .into_iter()
+        .find(|p| p.contains("data/step_rewards/"))
+        .unwrap();
+    let path = f.store().join(file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&path, bytes).unwrap();
+    f.rla(&["replay", "--run", "small", "--iter", "0", "--verify"])
+        .fails(1, &["stage reward_join", "table step_rewards"]);
+}
+
+#[test]
+fn replay_detects_recomputation_differences() {
+    // Re-commit a stage's manifest pointing at different (but intact) data: integrity passes,
+    // re-execution must catch it.
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let other = Fixture::new();
+    std::fs::write(other.config(), crate::SMALL.replace("seed = 7", "seed = 8")).unwrap();
+    other.run_small(&["--iterations", "1"]).ok();
+    // Swap task_accuracy's output for the other run's (rewriting the manifest consistently).
+    let m_path = f
+        .store()
+        .join("small/_commits/iter=000000/task_accuracy.json");
+    let theirs: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            other
+                .store()
+                .join("small/_commits/iter=000000/task_accuracy.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let mut ours: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&m_path).unwrap()).unwrap();
+    let their_out = theirs["outputs"][0].clone();
+    let dest = f.store().join(their_out["path"].as_str().unwrap());
+    std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+    std::fs::copy(
+        other.store().join(their_out["path"].as_str().unwrap()),
+        dest,
+    )
+    .unwrap();
+    ours["outputs"][0] = their_out;
+    std::fs::write(&m_path, serde_json::to_vec_pretty(&ours).unwrap()).unwrap();
+    f.rla(&[
+        "replay",
+        "--run",
+        "small",
+        "--iter",
+        "0",
+        "--stage",
+        "task_accuracy",
+        "--verify",
+    ])
+    .fails(1, &["stage task_accuracy: table task_accuracy differs"]);
+}
+
+#[test]
+fn same_inputs_give_byte_identical_files() {
+    let a = Fixture::new();
+    let b = Fixture::new();
+    a.run_small(&["--iterations", "1"]).ok();
+    b.run_small(&["--iterations", "1"]).ok();
+    let digests = |f: &Fixture| {
+        f.sql("SELECT stage, rows, bytes FROM stage_runs ORDER BY stage")
+            .ok()
+            .stdout
+    };
+    assert_eq!(digests(&a), digests(&b));
+    let q = "SELECT * FROM policy_advantages ORDER BY task_id, traj_id, step_idx";
+    assert_eq!(a.sql(q).ok().stdout, b.sql(q).ok().stdout);
+    for stage in ["synthetic", "reward_join", "advantage", "task_accuracy"] {
+        let m = |f: &Fixture| -> Vec<String> {
+            let v: serde_json::Value = serde_json::from_slice(
+                &std::fs::read(
+                    f.store()
+                        .join(format!("small/_commits/iter=000000/{stage}.json")),
+                )
+                .unwrap(),
+            )
+            .unwrap();
+            v["outputs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|o| o["digest"].as_str().unwrap().to_string())
+                .collect()
+        };
+        assert_eq!(m(&a), m(&b), "{stage}");
+    }
+}
+
+#[test]
+fn changed_config_is_refused_on_resume() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    f.run_small(&[
+        "--iterations",
+        "1",
+        "--set",
+        "reward.lambda=0.5",
+        "--set",
+        "rollout.n=3",
+    ])
+    .fails(
+        1,
+        &[
+            "different config",
+            "reward.lambda: 1.0 → 0.5",
+            "rollout.n: 4 → 3",
+        ],
+    );
+    // A new run id is fine.
+    f.run_small(&[
+        "--iterations",
+        "1",
+        "--set",
+        "reward.lambda=0.5",
+        "--run-id",
+        "lambda-half",
+    ])
+    .ok();
+    let runs = f.rla(&["runs"]).ok();
+    assert!(
+        runs.stdout.contains("lambda-half") && runs.stdout.contains("small"),
+        "{}",
+        runs.stdout
+    );
+    // λ = 0.5 changes rewards: R = O + 0.5 · mean S.
+    let q = "SELECT count(*) FROM step_rewards WHERE run_id = 'lambda-half' AND abs(reward - (outcome + 0.5 * coalesce(rm_mean, 0))) > 1e-12";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+}
+
+#[test]
+fn sql_formats_out_and_read_only() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let json = f
+        .rla(&[
+            "sql",
+            "--format",
+            "json",
+            "SELECT stage, rows FROM stage_runs ORDER BY stage",
+        ])
+        .ok();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 4);
+    assert_eq!(v[0]["stage"], "advantage");
+    let table = f.rla(&["sql", "SELECT count(*) AS n FROM tasks"]).ok();
+    assert!(
+        table.stdout.contains("| n ") && table.stdout.contains("| 24"),
+        "{}",
+        table.stdout
+    );
+    let out = f.dir.path().join("acc.parquet");
+    f.rla(&[
+        "sql",
+        "--out",
+        out.to_str().unwrap(),
+        "SELECT task_id, acc FROM task_accuracy",
+    ])
+    .ok();
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&out).unwrap(),
+    )
+    .unwrap()
+    .build()
+    .unwrap();
+    let rows: usize = reader.map(|b| b.unwrap().num_rows()).sum();
+    assert_eq!(rows, 24);
+    for q in [
+        "CREATE TABLE x AS SELECT 1",
+        "INSERT INTO tasks SELECT * FROM tasks",
+        "COPY (SELECT 1) TO '/tmp/rla-pipe-copy-test.csv'",
+        "DROP TABLE tasks",
+        "SET datafusion.execution.batch_size = 1",
+    ] {
+        f.sql(q).fails(1, &["error:"]);
+    }
+    assert!(!std::path::Path::new("/tmp/rla-pipe-copy-test.csv").exists());
+    f.sql("SELECT nope FROM tasks").fails(1, &["nope"]);
+}
+
+#[test]
+fn runs_and_show() {
+    let f = Fixture::new();
+    assert!(f.rla(&["runs"]).ok().stdout.contains("no runs"));
+    f.run_small(&["--iterations", "1"]).ok();
+    let s = f.rla(&["show", "small"]).ok();
+    assert!(
+        s.stdout.contains("advantage")
+            && s.stdout.contains("complete")
+            && s.stdout.contains("\"lambda\""),
+        "{}",
+        s.stdout
+    );
+    let s = f.rla(&["show", "small", "--iter", "0"]).ok();
+    assert!(
+        s.stdout.contains("data/policy_advantages/iter=000000/"),
+        "{}",
+        s.stdout
+    );
+    f.rla(&["show", "small", "--iter", "5"])
+        .fails(1, &["no committed iteration 5"]);
+}
+
+#[test]
+fn init_writes_a_runnable_config() {
+    let f = Fixture::new();
+    let dir = f.dir.path().join("proj");
+    f.rla(&["init", dir.to_str().unwrap()]).ok();
+    let cfg = dir.join("iteration.toml");
+    let store = f.store_arg();
+    f.rla(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--store",
+        &store,
+        "--iterations",
+        "1",
+        "-q",
+    ])
+    .ok();
+    f.rla(&["init", dir.to_str().unwrap()])
+        .fails(1, &["already exists"]);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    let f = Fixture::new();
+    let w = |name: &str, text: &str| {
+        let p = f.dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let store = f.store_arg();
+    let bad = w("bad.toml", "[run\nname = 'x'\n");
+    f.rla(&["run", &bad, "--store", &store])
+        .fails(1, &["bad.toml:1:"]);
+    let unknown = w(
+        "unknown.toml",
+        "[run]\nname = 'x'\n\n[reward]\nlamda = 1.0\n",
+    );
+    f.rla(&["run", &unknown, "--store", &store])
+        .fails(1, &["unknown.toml:5:", "lamda"]);
+    let wrong = w("wrong.toml", "[run]\nname = 'x'\n[rollout]\nn = 'eight'\n");
+    f.rla(&["run", &wrong, "--store", &store])
+        .fails(1, &["wrong.toml:4:", "rollout.n"]);
+    f.rla(&["run", "/nonexistent/x.toml"])
+        .fails(1, &["/nonexistent/x.toml"]);
+    let cfg = f.config().display().to_string();
+    f.rla(&["run", &cfg, "--set", "reward.nope=1", "--store", &store])
+        .fails(1, &["nope", "--set"]);
+    f.rla(&["run", &cfg, "--set", "novalue", "--store", &store])
+        .fails(1, &["key=value"]);
+    f.rla(&["run", &cfg, "--store", "ftp://host/x"])
+        .fails(1, &["unknown store scheme"]);
+    f.rla(&["run", &cfg, "--store", &store, "--run-id", "a/b"])
+        .fails(1, &["invalid run id"]);
+    f.rla(&["run", &cfg, "--store", &store, "--run-id", ".."])
+        .fails(1, &["invalid run id"]);
+    f.rla(&["sql", "--run", "../x", "SELECT 1"])
+        .fails(1, &["invalid run id"]);
+    f.rla(&["run", &cfg, "--store", &store, "--until", "nope"])
+        .fails(1, &["no such stage"]);
+    // Missing runs and iterations.
+    f.rla(&["show", "ghost"])
+        .fails(1, &["run \"ghost\" not found"]);
+    f.rla(&["sql", "--run", "ghost", "SELECT 1"])
+        .fails(1, &["not found"]);
+    f.rla(&["replay", "--run", "ghost", "--iter", "0", "--verify"])
+        .fails(1, &["not found"]);
+    f.run_small(&["--iterations", "1"]).ok();
+    f.rla(&["replay", "--run", "small", "--iter", "3", "--verify"])
+        .fails(1, &["no committed iteration 3"]);
+    f.rla(&[
+        "replay", "--run", "small", "--iter", "0", "--stage", "nope", "--verify",
+    ])
+    .fails(1, &["no committed stage"]);
+    // Usage errors exit 2.
+    f.rla(&["replay", "--run", "small", "--iter", "0"])
+        .fails(2, &["--verify"]);
+    f.rla(&["frobnicate"]).fails(2, &[]);
+    f.rla(&["sql", "--format", "xml", "SELECT 1"]).fails(2, &[]);
+}
+
+#[test]
+fn corrupt_files_are_named() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    // Truncated Parquet: sql and a resumed run name the file.
+    let file = f
+        .files()
+        .into_iter()
+        .find(|p| p.contains("data/steps/"))
+        .unwrap();
+    let path = f.store().join(&file);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();
+    f.sql("SELECT count(*) FROM steps")
+        .fails(1, &[&file, "truncated"]);
+    f.rla(&["replay", "--run", "small", "--iter", "0", "--verify"])
+        .fails(1, &["table steps", &file]);
+    std::fs::write(&path, &bytes).unwrap();
+    // Truncated manifest: every reader reports it by path.
+    let m = f.store().join("small/_commits/iter=000000/advantage.json");
+    let mb = std::fs::read(&m).unwrap();
+    std::fs::write(&m, &mb[..mb.len() / 3]).unwrap();
+    f.sql("SELECT 1").fails(
+        1,
+        &["corrupt manifest small/_commits/iter=000000/advantage.json"],
+    );
+    f.rla(&["show", "small"]).fails(1, &["corrupt manifest"]);
+    // A complete iteration is skipped on its _iteration.json; an incomplete one reads its stage
+    // manifests and reports the corrupt one.
+    std::fs::remove_file(f.store().join("small/_commits/iter=000000/_iteration.json")).unwrap();
+    f.run_small(&["--iterations", "1"])
+        .fails(1, &["corrupt manifest small/_commits/iter=000000/advantage.json"]);
+    // Corrupt run.json.
+    std::fs::write(&m, &mb).unwrap();
+    std::fs::write(f.store().join("small/run.json"), b"{").unwrap();
+    f.run_small(&["--iterations", "1"])
+        .fails(1, &["corrupt manifest small/run.json"]);
+}
