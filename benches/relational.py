@@ -6,7 +6,7 @@ For each N (step rows; m = 3 RM samples per step, so 3N RM rows):
      rm_samples (not measured);
   2. `rla-pipe run` resumes and runs reward_join, advantage and task_accuracy over the committed
      Parquet, writing sorted zstd Parquet and committing manifests (measured: wall time, peak RSS);
-  3. DuckDB runs the equivalent SQL (benches/duckdb/relational.sql) over the same committed files
+  3. DuckDB runs the equivalent SQL (benches/duckdb_relational.sql) over the same committed files
      and writes the same four tables as sorted zstd Parquet (measured the same way).
 
 Usage:  python3 benches/relational.py [N ...]        (default: 1000000 10000000)
@@ -64,7 +64,7 @@ def committed_files(store, table):
 
 
 def duckdb_sql(store, outdir):
-    sql = open(os.path.join(ROOT, "benches", "duckdb", "relational.sql")).read()
+    sql = open(os.path.join(ROOT, "benches", "duckdb_relational.sql")).read()
     files = lambda t: "[" + ", ".join(f"'{p}'" for p in committed_files(store, t)) + "]"
     return (sql.replace("${steps}", files("steps"))
                .replace("${trajectories}", files("trajectories"))

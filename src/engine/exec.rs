@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::RecordBatch;
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::MemTable;
 use datafusion::datasource::file_format::parquet::ParquetFormat;
@@ -24,10 +25,16 @@ use crate::store::{self, Store, layout};
 /// A DataFusion session with the store registered under [`store::DATAFUSION_URL`] and a memory
 /// budget (operators spill to a temp dir beyond it).
 pub fn new_session(store: &Store, memory_limit_mib: u64) -> Result<SessionContext> {
+    // A fair pool: operators that can spill (sorts, aggregations) each get a fair share and spill
+    // beyond it, so a large iteration finishes within the budget instead of failing.
+    let pool =
+        datafusion::execution::memory_pool::FairSpillPool::new((memory_limit_mib as usize) << 20);
     let runtime = RuntimeEnvBuilder::new()
-        .with_memory_limit((memory_limit_mib as usize) << 20, 1.0)
+        .with_memory_pool(Arc::new(pool))
         .build_arc()?;
-    let config = SessionConfig::new()
+    // DATAFUSION_* environment variables tune the engine (e.g. DATAFUSION_EXECUTION_TARGET_PARTITIONS);
+    // results do not depend on them: the stages' SQL is order-independent.
+    let config = SessionConfig::from_env()?
         .with_information_schema(true)
         .with_batch_size(8192)
         .set_bool("datafusion.execution.parquet.pushdown_filters", true);
@@ -47,8 +54,16 @@ pub fn register_files(ctx: &SessionContext, def: &TableDef, files: &[String]) ->
             .iter()
             .map(|p| ListingTableUrl::parse(format!("{}{p}", store::DATAFUSION_URL)))
             .collect::<datafusion::error::Result<Vec<_>>>()?;
-        let options =
-            ListingOptions::new(Arc::new(ParquetFormat::default())).with_file_extension(".parquet");
+        // Every committed file is sorted by the table's key: telling DataFusion lets it stream
+        // ordered aggregations and skip sorts.
+        let order = def
+            .key
+            .iter()
+            .map(|k| col(*k).sort(true, false))
+            .collect::<Vec<_>>();
+        let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
+            .with_file_extension(".parquet")
+            .with_file_sort_order(vec![order]);
         let config = ListingTableConfig::new_with_multi_paths(urls)
             .with_listing_options(options)
             .with_schema(def.schema.clone());
@@ -104,7 +119,7 @@ pub async fn execute(
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<Vec<OutputFile>> {
     let mut produced = stage.run(ctx).await?;
-    let mut files = Vec::new();
+    let mut writes = Vec::new();
     for table in stage.outputs() {
         let pos = produced
             .iter()
@@ -118,7 +133,7 @@ pub async fn execute(
         let (_, out) = produced.swap_remove(pos);
         let def = schema::table_def(table).expect("validated by Dag::new");
         let stream = into_sorted_stream(stage.name(), &def, out).await?;
-        files.push(write_table(stage.name(), &def, stream, sink, on_rows).await?);
+        writes.push(async move { write_table(stage.name(), &def, stream, sink, on_rows).await });
     }
     if let Some((t, _)) = produced.first() {
         return Err(Error::data(format!(
@@ -126,7 +141,48 @@ pub async fn execute(
             stage.name()
         )));
     }
-    Ok(files)
+    // All output tables of a stage are computed and written concurrently.
+    futures::future::try_join_all(writes).await
+}
+
+/// Drive a stream on its own task and hand its batches over a small channel, so that producing
+/// batches (e.g. the final merge of a sort) and encoding Parquet overlap.
+fn drain_in_background(
+    stream: SendableRecordBatchStream,
+) -> tokio::sync::mpsc::Receiver<datafusion::error::Result<RecordBatch>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        while let Some(batch) = stream.next().await {
+            if tx.send(batch).await.is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The declared type a computed column is stored as (`Utf8View` → `Utf8`).
+fn storage_type(dt: &DataType) -> DataType {
+    match dt {
+        DataType::Utf8View => DataType::Utf8,
+        other => other.clone(),
+    }
+}
+
+/// Cast computed columns to their declared storage types.
+fn to_storage(schema: &SchemaRef, columns: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
+    columns
+        .iter()
+        .zip(schema.fields())
+        .map(|(c, f)| {
+            if c.data_type() == f.data_type() {
+                Ok(c.clone())
+            } else {
+                Ok(arrow::compute::cast(c, f.data_type())?)
+            }
+        })
+        .collect()
 }
 
 fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
@@ -142,7 +198,7 @@ fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
             .fields()
             .iter()
             .zip(want.fields())
-            .any(|(a, b)| a.name() != b.name() || a.data_type() != b.data_type())
+            .any(|(a, b)| a.name() != b.name() || &storage_type(a.data_type()) != b.data_type())
     {
         return Err(Error::data(format!(
             "stage {stage} produced table {} with columns [{}]; schemas/{}.md declares [{}]",
@@ -181,7 +237,7 @@ async fn into_sorted_stream(
 async fn write_table(
     stage: &str,
     def: &TableDef,
-    mut stream: SendableRecordBatchStream,
+    stream: SendableRecordBatchStream,
     sink: &Sink<'_>,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<OutputFile> {
@@ -203,20 +259,24 @@ async fn write_table(
     };
     let mut writer = store::parquet::writer(object_writer, def.schema.clone())?;
     let mut rows = 0u64;
-    while let Some(batch) = stream.next().await {
+    let mut batches = drain_in_background(stream);
+    while let Some(batch) = batches.recv().await {
         let batch = batch?;
         if batch.num_rows() == 0 {
             continue;
         }
         // Re-label with the declared schema (field nullability included): a null in a column the
         // schema declares non-nullable fails here, naming the table.
-        let batch =
-            RecordBatch::try_new(def.schema.clone(), batch.columns().to_vec()).map_err(|e| {
-                Error::data(format!(
-                    "stage {stage}: table {} does not fit schemas/{}.md: {e}",
-                    def.name, def.name
-                ))
-            })?;
+        let batch = RecordBatch::try_new(
+            def.schema.clone(),
+            to_storage(&def.schema, batch.columns())?,
+        )
+        .map_err(|e| {
+            Error::data(format!(
+                "stage {stage}: table {} does not fit schemas/{}.md: {e}",
+                def.name, def.name
+            ))
+        })?;
         rows += batch.num_rows() as u64;
         writer.write(&batch).await?;
         on_rows(def.name, rows);

@@ -486,8 +486,10 @@ fn corrupt_files_are_named() {
     // A complete iteration is skipped on its _iteration.json; an incomplete one reads its stage
     // manifests and reports the corrupt one.
     std::fs::remove_file(f.store().join("small/_commits/iter=000000/_iteration.json")).unwrap();
-    f.run_small(&["--iterations", "1"])
-        .fails(1, &["corrupt manifest small/_commits/iter=000000/advantage.json"]);
+    f.run_small(&["--iterations", "1"]).fails(
+        1,
+        &["corrupt manifest small/_commits/iter=000000/advantage.json"],
+    );
     // Corrupt run.json.
     std::fs::write(&m, &mb).unwrap();
     std::fs::write(f.store().join("small/run.json"), b"{").unwrap();
