@@ -52,6 +52,10 @@ pub struct RunConfig {
     /// Memory budget of the query engine in MiB; larger operators spill to disk. Not hashed.
     #[serde(default = "default_memory")]
     pub memory_limit_mib: u64,
+    /// Input rows per range when a relational stage runs range by range over task ids (bounds
+    /// memory; results do not depend on it). Not hashed.
+    #[serde(default = "default_chunk_rows")]
+    pub chunk_rows: u64,
 }
 
 /// `[env]`: which environment generates tasks and how hard they are.
@@ -225,6 +229,9 @@ fn yes() -> bool {
 fn default_memory() -> u64 {
     1024
 }
+fn default_chunk_rows() -> u64 {
+    2_000_000
+}
 fn default_env() -> String {
     "synthetic".into()
 }
@@ -307,7 +314,12 @@ default_from_empty!(
 );
 
 /// Keys excluded from the config hash: they change how a run executes, not what it computes.
-pub const UNHASHED_KEYS: &[&str] = &["run.store", "run.iterations", "run.memory_limit_mib"];
+pub const UNHASHED_KEYS: &[&str] = &[
+    "run.store",
+    "run.iterations",
+    "run.memory_limit_mib",
+    "run.chunk_rows",
+];
 
 /// 1-based line and column of a byte offset.
 fn line_col(text: &str, offset: usize) -> (usize, usize) {

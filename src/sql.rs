@@ -21,7 +21,7 @@ use crate::store::Store;
 /// Build the query session: one table per data table plus `stage_runs`.
 pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext> {
     let runs = catalog::load_runs(store, run).await?;
-    let ctx = exec::new_session(store, 1024)?;
+    let ctx = exec::new_session(store, 1024, None)?;
     let mut files: BTreeMap<&str, Vec<crate::store::manifest::OutputFile>> = BTreeMap::new();
     for r in &runs {
         for it in r.iters.values() {
@@ -43,6 +43,7 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
         exec::check_sizes(store, &fs).await?;
         exec::register_files(
             &ctx,
+            def.name,
             &def,
             &fs.into_iter().map(|f| f.path).collect::<Vec<_>>(),
         )?;

@@ -2,7 +2,8 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow::compute::BatchCoalescer;
 use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use datafusion::catalog::MemTable;
@@ -16,7 +17,7 @@ use datafusion::prelude::{SessionConfig, SessionContext, col};
 use futures::StreamExt;
 use object_store::path::Path;
 
-use super::{Stage, StageContext, TableOutput};
+use super::{InputFiles, Stage, StageContext, TableOutput};
 use crate::error::{Error, Result};
 use crate::schema::{self, TableDef};
 use crate::store::manifest::OutputFile;
@@ -24,7 +25,11 @@ use crate::store::{self, Store, layout};
 
 /// A DataFusion session with the store registered under [`store::DATAFUSION_URL`] and a memory
 /// budget (operators spill to a temp dir beyond it).
-pub fn new_session(store: &Store, memory_limit_mib: u64) -> Result<SessionContext> {
+pub fn new_session(
+    store: &Store,
+    memory_limit_mib: u64,
+    partitions: Option<usize>,
+) -> Result<SessionContext> {
     // A fair pool: operators that can spill (sorts, aggregations) each get a fair share and spill
     // beyond it, so a large iteration finishes within the budget instead of failing.
     let pool =
@@ -34,10 +39,13 @@ pub fn new_session(store: &Store, memory_limit_mib: u64) -> Result<SessionContex
         .build_arc()?;
     // DATAFUSION_* environment variables tune the engine (e.g. DATAFUSION_EXECUTION_TARGET_PARTITIONS);
     // results do not depend on them: the stages' SQL is order-independent.
-    let config = SessionConfig::from_env()?
+    let mut config = SessionConfig::from_env()?
         .with_information_schema(true)
         .with_batch_size(8192)
         .set_bool("datafusion.execution.parquet.pushdown_filters", true);
+    if let Some(n) = partitions {
+        config = config.with_target_partitions(n);
+    }
     let ctx = SessionContext::new_with_config_rt(config, runtime);
     let url = url::Url::parse(store::DATAFUSION_URL).expect("static url");
     ctx.register_object_store(&url, store.object_store());
@@ -46,7 +54,12 @@ pub fn new_session(store: &Store, memory_limit_mib: u64) -> Result<SessionContex
 
 /// Register a table over committed Parquet files (paths relative to the store root), with the
 /// table's declared schema. No files → an empty table with that schema.
-pub fn register_files(ctx: &SessionContext, def: &TableDef, files: &[String]) -> Result<()> {
+pub fn register_files(
+    ctx: &SessionContext,
+    name: &str,
+    def: &TableDef,
+    files: &[String],
+) -> Result<()> {
     let provider: Arc<dyn datafusion::catalog::TableProvider> = if files.is_empty() {
         Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![]])?)
     } else {
@@ -69,8 +82,8 @@ pub fn register_files(ctx: &SessionContext, def: &TableDef, files: &[String]) ->
             .with_schema(def.schema.clone());
         Arc::new(ListingTable::try_new(config)?)
     };
-    ctx.deregister_table(def.name)?;
-    ctx.register_table(def.name, provider)?;
+    ctx.deregister_table(name)?;
+    ctx.register_table(name, provider)?;
     Ok(())
 }
 
@@ -98,28 +111,117 @@ pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
 }
 
 /// Where a stage's outputs go.
-pub enum Sink<'a> {
+#[derive(Clone)]
+pub enum Sink {
     /// Write `<run>/data/<table>/iter=<N>/<attempt>.parquet` to the store.
     Store {
-        store: &'a Store,
-        run_id: &'a str,
+        store: Store,
+        run_id: String,
         iter: u32,
-        attempt: &'a str,
+        attempt: String,
     },
     /// Only hash (replay).
     HashOnly,
 }
 
+/// Rows per batch handed to the Parquet writer. Batches are re-cut to exactly this size so the
+/// bytes of a file depend only on its rows, not on how execution happened to batch them.
+pub const WRITE_BATCH_ROWS: usize = 8192;
+
+/// How many task ranges of a partitioned stage run at once.
+const CHUNK_CONCURRENCY: usize = 2;
+
 /// Run a stage and write every output table through the sink. Returns the output files in the
 /// order the stage declares its outputs.
+///
+/// A stage with a [`Stage::partition_column`] whose inputs are committed files runs range by
+/// range over that column (contiguous ranges of ~`run.chunk_rows` input rows, two at a time, one
+/// thread each), and its ranges' outputs are concatenated in order. Memory is bounded by the range
+/// size, not the iteration size, and no global sort is needed since every file is sorted by key.
+/// Other stages run as one query per output, all outputs at once.
 pub async fn execute(
-    stage: &dyn Stage,
+    stage: Arc<dyn Stage>,
     ctx: &StageContext,
-    sink: &Sink<'_>,
+    sink: &Sink,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<Vec<OutputFile>> {
+    let mut writers = stage
+        .outputs()
+        .iter()
+        .map(|t| TableWriter::new(stage.name(), t, sink))
+        .collect::<Result<Vec<_>>>()?;
+    match (stage.partition_column(), &ctx.inputs) {
+        (Some(column), Some(inputs)) => {
+            let ranges = plan_ranges(ctx, inputs, column).await?;
+            let chunks = futures::stream::iter(ranges.into_iter().map(|range| {
+                let (stage, inputs, config) = (stage.clone(), inputs.clone(), ctx.config.clone());
+                let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
+                tokio::spawn(async move {
+                    let session = range_session(&inputs, column, &range).await?;
+                    let chunk = StageContext {
+                        run_id,
+                        iter,
+                        seed,
+                        config,
+                        session,
+                        inputs: None,
+                    };
+                    let outputs = run_outputs(stage.as_ref(), &chunk).await?;
+                    let mut collected = Vec::new();
+                    for (def, out) in outputs {
+                        let stream = into_sorted_stream(stage.name(), &def, out).await?;
+                        use futures::TryStreamExt;
+                        collected.push(stream.try_collect::<Vec<_>>().await?);
+                    }
+                    Ok::<_, Error>(collected)
+                })
+            }))
+            .buffered(CHUNK_CONCURRENCY);
+            futures::pin_mut!(chunks);
+            while let Some(joined) = chunks.next().await {
+                let tables = joined.map_err(|e| {
+                    Error::data(format!("stage {} task failed: {e}", stage.name()))
+                })??;
+                for (writer, batches) in writers.iter_mut().zip(tables) {
+                    for batch in batches {
+                        writer.push(batch).await?;
+                    }
+                    on_rows(writer.def.name, writer.rows);
+                }
+            }
+        }
+        _ => {
+            let outputs = run_outputs(stage.as_ref(), ctx).await?;
+            let mut writes = Vec::new();
+            for ((def, out), mut writer) in outputs.into_iter().zip(writers.drain(..)) {
+                let stream = into_sorted_stream(stage.name(), &def, out).await?;
+                writes.push(async move {
+                    let mut batches = drain_in_background(stream);
+                    while let Some(batch) = batches.recv().await {
+                        writer.push(batch?).await?;
+                        on_rows(writer.def.name, writer.rows);
+                    }
+                    Ok::<_, Error>(writer)
+                });
+            }
+            // All output tables of a stage are computed and written concurrently.
+            writers = futures::future::try_join_all(writes).await?;
+        }
+    }
+    let mut files = Vec::new();
+    for w in writers {
+        files.push(w.finish().await?);
+    }
+    Ok(files)
+}
+
+/// Run the stage and match its outputs to its declared output tables, in declared order.
+async fn run_outputs(
+    stage: &dyn Stage,
+    ctx: &StageContext,
+) -> Result<Vec<(TableDef, TableOutput)>> {
     let mut produced = stage.run(ctx).await?;
-    let mut writes = Vec::new();
+    let mut out = Vec::new();
     for table in stage.outputs() {
         let pos = produced
             .iter()
@@ -130,10 +232,8 @@ pub async fn execute(
                     stage.name()
                 ))
             })?;
-        let (_, out) = produced.swap_remove(pos);
-        let def = schema::table_def(table).expect("validated by Dag::new");
-        let stream = into_sorted_stream(stage.name(), &def, out).await?;
-        writes.push(async move { write_table(stage.name(), &def, stream, sink, on_rows).await });
+        let (_, o) = produced.swap_remove(pos);
+        out.push((schema::table_def(table).expect("validated by Dag::new"), o));
     }
     if let Some((t, _)) = produced.first() {
         return Err(Error::data(format!(
@@ -141,8 +241,103 @@ pub async fn execute(
             stage.name()
         )));
     }
-    // All output tables of a stage are computed and written concurrently.
-    futures::future::try_join_all(writes).await
+    Ok(out)
+}
+
+/// A half-open range `[lo, hi)` of the partition column; `None` = unbounded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Range {
+    pub lo: Option<String>,
+    pub hi: Option<String>,
+}
+
+/// Split the partition column's values into contiguous ranges of about `run.chunk_rows` input
+/// rows. Boundaries come from the distinct values of the smallest input table, so the plan depends
+/// only on committed data and config (replay makes the same one).
+async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> Result<Vec<Range>> {
+    let rows = |fs: &Vec<OutputFile>| fs.iter().map(|f| f.rows).sum::<u64>();
+    let total: u64 = inputs.tables.iter().map(|(_, fs)| rows(fs)).sum();
+    let chunks = total.div_ceil(ctx.config.run.chunk_rows.max(1)).max(1);
+    let Some((smallest, _)) = inputs
+        .tables
+        .iter()
+        .filter(|(d, _)| d.schema.field_with_name(column).is_ok())
+        .min_by_key(|(_, fs)| rows(fs))
+    else {
+        return Ok(vec![Range { lo: None, hi: None }]);
+    };
+    if chunks == 1 {
+        return Ok(vec![Range { lo: None, hi: None }]);
+    }
+    let df = ctx
+        .session
+        .sql(&format!(
+            "SELECT DISTINCT \"{column}\" AS v FROM \"{}\" ORDER BY v",
+            smallest.name
+        ))
+        .await?;
+    let mut values = Vec::new();
+    for b in df.collect().await? {
+        let col = arrow::compute::cast(b.column(0), &DataType::Utf8)?;
+        let col = col
+            .as_any()
+            .downcast_ref::<StringArray>()
+            .expect("cast to Utf8");
+        values.extend(
+            (0..col.len())
+                .filter(|i| col.is_valid(*i))
+                .map(|i| col.value(i).to_string()),
+        );
+    }
+    let n = (chunks as usize).min(values.len()).max(1);
+    let bounds: Vec<String> = (1..n)
+        .map(|i| values[i * values.len() / n].clone())
+        .collect();
+    let mut ranges = Vec::new();
+    let mut lo = None;
+    for b in bounds {
+        ranges.push(Range {
+            lo: lo.clone(),
+            hi: Some(b.clone()),
+        });
+        lo = Some(b);
+    }
+    ranges.push(Range { lo, hi: None });
+    Ok(ranges)
+}
+
+/// A one-thread session whose input tables only show the rows of one range.
+async fn range_session(inputs: &InputFiles, column: &str, range: &Range) -> Result<SessionContext> {
+    let memory = (inputs.memory_limit_mib / CHUNK_CONCURRENCY as u64).max(64);
+    let session = new_session(&inputs.store, memory, Some(1))?;
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
+    let mut conds = Vec::new();
+    if let Some(lo) = &range.lo {
+        conds.push(format!("\"{column}\" >= {}", quote(lo)));
+    }
+    if let Some(hi) = &range.hi {
+        conds.push(format!("\"{column}\" < {}", quote(hi)));
+    }
+    for (def, files) in &inputs.tables {
+        let hidden = format!("__committed_{}", def.name);
+        register_files(
+            &session,
+            &hidden,
+            def,
+            &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
+        )?;
+        let filter = if conds.is_empty() || def.schema.field_with_name(column).is_err() {
+            String::new()
+        } else {
+            format!(" WHERE {}", conds.join(" AND "))
+        };
+        let view = session
+            .sql(&format!("SELECT * FROM \"{hidden}\"{filter}"))
+            .await?
+            .into_view();
+        session.register_table(def.name, view)?;
+    }
+    Ok(session)
 }
 
 /// Drive a stream on its own task and hand its batches over a small channel, so that producing
@@ -234,60 +429,81 @@ async fn into_sorted_stream(
     }
 }
 
-async fn write_table(
-    stage: &str,
-    def: &TableDef,
-    stream: SendableRecordBatchStream,
-    sink: &Sink<'_>,
-    on_rows: &(dyn Fn(&str, u64) + Sync),
-) -> Result<OutputFile> {
-    let path = match sink {
-        Sink::Store {
-            run_id,
-            iter,
-            attempt,
-            ..
-        } => layout::data_file(run_id, def.name, *iter, attempt).to_string(),
-        Sink::HashOnly => String::new(),
-    };
-    let object_writer = match sink {
-        Sink::Store { store, .. } => Some(object_store::buffered::BufWriter::new(
-            store.object_store(),
-            Path::from(path.as_str()),
-        )),
-        Sink::HashOnly => None,
-    };
-    let mut writer = store::parquet::writer(object_writer, def.schema.clone())?;
-    let mut rows = 0u64;
-    let mut batches = drain_in_background(stream);
-    while let Some(batch) = batches.recv().await {
-        let batch = batch?;
+/// One output table being written: schema conformance, fixed-size batches, Parquet, hashing.
+struct TableWriter {
+    stage: String,
+    def: TableDef,
+    path: String,
+    writer: parquet::arrow::AsyncArrowWriter<store::parquet::HashingWriter>,
+    coalescer: BatchCoalescer,
+    rows: u64,
+}
+
+impl TableWriter {
+    fn new(stage: &str, table: &str, sink: &Sink) -> Result<TableWriter> {
+        let def = schema::table_def(table).expect("validated by Dag::new");
+        let (path, object_writer) = match sink {
+            Sink::Store {
+                store,
+                run_id,
+                iter,
+                attempt,
+            } => {
+                let path = layout::data_file(run_id, def.name, *iter, attempt);
+                let w = object_store::buffered::BufWriter::new(store.object_store(), path.clone());
+                (path.to_string(), Some(w))
+            }
+            Sink::HashOnly => (String::new(), None),
+        };
+        let writer = store::parquet::writer(object_writer, def.schema.clone())?;
+        let coalescer = BatchCoalescer::new(def.schema.clone(), WRITE_BATCH_ROWS);
+        Ok(TableWriter {
+            stage: stage.to_string(),
+            def,
+            path,
+            writer,
+            coalescer,
+            rows: 0,
+        })
+    }
+
+    async fn push(&mut self, batch: RecordBatch) -> Result<()> {
         if batch.num_rows() == 0 {
-            continue;
+            return Ok(());
         }
         // Re-label with the declared schema (field nullability included): a null in a column the
         // schema declares non-nullable fails here, naming the table.
         let batch = RecordBatch::try_new(
-            def.schema.clone(),
-            to_storage(&def.schema, batch.columns())?,
+            self.def.schema.clone(),
+            to_storage(&self.def.schema, batch.columns())?,
         )
         .map_err(|e| {
             Error::data(format!(
-                "stage {stage}: table {} does not fit schemas/{}.md: {e}",
-                def.name, def.name
+                "stage {}: table {} does not fit schemas/{}.md: {e}",
+                self.stage, self.def.name, self.def.name
             ))
         })?;
-        rows += batch.num_rows() as u64;
-        writer.write(&batch).await?;
-        on_rows(def.name, rows);
+        self.rows += batch.num_rows() as u64;
+        self.coalescer.push_batch(batch)?;
+        while let Some(b) = self.coalescer.next_completed_batch() {
+            self.writer.write(&b).await?;
+        }
+        Ok(())
     }
-    writer.finish().await?;
-    let (bytes, digest) = writer.into_inner().finish();
-    Ok(OutputFile {
-        table: def.name.to_string(),
-        path,
-        bytes,
-        rows,
-        digest,
-    })
+
+    async fn finish(mut self) -> Result<OutputFile> {
+        self.coalescer.finish_buffered_batch()?;
+        while let Some(b) = self.coalescer.next_completed_batch() {
+            self.writer.write(&b).await?;
+        }
+        self.writer.finish().await?;
+        let (bytes, digest) = self.writer.into_inner().finish();
+        Ok(OutputFile {
+            table: self.def.name.to_string(),
+            path: self.path,
+            bytes,
+            rows: self.rows,
+            digest,
+        })
+    }
 }

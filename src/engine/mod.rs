@@ -31,6 +31,17 @@ pub struct StageContext {
     pub config: Arc<Config>,
     /// A session where every input table of the stage is registered under its table name.
     pub session: SessionContext,
+    /// The committed files behind the session's tables (`None` when a test registers batches).
+    /// The engine uses them to run a partitioned stage range by range.
+    pub inputs: Option<Arc<InputFiles>>,
+}
+
+/// The committed input files of a stage, per table.
+#[derive(Debug, Clone)]
+pub struct InputFiles {
+    pub store: crate::store::Store,
+    pub memory_limit_mib: u64,
+    pub tables: Vec<(schema::TableDef, Vec<crate::store::manifest::OutputFile>)>,
 }
 
 /// One output table of a stage.
@@ -56,6 +67,12 @@ pub trait Stage: Send + Sync {
     /// Top-level config sections whose values the stage depends on (hashed into its manifest).
     fn config_sections(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// A column (of every input that has it, and the first key column of every output) whose
+    /// values the stage treats independently: rows with different values never meet. The engine
+    /// may then run the stage on contiguous ranges of the column and concatenate the outputs.
+    fn partition_column(&self) -> Option<&'static str> {
+        None
     }
     /// Whether the outputs are a pure function of inputs, config and seed (checked by replay).
     fn deterministic(&self) -> bool {

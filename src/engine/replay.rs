@@ -154,7 +154,7 @@ pub async fn verify(
             ));
         }
         let (ctx, _) = build_context(store, run_id, iter, m.seed, config.clone(), &inputs).await?;
-        let outputs = exec::execute(stage.as_ref(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
+        let outputs = exec::execute(stage.clone(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
         for out in outputs {
             let committed = m
                 .outputs

@@ -9,7 +9,7 @@ use tracing::info;
 
 use super::catalog::{self, Committed};
 use super::exec::{self, Sink};
-use super::{Dag, Stage, StageContext, derive_seed};
+use super::{Dag, InputFiles, Stage, StageContext, derive_seed};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::schema;
@@ -136,7 +136,7 @@ impl Engine {
                             c
                         }
                         None => {
-                            let c = self.run_stage(iter, stage.as_ref(), &mut done).await?;
+                            let c = self.run_stage(iter, stage, &mut done).await?;
                             events.push(StageEvent::Ran {
                                 iter,
                                 stage: stage.name().to_string(),
@@ -198,10 +198,7 @@ impl Engine {
             .ok_or_else(|| Error::config(format!("no stage {stage} in this DAG")))?
             .clone();
         let mut done = BTreeMap::new();
-        Ok(self
-            .run_stage(iter, stage.as_ref(), &mut done)
-            .await?
-            .manifest)
+        Ok(self.run_stage(iter, &stage, &mut done).await?.manifest)
     }
 
     fn say(&self, line: String) {
@@ -252,12 +249,12 @@ impl Engine {
     async fn run_stage(
         &self,
         iter: u32,
-        stage: &dyn Stage,
+        stage: &Arc<dyn Stage>,
         done: &mut BTreeMap<(u32, String), Committed>,
     ) -> Result<Committed> {
         let started_at = manifest::now_rfc3339();
         let t0 = Instant::now();
-        let inputs = self.inputs_of(iter, stage, done).await?;
+        let inputs = self.inputs_of(iter, stage.as_ref(), done).await?;
         let seed = stage_seed(&self.config, iter, stage.name());
         let (ctx, input_refs) = build_context(
             &self.store,
@@ -272,13 +269,13 @@ impl Engine {
         info!(run = %self.run_id, iter, stage = stage.name(), attempt = %attempt, "stage started");
         let bar = self.progress_bar(iter, stage.name());
         let sink = Sink::Store {
-            store: &self.store,
-            run_id: &self.run_id,
+            store: self.store.clone(),
+            run_id: self.run_id.clone(),
             iter,
-            attempt: &attempt,
+            attempt: attempt.clone(),
         };
         let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
-        let outputs = exec::execute(stage, &ctx, &sink, &on_rows).await;
+        let outputs = exec::execute(stage.clone(), &ctx, &sink, &on_rows).await;
         bar.finish_and_clear();
         let outputs = outputs?;
         let m = StageManifest {
@@ -353,8 +350,9 @@ pub async fn build_context(
     config: Arc<Config>,
     inputs: &[(Committed, Vec<&'static str>)],
 ) -> Result<(StageContext, Vec<InputRef>)> {
-    let session = exec::new_session(store, config.run.memory_limit_mib)?;
+    let session = exec::new_session(store, config.run.memory_limit_mib, None)?;
     let mut refs = Vec::new();
+    let mut tables_in = Vec::new();
     for (c, tables) in inputs {
         for table in tables {
             let files: Vec<_> = c
@@ -368,9 +366,11 @@ pub async fn build_context(
             let def = schema::table_def(table).expect("known table");
             exec::register_files(
                 &session,
+                def.name,
                 &def,
                 &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
             )?;
+            tables_in.push((def, files));
         }
         refs.push(InputRef {
             kind: "manifest".into(),
@@ -384,6 +384,11 @@ pub async fn build_context(
             run_id: run_id.to_string(),
             iter,
             seed,
+            inputs: Some(Arc::new(InputFiles {
+                store: store.clone(),
+                memory_limit_mib: config.run.memory_limit_mib,
+                tables: tables_in,
+            })),
             config,
             session,
         },

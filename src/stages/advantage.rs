@@ -31,6 +31,9 @@ impl Stage for Advantage {
     fn config_sections(&self) -> &'static [&'static str] {
         &["reward"]
     }
+    fn partition_column(&self) -> Option<&'static str> {
+        Some("task_id")
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let r = &ctx.config.reward;
         let policy = render(

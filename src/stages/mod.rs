@@ -75,6 +75,7 @@ pub(crate) mod testutil {
             seed: 7,
             config: Arc::new(config),
             session: SessionContext::new(),
+            inputs: None,
         }
     }
 

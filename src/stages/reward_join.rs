@@ -25,6 +25,9 @@ impl Stage for RewardJoin {
     fn config_sections(&self) -> &'static [&'static str] {
         &["reward"]
     }
+    fn partition_column(&self) -> Option<&'static str> {
+        Some("task_id")
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let sql = render(SQL, &[("lambda", f64_lit(ctx.config.reward.lambda))])?;
         Ok(vec![(

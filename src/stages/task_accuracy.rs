@@ -22,6 +22,9 @@ impl Stage for TaskAccuracy {
     fn outputs(&self) -> &'static [&'static str] {
         &["task_accuracy"]
     }
+    fn partition_column(&self) -> Option<&'static str> {
+        Some("task_id")
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         Ok(vec![(
             "task_accuracy",

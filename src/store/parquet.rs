@@ -11,7 +11,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 
 /// Rows per row group.
-pub const ROW_GROUP_ROWS: usize = 1 << 20;
+pub const ROW_GROUP_ROWS: usize = 1 << 17;
 
 /// The one set of writer properties every committed file uses.
 pub fn writer_properties() -> WriterProperties {
