@@ -1,4 +1,5 @@
--- DuckDB equivalent of reward_join + advantage + task_accuracy (src/stages/*.sql), with the
+-- DuckDB equivalent of reward_join + advantage + task_accuracy (src/stages/*.sql, same plan
+-- shape: verdict counts computed once in step_rewards and reused), with the
 -- defaults λ = 1, reference mode, policy filter [1/8, 7/8], RM filter [0.2, 0.8], unparsable −2.
 -- ${steps}, ${trajectories}, ${rm_samples}: lists of the committed Parquet files; ${out}: a directory.
 -- Each table is written sorted by its key as zstd Parquet, like rla-pipe does.
@@ -10,17 +11,26 @@ CREATE VIEW rm_samples AS SELECT * FROM read_parquet(${rm_samples});
 
 COPY (
     WITH rm AS (
-        SELECT task_id, traj_id, step_idx, SUM(CAST(score AS BIGINT)) AS score_sum, COUNT(*) AS n_samples
+        SELECT task_id, traj_id, step_idx,
+               SUM(CASE WHEN score > 0 THEN 1 ELSE 0 END) AS n_pos,
+               SUM(CASE WHEN score < 0 THEN 1 ELSE 0 END) AS n_neg,
+               SUM(CASE WHEN score = 0 THEN 1 ELSE 0 END) AS n_unp
         FROM rm_samples GROUP BY task_id, traj_id, step_idx
+    ),
+    j AS (
+        SELECT s.run_id, s.iter, s.task_id, s.traj_id, s.step_idx, t.outcome,
+               COALESCE(rm.n_pos, 0) AS n_pos, COALESCE(rm.n_neg, 0) AS n_neg, COALESCE(rm.n_unp, 0) AS n_unp
+        FROM steps s
+        JOIN trajectories t ON s.task_id = t.task_id AND s.traj_id = t.traj_id
+        LEFT JOIN rm ON s.task_id = rm.task_id AND s.traj_id = rm.traj_id AND s.step_idx = rm.step_idx
     )
-    SELECT s.run_id, s.iter, s.task_id, s.traj_id, s.step_idx, t.outcome,
-           CAST(rm.score_sum AS DOUBLE) / rm.n_samples AS rm_mean,
-           CAST(COALESCE(rm.n_samples, 0) AS UINTEGER) AS rm_count,
-           CAST(t.outcome AS DOUBLE) + 1.0 * COALESCE(CAST(rm.score_sum AS DOUBLE) / rm.n_samples, 0.0) AS reward
-    FROM steps s
-    JOIN trajectories t ON s.task_id = t.task_id AND s.traj_id = t.traj_id
-    LEFT JOIN rm ON s.task_id = rm.task_id AND s.traj_id = rm.traj_id AND s.step_idx = rm.step_idx
-    ORDER BY s.task_id, s.traj_id, s.step_idx
+    SELECT run_id, iter, task_id, traj_id, step_idx, outcome,
+           CASE WHEN n_pos + n_neg + n_unp > 0 THEN (n_pos - n_neg) / (n_pos + n_neg + n_unp) END AS rm_mean,
+           CAST(n_pos + n_neg + n_unp AS UINTEGER) AS rm_count,
+           CAST(n_pos AS UINTEGER) AS rm_pos, CAST(n_neg AS UINTEGER) AS rm_neg, CAST(n_unp AS UINTEGER) AS rm_unparsable,
+           CAST(outcome AS DOUBLE) + 1.0 * COALESCE(CASE WHEN n_pos + n_neg + n_unp > 0 THEN (n_pos - n_neg) / (n_pos + n_neg + n_unp) END, 0.0) AS reward
+    FROM j
+    ORDER BY task_id, traj_id, step_idx
 ) TO '${out}/step_rewards.parquet' (FORMAT parquet, COMPRESSION zstd);
 
 CREATE VIEW step_rewards AS SELECT * FROM read_parquet('${out}/step_rewards.parquet');
@@ -45,49 +55,57 @@ COPY (
 ) TO '${out}/policy_advantages.parquet' (FORMAT parquet, COMPRESSION zstd);
 
 COPY (
-    WITH x AS (
-        SELECT s.run_id, s.iter, s.task_id, s.traj_id, s.step_idx, s.sample_idx, s.score,
-               CASE WHEN s.score = 0 THEN -2.0 ELSE r.reward * s.score END AS consistency_reward
-        FROM rm_samples s
-        JOIN step_rewards r ON s.task_id = r.task_id AND s.traj_id = r.traj_id AND s.step_idx = r.step_idx
+    WITH m AS (
+        SELECT task_id, traj_id, step_idx, reward, rm_count, rm_pos AS p, rm_neg AS q, rm_unparsable AS u,
+               (reward * (CAST(rm_pos AS BIGINT) - rm_neg) - 2.0 * rm_unparsable) / rm_count AS mean
+        FROM step_rewards WHERE rm_count > 0
     ),
     g AS (
-        SELECT task_id, traj_id, step_idx, COUNT(*) AS n, AVG(consistency_reward) AS mean,
-               STDDEV_POP(consistency_reward) AS std
-        FROM x GROUP BY task_id, traj_id, step_idx
+        SELECT m.*, a.task_acc,
+               sqrt((p * (reward - mean) ^ 2 + q * (-reward - mean) ^ 2 + u * (-2.0 - mean) ^ 2) / rm_count) AS std
+        FROM m JOIN acc a ON m.task_id = a.task_id
+    ),
+    x AS (
+        SELECT s.run_id, s.iter, s.task_id, s.traj_id, s.step_idx, s.sample_idx, s.score,
+               CASE WHEN s.score = 0 THEN -2.0 ELSE g.reward * s.score END AS consistency_reward,
+               g.rm_count, g.mean, g.std, g.task_acc
+        FROM rm_samples s
+        JOIN g ON s.task_id = g.task_id AND s.traj_id = g.traj_id AND s.step_idx = g.step_idx
     )
-    SELECT x.*, CAST(g.n AS UINTEGER) AS group_size, g.std AS group_std, a.task_acc,
-           CASE WHEN g.std <= 1e-8 THEN 0.0 ELSE (x.consistency_reward - g.mean) / g.std END AS advantage,
-           (g.std > 1e-8 AND a.task_acc >= 0.2 AND a.task_acc <= 0.8) AS included
+    SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_reward,
+           rm_count AS group_size, std AS group_std, task_acc,
+           CASE WHEN std <= 1e-8 THEN 0.0 ELSE (consistency_reward - mean) / std END AS advantage,
+           (std > 1e-8 AND task_acc >= 0.2 AND task_acc <= 0.8) AS included
     FROM x
-    JOIN g ON x.task_id = g.task_id AND x.traj_id = g.traj_id AND x.step_idx = g.step_idx
-    JOIN acc a ON x.task_id = a.task_id
-    ORDER BY x.task_id, x.traj_id, x.step_idx, x.sample_idx
+    ORDER BY task_id, traj_id, step_idx, sample_idx
 ) TO '${out}/rm_advantages.parquet' (FORMAT parquet, COMPRESSION zstd);
 
 COPY (
-    WITH traj AS (
-        SELECT run_id, iter, task_id, COUNT(*) AS rollouts, SUM(CASE WHEN outcome > 0 THEN 1 ELSE 0 END) AS successes
-        FROM trajectories GROUP BY run_id, iter, task_id
+    WITH tv AS (
+        SELECT r.task_id, r.traj_id,
+               SUM(CAST(r.rm_pos AS BIGINT) - r.rm_neg) AS vote,
+               SUM(CASE WHEN r.rm_count > 0 THEN 1 ELSE 0 END) AS sampled,
+               SUM(CASE WHEN r.rm_count > 0 AND s.oracle_progress IS NOT NULL THEN 1 ELSE 0 END) AS judged,
+               SUM(CASE WHEN r.rm_count > 0 AND sign(CAST(r.rm_pos AS BIGINT) - r.rm_neg) = s.oracle_progress THEN 1 ELSE 0 END) AS agree
+        FROM step_rewards r
+        JOIN steps s ON r.task_id = s.task_id AND r.traj_id = s.traj_id AND r.step_idx = s.step_idx
+        GROUP BY r.task_id, r.traj_id
     ),
-    votes AS (
-        SELECT task_id, traj_id, step_idx, SUM(CAST(score AS BIGINT)) AS vote
-        FROM rm_samples GROUP BY task_id, traj_id, step_idx
-    ),
-    process AS (
-        SELECT v.task_id, COUNT(*) AS judged, SUM(CASE WHEN sign(v.vote) = s.oracle_progress THEN 1 ELSE 0 END) AS agree
-        FROM votes v JOIN steps s ON v.task_id = s.task_id AND v.traj_id = s.traj_id AND v.step_idx = s.step_idx
-        WHERE s.oracle_progress IS NOT NULL GROUP BY v.task_id
-    ),
-    tv AS (SELECT task_id, traj_id, SUM(vote) AS vote FROM votes GROUP BY task_id, traj_id),
-    outcome AS (
-        SELECT tv.task_id, COUNT(*) AS judged, SUM(CASE WHEN sign(tv.vote) = t.outcome THEN 1 ELSE 0 END) AS agree
-        FROM tv JOIN trajectories t ON tv.task_id = t.task_id AND tv.traj_id = t.traj_id GROUP BY tv.task_id
+    pt AS (
+        SELECT t.run_id, t.iter, t.task_id, COUNT(*) AS rollouts,
+               SUM(CASE WHEN t.outcome > 0 THEN 1 ELSE 0 END) AS successes,
+               SUM(COALESCE(tv.judged, 0)) AS judged_steps, SUM(COALESCE(tv.agree, 0)) AS agree_steps,
+               SUM(CASE WHEN tv.sampled > 0 THEN 1 ELSE 0 END) AS judged_trajectories,
+               SUM(CASE WHEN tv.sampled > 0 AND sign(tv.vote) = t.outcome THEN 1 ELSE 0 END) AS agree_trajectories
+        FROM trajectories t LEFT JOIN tv ON t.task_id = tv.task_id AND t.traj_id = tv.traj_id
+        GROUP BY t.run_id, t.iter, t.task_id
     )
-    SELECT t.run_id, t.iter, t.task_id, CAST(t.rollouts AS UINTEGER) AS rollouts, CAST(t.successes AS UINTEGER) AS successes,
-           t.successes / t.rollouts AS acc,
-           CAST(COALESCE(p.judged, 0) AS UINTEGER) AS judged_steps, p.agree / p.judged AS rm_process_acc,
-           CAST(COALESCE(o.judged, 0) AS UINTEGER) AS judged_trajectories, o.agree / o.judged AS rm_outcome_acc
-    FROM traj t LEFT JOIN process p ON t.task_id = p.task_id LEFT JOIN outcome o ON t.task_id = o.task_id
-    ORDER BY t.task_id
+    SELECT run_id, iter, task_id, CAST(rollouts AS UINTEGER) AS rollouts, CAST(successes AS UINTEGER) AS successes,
+           successes / rollouts AS acc,
+           CAST(judged_steps AS UINTEGER) AS judged_steps,
+           CASE WHEN judged_steps > 0 THEN agree_steps / judged_steps END AS rm_process_acc,
+           CAST(judged_trajectories AS UINTEGER) AS judged_trajectories,
+           CASE WHEN judged_trajectories > 0 THEN agree_trajectories / judged_trajectories END AS rm_outcome_acc
+    FROM pt
+    ORDER BY task_id
 ) TO '${out}/task_accuracy.parquet' (FORMAT parquet, COMPRESSION zstd);

@@ -97,16 +97,18 @@ def main():
         os.makedirs(outdir, exist_ok=True)
         script = os.path.join(d, "duckdb.sql")
         open(script, "w").write(duckdb_sql(store, outdir))
-        runner = ("import duckdb, sys; c = duckdb.connect(); "
-                  "c.execute(\"SET threads = 2\"); c.execute(open(sys.argv[1]).read())")
-        theirs, theirs_rss = measured([sys.executable, "-c", runner, script])
-        rows.append((n, steps, gen, ours, ours_rss, theirs, theirs_rss))
+        runner = ("import duckdb, sys; c = duckdb.connect(); c.execute(\"SET threads = 2\"); "
+                  "c.execute(sys.argv[2]); c.execute(open(sys.argv[1]).read())")
+        theirs, theirs_rss = measured([sys.executable, "-c", runner, script, "SELECT 1"])
+        capped, capped_rss = measured([sys.executable, "-c", runner, script, "SET memory_limit = '2GB'"])
+        rows.append((n, steps, gen, ours, ours_rss, theirs, theirs_rss, capped, capped_rss))
         print(f"N={n:>10} steps={steps:>10} gen={gen:6.1f}s  rla-pipe {ours:6.2f}s {ours_rss:7.0f} MiB"
-              f"  duckdb {theirs:6.2f}s {theirs_rss:7.0f} MiB", flush=True)
-    print("\n| N (step rows) | RM rows | rla-pipe (s) | rla-pipe peak RSS (MiB) | DuckDB (s) | DuckDB peak RSS (MiB) | s per 1M steps |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for n, steps, gen, ours, orss, theirs, trss in rows:
-        print(f"| {steps:,} | {3*steps:,} | {ours:.2f} | {orss:.0f} | {theirs:.2f} | {trss:.0f} | {ours / steps * 1e6:.2f} |")
+              f"  duckdb {theirs:6.2f}s {theirs_rss:7.0f} MiB  duckdb(2GB) {capped:6.2f}s {capped_rss:7.0f} MiB",
+              flush=True)
+    print("\n| step rows | RM rows | rla-pipe (s) | rla-pipe peak RSS (MiB) | s per 1M steps | DuckDB (s) | DuckDB peak RSS (MiB) | DuckDB, memory_limit 2GB (s) | its peak RSS (MiB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for n, steps, gen, ours, orss, theirs, trss, capped, crss in rows:
+        print(f"| {steps:,} | {3*steps:,} | {ours:.2f} | {orss:.0f} | {ours / steps * 1e6:.2f} | {theirs:.2f} | {trss:.0f} | {capped:.2f} | {crss:.0f} |")
 
 
 if __name__ == "__main__":

@@ -113,18 +113,20 @@ mod tests {
         );
         // (task, traj, step, R): A step 0: 1.5, 1.0, -1.0, -0.5 (mean 0.25, pop var 1.0625);
         // A step 1: only A-0 (group of one); A step 2: both 1.0 (zero variance);
-        // B step 0: 1.0, 1.5.
-        let rows: &[(&str, &str, u32, i8, f64)] = &[
-            ("A", "A-0", 0, 1, 1.5),
-            ("A", "A-0", 1, 1, 1.0),
-            ("A", "A-0", 2, 1, 1.0),
-            ("A", "A-1", 0, 1, 1.0),
-            ("A", "A-1", 2, 1, 1.0),
-            ("A", "A-2", 0, -1, -1.0),
-            ("A", "A-3", 0, -1, -0.5),
-            ("B", "B-0", 0, 1, 1.0),
-            ("B", "B-1", 0, 1, 1.5),
+        // B step 0: 1.0, 1.5. Then the step's verdict counts (+1, −1, unparsable) of the
+        // rm_samples below.
+        let rows: &[(&str, &str, u32, i8, f64, [u32; 3])] = &[
+            ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
+            ("A", "A-0", 1, 1, 1.0, [0, 0, 0]),
+            ("A", "A-0", 2, 1, 1.0, [0, 0, 0]),
+            ("A", "A-1", 0, 1, 1.0, [1, 1, 1]),
+            ("A", "A-1", 2, 1, 1.0, [0, 0, 0]),
+            ("A", "A-2", 0, -1, -1.0, [0, 3, 0]),
+            ("A", "A-3", 0, -1, -0.5, [0, 0, 0]),
+            ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
+            ("B", "B-1", 0, 1, 1.5, [0, 0, 0]),
         ];
+        let count = |k: usize| u(&rows.iter().map(|r| r.5[k]).collect::<Vec<_>>());
         register(
             &c,
             "step_rewards",
@@ -134,7 +136,10 @@ mod tests {
                 u(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
                 i8s(&rows.iter().map(|r| r.3).collect::<Vec<_>>()),
                 Arc::new(Float64Array::from(vec![None; rows.len()])),
-                u(&vec![3; rows.len()]),
+                u(&rows.iter().map(|r| r.5.iter().sum()).collect::<Vec<_>>()),
+                count(0),
+                count(1),
+                count(2),
                 f(&rows.iter().map(|r| r.4).collect::<Vec<_>>()),
             ],
         );
@@ -332,6 +337,9 @@ mod tests {
                 u(&vec![0; rows.len()]),
                 i8s(&outcome),
                 Arc::new(Float64Array::from(vec![None; rows.len()])),
+                u(&vec![0; rows.len()]),
+                u(&vec![0; rows.len()]),
+                u(&vec![0; rows.len()]),
                 u(&vec![0; rows.len()]),
                 f(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
             ],

@@ -5,7 +5,7 @@
 //! | `synthetic` | — | `tasks`, `trajectories`, `steps`, `rm_samples` |
 //! | `reward_join` | `steps`, `trajectories`, `rm_samples` | `step_rewards` |
 //! | `advantage` | `step_rewards`, `rm_samples`, `trajectories` | `policy_advantages`, `rm_advantages` |
-//! | `task_accuracy` | `trajectories`, `rm_samples`, `steps` | `task_accuracy` |
+//! | `task_accuracy` | `trajectories`, `step_rewards`, `steps` | `task_accuracy` |
 
 pub mod advantage;
 pub mod reward_join;

@@ -126,6 +126,20 @@ mod tests {
                 .to_vec(),
             vec![3, 0, 3]
         );
+        for (name, want) in [
+            ("rm_pos", [2, 0, 1]),
+            ("rm_neg", [1, 0, 1]),
+            ("rm_unparsable", [0, 0, 1]),
+        ] {
+            let got = col(name);
+            let got = got
+                .as_any()
+                .downcast_ref::<UInt32Array>()
+                .unwrap()
+                .values()
+                .to_vec();
+            assert_eq!(got, want.to_vec(), "{name}");
+        }
         let r = col("reward");
         let r = r.as_any().downcast_ref::<Float64Array>().unwrap();
         assert_eq!(r.values().to_vec(), vec![1.0 + 0.5 / 3.0, 1.0, -1.0]);

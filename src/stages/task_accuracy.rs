@@ -1,4 +1,5 @@
-//! Stage 6, `task_accuracy`: `trajectories` + `rm_samples` + `steps` → `task_accuracy`
+//! Stage 6, `task_accuracy`: `trajectories` + `step_rewards` (its per-step verdict counts) +
+//! `steps` (oracle labels) → `task_accuracy`
 //! (SQL in `task_accuracy.sql`).
 
 use async_trait::async_trait;
@@ -17,7 +18,7 @@ impl Stage for TaskAccuracy {
         "task_accuracy"
     }
     fn inputs(&self) -> &'static [&'static str] {
-        &["trajectories", "rm_samples", "steps"]
+        &["trajectories", "step_rewards", "steps"]
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["task_accuracy"]
@@ -87,30 +88,32 @@ mod tests {
                 ])),
             ],
         );
-        let samples: &[(&str, u32, i8)] = &[
-            ("A-0", 0, 1),
-            ("A-0", 0, 1),
-            ("A-0", 0, -1),
-            ("A-0", 1, 1),
-            ("A-0", 1, 0),
-            ("A-0", 1, -1),
-            ("A-1", 0, -1),
-            ("A-1", 0, -1),
-            ("A-1", 0, -1),
-            ("A-2", 0, -1),
+        // step_rewards carries each step's verdict counts (+1, −1, unparsable):
+        // A-0/0: +1 +1 −1; A-0/1: +1 0 −1; A-1/0: −1 −1 −1; A-2/0: −1; B-0/0: no samples.
+        let steps: &[(&str, &str, u32, i8, [u32; 3])] = &[
+            ("A", "A-0", 0, 1, [2, 1, 0]),
+            ("A", "A-0", 1, 1, [1, 1, 1]),
+            ("A", "A-1", 0, 1, [0, 3, 0]),
+            ("A", "A-2", 0, -1, [0, 1, 0]),
+            ("B", "B-0", 0, -1, [0, 0, 0]),
         ];
+        let count = |k: usize| u(&steps.iter().map(|r| r.4[k]).collect::<Vec<_>>());
         register(
             &c,
-            "rm_samples",
+            "step_rewards",
             vec![
-                s(&vec!["A"; samples.len()]),
-                s(&samples.iter().map(|r| r.0).collect::<Vec<_>>()),
-                u(&samples.iter().map(|r| r.1).collect::<Vec<_>>()),
-                u(&(0..samples.len() as u32).map(|i| i % 3).collect::<Vec<_>>()),
-                s(&vec!["r"; samples.len()]),
+                s(&steps.iter().map(|r| r.0).collect::<Vec<_>>()),
+                s(&steps.iter().map(|r| r.1).collect::<Vec<_>>()),
+                u(&steps.iter().map(|r| r.2).collect::<Vec<_>>()),
                 Arc::new(Int8Array::from(
-                    samples.iter().map(|r| r.2).collect::<Vec<_>>(),
+                    steps.iter().map(|r| r.3).collect::<Vec<_>>(),
                 )),
+                Arc::new(Float64Array::from(vec![None; steps.len()])),
+                u(&steps.iter().map(|r| r.4.iter().sum()).collect::<Vec<_>>()),
+                count(0),
+                count(1),
+                count(2),
+                Arc::new(Float64Array::from(vec![0.0; steps.len()])),
             ],
         );
         let b = output(&TaskAccuracy, &c, "task_accuracy").await;

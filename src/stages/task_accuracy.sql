@@ -1,23 +1,21 @@
 -- task_accuracy: per task of this iteration
 --   rollouts, successes, acc = successes / rollouts;
 --   rm_process_acc: share of judged steps (oracle label present, ≥ 1 RM sample) whose majority
---     verdict sign(Σ_j S) equals the oracle label (a tie counts as disagreement);
+--     verdict sign(#(+1) − #(−1)) equals the oracle label (a tie counts as disagreement);
 --   rm_outcome_acc: share of judged trajectories (≥ 1 RM sample) whose mean verdict sign equals O.
 -- NULL when nothing could be judged (no oracle, RM disabled).
--- One chain step → trajectory → task, so rm_samples is scanned and aggregated once.
-WITH step_votes AS (
-    SELECT task_id, traj_id, step_idx, SUM(CAST(score AS BIGINT)) AS vote
-    FROM rm_samples
-    GROUP BY task_id, traj_id, step_idx
-),
-traj_votes AS (
-    SELECT v.task_id, v.traj_id,
-           SUM(v.vote) AS vote,
-           SUM(CASE WHEN s.oracle_progress IS NOT NULL THEN 1 ELSE 0 END) AS judged_steps,
-           SUM(CASE WHEN signum(CAST(v.vote AS DOUBLE)) = CAST(s.oracle_progress AS DOUBLE) THEN 1 ELSE 0 END) AS agree_steps
-    FROM step_votes v
-    JOIN steps s ON v.task_id = s.task_id AND v.traj_id = s.traj_id AND v.step_idx = s.step_idx
-    GROUP BY v.task_id, v.traj_id
+-- The per-step verdict counts come from step_rewards (reward_join aggregated rm_samples once).
+WITH traj_votes AS (
+    SELECT r.task_id, r.traj_id,
+           SUM(CAST(r.rm_pos AS BIGINT) - CAST(r.rm_neg AS BIGINT)) AS vote,
+           SUM(CASE WHEN r.rm_count > 0 THEN 1 ELSE 0 END) AS sampled_steps,
+           SUM(CASE WHEN r.rm_count > 0 AND s.oracle_progress IS NOT NULL THEN 1 ELSE 0 END) AS judged_steps,
+           SUM(CASE WHEN r.rm_count > 0
+                     AND signum(CAST(CAST(r.rm_pos AS BIGINT) - CAST(r.rm_neg AS BIGINT) AS DOUBLE)) = CAST(s.oracle_progress AS DOUBLE)
+                    THEN 1 ELSE 0 END) AS agree_steps
+    FROM step_rewards r
+    JOIN steps s ON r.task_id = s.task_id AND r.traj_id = s.traj_id AND r.step_idx = s.step_idx
+    GROUP BY r.task_id, r.traj_id
 ),
 per_task AS (
     SELECT t.run_id, t.iter, t.task_id,
@@ -25,8 +23,9 @@ per_task AS (
            SUM(CASE WHEN t.outcome > 0 THEN 1 ELSE 0 END) AS successes,
            SUM(COALESCE(tv.judged_steps, 0)) AS judged_steps,
            SUM(COALESCE(tv.agree_steps, 0)) AS agree_steps,
-           COUNT(tv.traj_id) AS judged_trajectories,
-           SUM(CASE WHEN signum(CAST(tv.vote AS DOUBLE)) = CAST(t.outcome AS DOUBLE) THEN 1 ELSE 0 END) AS agree_trajectories
+           SUM(CASE WHEN tv.sampled_steps > 0 THEN 1 ELSE 0 END) AS judged_trajectories,
+           SUM(CASE WHEN tv.sampled_steps > 0 AND signum(CAST(tv.vote AS DOUBLE)) = CAST(t.outcome AS DOUBLE)
+                    THEN 1 ELSE 0 END) AS agree_trajectories
     FROM trajectories t
     LEFT JOIN traj_votes tv ON t.task_id = tv.task_id AND t.traj_id = tv.traj_id
     GROUP BY t.run_id, t.iter, t.task_id

@@ -234,7 +234,8 @@ fn same_inputs_give_byte_identical_files() {
     a.run_small(&["--iterations", "1"]).ok();
     // b runs the relational stages over many small task ranges (chunk_rows is an execution
     // setting): the committed bytes must not change.
-    b.run_small(&["--iterations", "1", "--set", "run.chunk_rows=300"]).ok();
+    b.run_small(&["--iterations", "1", "--set", "run.chunk_rows=300"])
+        .ok();
     let digests = |f: &Fixture| {
         f.sql("SELECT stage, rows, bytes FROM stage_runs ORDER BY stage")
             .ok()
