@@ -462,11 +462,8 @@ fn write_parquet(
         .unwrap_or(std::path::Path::new("."));
     let tmp = tempfile::NamedTempFile::new_in(dir)
         .with_context(|| format!("creating a temp file in {}", dir.display()))?;
-    let mut w = parquet::arrow::ArrowWriter::try_new(
-        tmp.reopen()?,
-        schema,
-        Some(crate::store::parquet::writer_properties()),
-    )?;
+    let props = crate::store::parquet::writer_properties();
+    let mut w = parquet::arrow::ArrowWriter::try_new(tmp.reopen()?, schema, Some(props))?;
     let mut rows = 0;
     for b in batches {
         w.write(b)?;

@@ -445,7 +445,11 @@ impl Config {
             "env.synthetic.unparsable_rate",
             "must be in [0, 1]",
         );
-        check(self.rollout.n >= 1, "rollout.n", "must be at least 1");
+        check(
+            (1..=10_000).contains(&self.rollout.n),
+            "rollout.n",
+            "must be between 1 and 10000",
+        );
         check(
             self.policy.kind == "uniform",
             "policy.kind",

@@ -145,11 +145,47 @@ pub async fn execute(
     sink: &Sink,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<Vec<OutputFile>> {
-    let mut writers = stage
-        .outputs()
-        .iter()
-        .map(|t| TableWriter::new(stage.name(), t, sink))
-        .collect::<Result<Vec<_>>>()?;
+    // One writer task per output table: tables are encoded in parallel, and encoding overlaps
+    // with computing the next batches.
+    let mut senders = Vec::new();
+    let mut writers = Vec::new();
+    for table in stage.outputs() {
+        let mut writer = TableWriter::new(stage.name(), table, sink)?;
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<RecordBatch>(8);
+        senders.push((*table, tx));
+        writers.push(tokio::spawn(async move {
+            while let Some(batch) = rx.recv().await {
+                writer.push(batch).await?;
+            }
+            writer.finish().await
+        }));
+    }
+    let fed = feed(stage.clone(), ctx, &senders, on_rows).await;
+    drop(senders);
+    if let Err(e) = fed {
+        // Do not complete uploads of partial files (they would be invisible anyway).
+        writers.iter().for_each(|w| w.abort());
+        return Err(e);
+    }
+    let mut files = Vec::new();
+    for w in writers {
+        let written = w
+            .await
+            .map_err(|e| Error::data(format!("stage {}: writer task failed: {e}", stage.name())))?;
+        files.push(written?);
+    }
+    Ok(files)
+}
+
+/// Compute the stage's outputs and send each table's batches, in key order, to its writer.
+async fn feed(
+    stage: Arc<dyn Stage>,
+    ctx: &StageContext,
+    senders: &[(&'static str, tokio::sync::mpsc::Sender<RecordBatch>)],
+    on_rows: &(dyn Fn(&str, u64) + Sync),
+) -> Result<()> {
+    let closed = || Error::data(format!("stage {}: a writer stopped early", stage.name()));
+    let mut rows = vec![0u64; senders.len()];
     match (stage.partition_column(), &ctx.inputs) {
         (Some(column), Some(inputs)) => {
             let ranges = plan_ranges(ctx, inputs, column).await?;
@@ -166,9 +202,8 @@ pub async fn execute(
                         session,
                         inputs: None,
                     };
-                    let outputs = run_outputs(stage.as_ref(), &chunk).await?;
                     let mut collected = Vec::new();
-                    for (def, out) in outputs {
+                    for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
                         let stream = into_sorted_stream(stage.name(), &def, out).await?;
                         use futures::TryStreamExt;
                         collected.push(stream.try_collect::<Vec<_>>().await?);
@@ -182,37 +217,39 @@ pub async fn execute(
                 let tables = joined.map_err(|e| {
                     Error::data(format!("stage {} task failed: {e}", stage.name()))
                 })??;
-                for (writer, batches) in writers.iter_mut().zip(tables) {
+                for (i, batches) in tables.into_iter().enumerate() {
                     for batch in batches {
-                        writer.push(batch).await?;
+                        rows[i] += batch.num_rows() as u64;
+                        senders[i].1.send(batch).await.map_err(|_| closed())?;
                     }
-                    on_rows(writer.def.name, writer.rows);
+                    on_rows(senders[i].0, rows[i]);
                 }
             }
         }
         _ => {
-            let outputs = run_outputs(stage.as_ref(), ctx).await?;
-            let mut writes = Vec::new();
-            for ((def, out), mut writer) in outputs.into_iter().zip(writers.drain(..)) {
-                let stream = into_sorted_stream(stage.name(), &def, out).await?;
-                writes.push(async move {
-                    let mut batches = drain_in_background(stream);
-                    while let Some(batch) = batches.recv().await {
-                        writer.push(batch?).await?;
-                        on_rows(writer.def.name, writer.rows);
+            let mut forwards = Vec::new();
+            for (i, (def, out)) in run_outputs(stage.as_ref(), ctx)
+                .await?
+                .into_iter()
+                .enumerate()
+            {
+                let mut stream = into_sorted_stream(stage.name(), &def, out).await?;
+                let (table, tx) = &senders[i];
+                forwards.push(async move {
+                    let mut n = 0u64;
+                    while let Some(batch) = stream.next().await {
+                        let batch = batch?;
+                        n += batch.num_rows() as u64;
+                        tx.send(batch).await.map_err(|_| closed())?;
+                        on_rows(table, n);
                     }
-                    Ok::<_, Error>(writer)
+                    Ok::<_, Error>(())
                 });
             }
-            // All output tables of a stage are computed and written concurrently.
-            writers = futures::future::try_join_all(writes).await?;
+            futures::future::try_join_all(forwards).await?;
         }
     }
-    let mut files = Vec::new();
-    for w in writers {
-        files.push(w.finish().await?);
-    }
-    Ok(files)
+    Ok(())
 }
 
 /// Run the stage and match its outputs to its declared output tables, in declared order.
@@ -338,23 +375,6 @@ async fn range_session(inputs: &InputFiles, column: &str, range: &Range) -> Resu
         session.register_table(def.name, view)?;
     }
     Ok(session)
-}
-
-/// Drive a stream on its own task and hand its batches over a small channel, so that producing
-/// batches (e.g. the final merge of a sort) and encoding Parquet overlap.
-fn drain_in_background(
-    stream: SendableRecordBatchStream,
-) -> tokio::sync::mpsc::Receiver<datafusion::error::Result<RecordBatch>> {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tokio::spawn(async move {
-        let mut stream = stream;
-        while let Some(batch) = stream.next().await {
-            if tx.send(batch).await.is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// The declared type a computed column is stored as (`Utf8View` → `Utf8`).

@@ -4,51 +4,57 @@
 --   verl:      unbiased std; (R − mean)/(std + 1e-6); a group of one → R/(1 + 1e-6).
 -- Tasks whose accuracy is outside [policy_acc_min, policy_acc_max] are not included.
 --
--- Determinism: group sums are taken over DECIMAL(38,18) (exact integer arithmetic), so they do not
--- depend on how rows are partitioned across threads; replay reproduces them bit for bit.
+-- Exact group statistics in one aggregation: R is taken on a 1e-9 grid (DECIMAL(38, 9)), so
+-- Σ R, Σ R² and n·Σ R² − (Σ R)² are exact decimal arithmetic. The result does not depend on how
+-- rows are partitioned across threads (replay reproduces it bit for bit), a constant group has
+-- variance exactly 0, and a row equal to its group mean has advantage exactly 0.
 WITH acc AS (
     SELECT task_id,
            CAST(SUM(CASE WHEN outcome > 0 THEN 1 ELSE 0 END) AS DOUBLE) / CAST(COUNT(*) AS DOUBLE) AS task_acc
     FROM trajectories
     GROUP BY task_id
 ),
-grp AS (
-    SELECT task_id, step_idx, COUNT(*) AS n,
-           CAST(SUM(CAST(reward AS DECIMAL(38, 18))) AS DOUBLE) AS total
+quantized AS (
+    SELECT run_id, iter, task_id, traj_id, step_idx, reward,
+           CAST(reward AS DECIMAL(38, 9)) AS r
     FROM step_rewards
-    GROUP BY task_id, step_idx
 ),
-centered AS (
-    SELECT r.run_id, r.iter, r.task_id, r.traj_id, r.step_idx, r.reward, g.n,
-           g.total / CAST(g.n AS DOUBLE) AS mean
-    FROM step_rewards r
-    JOIN grp g ON r.task_id = g.task_id AND r.step_idx = g.step_idx
-),
-spread AS (
+grp AS (
     SELECT task_id, step_idx,
-           CAST(SUM(CAST((reward - mean) * (reward - mean) AS DECIMAL(38, 18))) AS DOUBLE) AS sq
-    FROM centered
+           COUNT(*) AS n,
+           SUM(r) AS s1,
+           SUM(r * r) AS s2
+    FROM quantized
     GROUP BY task_id, step_idx
 ),
 stats AS (
-    SELECT c.*, a.task_acc,
-           CASE WHEN ${mode} = 'verl' AND c.n > 1 THEN sqrt(s.sq / CAST(c.n - 1 AS DOUBLE))
-                ELSE sqrt(s.sq / CAST(c.n AS DOUBLE)) END AS std
-    FROM centered c
-    JOIN spread s ON c.task_id = s.task_id AND c.step_idx = s.step_idx
-    JOIN acc a ON c.task_id = a.task_id
+    SELECT task_id, step_idx, n,
+           CAST(s1 AS DOUBLE) / CAST(n AS DOUBLE) AS mean,
+           -- n² · population variance, exact
+           CAST(CAST(n AS DECIMAL(20, 0)) * s2 - s1 * s1 AS DOUBLE) AS m2
+    FROM grp
+),
+joined AS (
+    SELECT q.run_id, q.iter, q.task_id, q.traj_id, q.step_idx, q.reward,
+           CAST(q.r AS DOUBLE) AS r, g.n, g.mean, a.task_acc,
+           CASE WHEN ${mode} = 'verl' AND g.n > 1
+                THEN sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n - 1 AS DOUBLE)))
+                ELSE sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n AS DOUBLE))) END AS std
+    FROM quantized q
+    JOIN stats g ON q.task_id = g.task_id AND q.step_idx = g.step_idx
+    JOIN acc a ON q.task_id = a.task_id
 ),
 adv AS (
     SELECT *,
            CASE WHEN ${mode} = 'verl' THEN
                     CASE WHEN n = 1 THEN reward / (1.0 + ${verl_eps})
-                         ELSE (reward - mean) / (std + ${verl_eps}) END
+                         ELSE (r - mean) / (std + ${verl_eps}) END
                 ELSE
                     CASE WHEN n = 1 THEN reward
                          WHEN std <= ${min_std} THEN CAST(0 AS DOUBLE)
-                         ELSE (reward - mean) / std END
+                         ELSE (r - mean) / std END
            END AS advantage
-    FROM stats
+    FROM joined
 )
 SELECT run_id, iter, task_id, traj_id, step_idx, reward,
        CAST(n AS INT UNSIGNED) AS group_size,

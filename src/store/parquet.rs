@@ -1,6 +1,6 @@
 //! Deterministic Parquet writing with blake3 hashing on the fly.
 //!
-//! Fixed writer properties (zstd level 3, 1 Mi-row row groups, a fixed `created_by`, no
+//! Fixed writer properties (zstd level 3, 128 Ki-row row groups, a fixed `created_by`, no
 //! timestamps) make identical batches produce byte-identical files, which is what replay checks.
 
 use bytes::Bytes;
@@ -13,12 +13,16 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersi
 /// Rows per row group.
 pub const ROW_GROUP_ROWS: usize = 1 << 17;
 
-/// The one set of writer properties every committed file uses.
+/// zstd level of every committed file.
+pub const ZSTD_LEVEL: i32 = 3;
+
+/// The one set of writer properties every committed file uses: zstd, fixed row groups, chunk
+/// statistics, a fixed `created_by`.
 pub fn writer_properties() -> WriterProperties {
     WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_1_0)
         .set_compression(Compression::ZSTD(
-            ZstdLevel::try_new(3).expect("valid zstd level"),
+            ZstdLevel::try_new(ZSTD_LEVEL).expect("valid zstd level"),
         ))
         .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
         .set_statistics_enabled(EnabledStatistics::Chunk)
