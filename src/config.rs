@@ -230,7 +230,7 @@ fn default_memory() -> u64 {
     1024
 }
 fn default_chunk_rows() -> u64 {
-    2_000_000
+    1_000_000
 }
 fn default_env() -> String {
     "synthetic".into()

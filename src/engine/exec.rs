@@ -129,7 +129,7 @@ pub enum Sink {
 pub const WRITE_BATCH_ROWS: usize = 8192;
 
 /// How many task ranges of a partitioned stage run at once.
-const CHUNK_CONCURRENCY: usize = 2;
+const CHUNK_CONCURRENCY: usize = 3;
 
 /// Run a stage and write every output table through the sink. Returns the output files in the
 /// order the stage declares its outputs.
@@ -163,8 +163,15 @@ pub async fn execute(
     let fed = feed(stage.clone(), ctx, &senders, on_rows).await;
     drop(senders);
     if let Err(e) = fed {
-        // Do not complete uploads of partial files (they would be invisible anyway).
-        writers.iter().for_each(|w| w.abort());
+        // A writer that failed (e.g. a null in a non-nullable column) closed its channel: its
+        // error is the one to report. Other uploads of partial files are not completed.
+        let (done, running): (Vec<_>, Vec<_>) = writers.into_iter().partition(|w| w.is_finished());
+        running.iter().for_each(|w| w.abort());
+        for w in done {
+            if let Ok(Err(writer_error)) = w.await {
+                return Err(writer_error);
+            }
+        }
         return Err(e);
     }
     let mut files = Vec::new();

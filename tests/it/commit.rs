@@ -86,3 +86,60 @@ async fn open_refuses_changed_config() {
         "{e}"
     );
 }
+
+/// A stage whose output breaks its table's schema: the engine refuses it, names the stage and
+/// table, and commits nothing.
+struct BadStage {
+    nulls: bool,
+}
+
+#[async_trait::async_trait]
+impl rla_pipe::engine::Stage for BadStage {
+    fn name(&self) -> &'static str {
+        "bad"
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["evaluations"]
+    }
+    async fn run(
+        &self,
+        ctx: &rla_pipe::engine::StageContext,
+    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::engine::TableOutput)>> {
+        let sql = if self.nulls {
+            // task_id is declared non-nullable.
+            "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, CAST(NULL AS VARCHAR) AS task_id, \
+             CAST(1 AS INT UNSIGNED) AS rollouts, CAST(1 AS INT UNSIGNED) AS successes"
+        } else {
+            "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, 'x' AS task_id, 1.5 AS rollouts"
+        };
+        let df = ctx.session.sql(sql).await?;
+        Ok(vec![(
+            "evaluations",
+            rla_pipe::engine::TableOutput::Frame(df),
+        )])
+    }
+}
+
+#[tokio::test]
+async fn bad_stage_output_is_refused() {
+    for (nulls, needle) in [
+        (true, "does not fit schemas/evaluations.md"),
+        (false, "schemas/evaluations.md declares"),
+    ] {
+        let store = Store::open("memory://").unwrap();
+        let dag = Dag::new(vec![std::sync::Arc::new(BadStage { nulls })]).unwrap();
+        let e = Engine::open(store.clone(), "bad", config(), dag)
+            .await
+            .unwrap();
+        let err = e.run(1, None).await.unwrap_err().to_string();
+        assert!(err.contains("stage bad") && err.contains(needle), "{err}");
+        let committed = store
+            .list(&object_store::path::Path::from("bad/_commits"))
+            .await
+            .unwrap();
+        assert!(
+            committed.is_empty(),
+            "nothing may be committed: {committed:?}"
+        );
+    }
+}
