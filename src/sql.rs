@@ -43,6 +43,7 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
         exec::check_sizes(store, &fs).await?;
         exec::register_files(
             &ctx,
+            store,
             def.name,
             &def,
             &fs.into_iter().map(|f| f.path).collect::<Vec<_>>(),

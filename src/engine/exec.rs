@@ -56,6 +56,7 @@ pub fn new_session(
 /// table's declared schema. No files → an empty table with that schema.
 pub fn register_files(
     ctx: &SessionContext,
+    store: &Store,
     name: &str,
     def: &TableDef,
     files: &[String],
@@ -65,7 +66,7 @@ pub fn register_files(
     } else {
         let urls = files
             .iter()
-            .map(|p| ListingTableUrl::parse(format!("{}{p}", store::DATAFUSION_URL)))
+            .map(|p| ListingTableUrl::parse(store.datafusion_url(p)))
             .collect::<datafusion::error::Result<Vec<_>>>()?;
         // Every committed file is sorted by the table's key: telling DataFusion lets it stream
         // ordered aggregations and skip sorts.
@@ -366,6 +367,7 @@ async fn range_session(inputs: &InputFiles, column: &str, range: &Range) -> Resu
         let hidden = format!("__committed_{}", def.name);
         register_files(
             &session,
+            &inputs.store,
             &hidden,
             def,
             &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
@@ -477,7 +479,10 @@ impl TableWriter {
                 attempt,
             } => {
                 let path = layout::data_file(run_id, def.name, *iter, attempt);
-                let w = object_store::buffered::BufWriter::new(store.object_store(), path.clone());
+                let w = object_store::buffered::BufWriter::new(
+                    store.object_store(),
+                    store.location(&path),
+                );
                 (path.to_string(), Some(w))
             }
             Sink::HashOnly => (String::new(), None),

@@ -366,6 +366,7 @@ pub async fn build_context(
             let def = schema::table_def(table).expect("known table");
             exec::register_files(
                 &session,
+                store,
                 def.name,
                 &def,
                 &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),

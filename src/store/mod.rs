@@ -12,7 +12,6 @@ use futures::TryStreamExt;
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
-use object_store::prefix::PrefixStore;
 use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, PutPayload};
 
 use crate::error::{Error, Result};
@@ -20,35 +19,45 @@ use crate::error::{Error, Result};
 /// The URL DataFusion knows the store under.
 pub const DATAFUSION_URL: &str = "rla://store/";
 
-/// A store opened from a URL. Paths are relative to the store root (`<run_id>/...`).
+/// A store opened from a URL. Paths are relative to the store root (`<run_id>/...`). A URL's
+/// prefix (`s3://bucket/prefix`) is applied here rather than with object_store's `PrefixStore`,
+/// whose `head` returns un-stripped locations (DataFusion then silently skips the files).
 #[derive(Clone, Debug)]
 pub struct Store {
     url: String,
     inner: Arc<dyn ObjectStore>,
+    prefix: Option<Path>,
 }
 
 impl Store {
     /// Open a store: a path (`./runs`, `/abs/runs`), `file://PATH`, `memory://`, `s3://bucket[/prefix]`
     /// (AWS_* variables; `AWS_ENDPOINT_URL` for S3-compatible servers), and with the cargo features
-    /// `gcp` / `azure`, `gs://` and `az://`.
+    /// `gcp` / `azure`, `gs://bucket[/prefix]` and `az://container[/prefix]`.
     pub fn open(url: &str) -> Result<Store> {
+        let mut prefix = "";
         let inner: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("memory://") {
             if !rest.is_empty() {
                 return Err(Error::store(format!("{url}: memory:// takes no path")));
             }
             Arc::new(InMemory::new())
         } else if let Some(rest) = url.strip_prefix("s3://") {
-            let (bucket, prefix) = split_bucket(url, rest)?;
+            let (bucket, p) = split_bucket(url, rest)?;
+            prefix = p;
             let s3 = object_store::aws::AmazonS3Builder::from_env()
                 .with_bucket_name(bucket)
+                .with_retry(retry())
                 .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
                 .build()
                 .map_err(|e| Error::store(format!("{url}: {e}")))?;
-            with_prefix(Arc::new(s3), prefix)
+            Arc::new(s3)
         } else if let Some(rest) = url.strip_prefix("gs://") {
-            open_gcs(url, rest)?
+            let (bucket, p) = split_bucket(url, rest)?;
+            prefix = p;
+            open_gcs(url, bucket)?
         } else if let Some(rest) = url.strip_prefix("az://") {
-            open_azure(url, rest)?
+            let (container, p) = split_bucket(url, rest)?;
+            prefix = p;
+            open_azure(url, container)?
         } else if let Some(rest) = url.strip_prefix("file://") {
             local(url, rest)?
         } else if url.contains("://") {
@@ -59,9 +68,11 @@ impl Store {
         } else {
             local(url, url)?
         };
+        let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
         Ok(Store {
             url: url.to_string(),
             inner,
+            prefix,
         })
     }
 
@@ -69,8 +80,33 @@ impl Store {
         &self.url
     }
 
+    /// The underlying object store; its locations include the URL's prefix ([`Store::location`]).
     pub fn object_store(&self) -> Arc<dyn ObjectStore> {
         self.inner.clone()
+    }
+
+    /// The object-store location of a store-relative path.
+    pub fn location(&self, path: &Path) -> Path {
+        match &self.prefix {
+            Some(p) => p.parts().chain(path.parts()).collect(),
+            None => path.clone(),
+        }
+    }
+
+    /// The store-relative path of an object-store location.
+    fn relative(&self, location: Path) -> Path {
+        match &self.prefix {
+            Some(p) => {
+                let stripped: Option<Path> = location.prefix_match(p).map(|rest| rest.collect());
+                stripped.unwrap_or(location)
+            }
+            None => location,
+        }
+    }
+
+    /// The URL DataFusion reads a store-relative path under (see [`DATAFUSION_URL`]).
+    pub fn datafusion_url(&self, path: &str) -> String {
+        format!("{DATAFUSION_URL}{}", self.location(&Path::from(path)))
     }
 
     fn err(&self, path: &Path, e: object_store::Error) -> Error {
@@ -79,7 +115,7 @@ impl Store {
 
     /// Read a whole object; `Ok(None)` if it does not exist.
     pub async fn get_opt(&self, path: &Path) -> Result<Option<Bytes>> {
-        match self.inner.get(path).await {
+        match self.inner.get(&self.location(path)).await {
             Ok(r) => Ok(Some(r.bytes().await.map_err(|e| self.err(path, e))?)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(path, e)),
@@ -98,7 +134,7 @@ impl Store {
 
     /// Size of an object; `Ok(None)` if missing.
     pub async fn size(&self, path: &Path) -> Result<Option<u64>> {
-        match self.inner.head(path).await {
+        match self.inner.head(&self.location(path)).await {
             Ok(m) => Ok(Some(m.size)),
             Err(object_store::Error::NotFound { .. }) => Ok(None),
             Err(e) => Err(self.err(path, e)),
@@ -114,7 +150,7 @@ impl Store {
         };
         match self
             .inner
-            .put_opts(path, PutPayload::from(bytes), opts)
+            .put_opts(&self.location(path), PutPayload::from(bytes), opts)
             .await
         {
             Ok(_) => Ok(()),
@@ -126,13 +162,15 @@ impl Store {
         }
     }
 
-    /// Names of the direct children "directories" under a prefix.
+    /// Names of the direct children "directories" under a store-relative prefix.
     pub async fn list_dirs(&self, prefix: Option<&Path>) -> Result<Vec<String>> {
+        let root = Path::from("");
+        let at = self.location(prefix.unwrap_or(&root));
         let res = self
             .inner
-            .list_with_delimiter(prefix)
+            .list_with_delimiter((!at.as_ref().is_empty()).then_some(&at))
             .await
-            .map_err(|e| self.err(prefix.unwrap_or(&Path::from("")), e))?;
+            .map_err(|e| self.err(prefix.unwrap_or(&root), e))?;
         let mut names: Vec<String> = res
             .common_prefixes
             .iter()
@@ -142,20 +180,37 @@ impl Store {
         Ok(names)
     }
 
-    /// Every object under a prefix (recursively), sorted by path.
+    /// Every object under a store-relative prefix (recursively), sorted, with store-relative
+    /// locations.
     pub async fn list(&self, prefix: &Path) -> Result<Vec<object_store::ObjectMeta>> {
-        let mut all: Vec<_> = self
+        let mut all: Vec<object_store::ObjectMeta> = self
             .inner
-            .list(Some(prefix))
+            .list(Some(&self.location(prefix)))
             .try_collect()
             .await
             .map_err(|e| self.err(prefix, e))?;
+        for meta in &mut all {
+            meta.location = self.relative(std::mem::take(&mut meta.location));
+        }
         all.sort_by(|a, b| a.location.cmp(&b.location));
         Ok(all)
     }
 
     pub async fn delete(&self, path: &Path) -> Result<()> {
-        self.inner.delete(path).await.map_err(|e| self.err(path, e))
+        self.inner
+            .delete(&self.location(path))
+            .await
+            .map_err(|e| self.err(path, e))
+    }
+}
+
+/// Retries for remote stores: a few quick attempts, so an unreachable store fails in seconds
+/// with a clear error instead of hanging.
+fn retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(30),
+        ..Default::default()
     }
 }
 
@@ -165,14 +220,6 @@ fn split_bucket<'a>(url: &str, rest: &'a str) -> Result<(&'a str, &'a str)> {
         return Err(Error::store(format!("{url}: missing bucket name")));
     }
     Ok((bucket, prefix.trim_matches('/')))
-}
-
-fn with_prefix(store: Arc<dyn ObjectStore>, prefix: &str) -> Arc<dyn ObjectStore> {
-    if prefix.is_empty() {
-        store
-    } else {
-        Arc::new(PrefixStore::new(store, prefix))
-    }
 }
 
 fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
@@ -187,34 +234,34 @@ fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
 }
 
 #[cfg(feature = "gcp")]
-fn open_gcs(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
-    let (bucket, prefix) = split_bucket(url, rest)?;
+fn open_gcs(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
     let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
         .with_bucket_name(bucket)
+        .with_retry(retry())
         .build()
         .map_err(|e| Error::store(format!("{url}: {e}")))?;
-    Ok(with_prefix(Arc::new(gcs), prefix))
+    Ok(Arc::new(gcs))
 }
 
 #[cfg(not(feature = "gcp"))]
-fn open_gcs(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
+fn open_gcs(url: &str, _bucket: &str) -> Result<Arc<dyn ObjectStore>> {
     Err(Error::store(format!(
         "{url}: this build has no gs:// support (rebuild with `--features gcp`)"
     )))
 }
 
 #[cfg(feature = "azure")]
-fn open_azure(url: &str, rest: &str) -> Result<Arc<dyn ObjectStore>> {
-    let (container, prefix) = split_bucket(url, rest)?;
+fn open_azure(url: &str, container: &str) -> Result<Arc<dyn ObjectStore>> {
     let az = object_store::azure::MicrosoftAzureBuilder::from_env()
         .with_container_name(container)
+        .with_retry(retry())
         .build()
         .map_err(|e| Error::store(format!("{url}: {e}")))?;
-    Ok(with_prefix(Arc::new(az), prefix))
+    Ok(Arc::new(az))
 }
 
 #[cfg(not(feature = "azure"))]
-fn open_azure(url: &str, _rest: &str) -> Result<Arc<dyn ObjectStore>> {
+fn open_azure(url: &str, _container: &str) -> Result<Arc<dyn ObjectStore>> {
     Err(Error::store(format!(
         "{url}: this build has no az:// support (rebuild with `--features azure`)"
     )))

@@ -499,3 +499,23 @@ fn corrupt_files_are_named() {
     f.run_small(&["--iterations", "1"])
         .fails(1, &["corrupt manifest small/run.json"]);
 }
+
+#[test]
+fn unreachable_store_is_a_clear_error() {
+    let f = Fixture::new();
+    let cfg = f.config().display().to_string();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    cmd.args(["run", &cfg, "--store", "s3://bucket/prefix"])
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_ACCESS_KEY_ID", "x")
+        .env("AWS_SECRET_ACCESS_KEY", "y")
+        .env("AWS_REGION", "us-east-1");
+    let started = std::time::Instant::now();
+    crate::Run::from(cmd.output().unwrap()).fails(1, &["store error", "s3://bucket/prefix"]);
+    assert!(
+        started.elapsed().as_secs() < 60,
+        "gave up after {:?}",
+        started.elapsed()
+    );
+}

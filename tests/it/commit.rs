@@ -65,6 +65,10 @@ async fn memory_store_runs_and_verifies() {
         .unwrap();
     assert_eq!(report.len(), 8);
     assert!(report.iter().all(|v| v.how == "replayed"));
+    let rows = |t: &str| report.iter().find(|v| v.table == t).unwrap().rows;
+    assert!(rows("steps") > 0);
+    assert_eq!(rows("step_rewards"), rows("steps"));
+    assert_eq!(rows("rm_advantages"), rows("rm_samples"));
 }
 
 #[tokio::test]
