@@ -191,7 +191,7 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("digest", Utf8, false),
                 f("config_hash", Utf8, false),
                 f("code_version", Utf8, false),
-                f("committed_at", Utf8, false),
+                f("started_at", Utf8, false),
             ],
         ),
     ]

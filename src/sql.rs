@@ -72,7 +72,7 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
     let mut digest = StringBuilder::new();
     let mut config_hash = StringBuilder::new();
     let mut code_version = StringBuilder::new();
-    let mut committed_at = StringBuilder::new();
+    let mut started_at = StringBuilder::new();
     for r in runs {
         for (i, it) in &r.iters {
             for c in it.stages.values() {
@@ -87,7 +87,7 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
                 digest.append_value(&c.digest);
                 config_hash.append_value(&m.config_hash);
                 code_version.append_value(&m.code_version);
-                committed_at.append_value(&m.started_at);
+                started_at.append_value(&m.started_at);
             }
         }
     }
@@ -104,7 +104,7 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
             Arc::new(digest.finish()),
             Arc::new(config_hash.finish()),
             Arc::new(code_version.finish()),
-            Arc::new(committed_at.finish()),
+            Arc::new(started_at.finish()),
         ],
     )?)
 }

@@ -80,20 +80,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::stages::testutil::{ctx, output, register};
-
-    fn s(v: &[&str]) -> Arc<StringArray> {
-        Arc::new(StringArray::from(v.to_vec()))
-    }
-    fn u(v: &[u32]) -> Arc<UInt32Array> {
-        Arc::new(UInt32Array::from(v.to_vec()))
-    }
-    fn f(v: &[f64]) -> Arc<Float64Array> {
-        Arc::new(Float64Array::from(v.to_vec()))
-    }
-    fn i8s(v: &[i8]) -> Arc<Int8Array> {
-        Arc::new(Int8Array::from(v.to_vec()))
-    }
+    use crate::stages::testutil::{ctx, f, i8s, output, register, s, u};
 
     /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
     /// step_rewards as in the comments; rm_samples for the RM golden table.

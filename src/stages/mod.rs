@@ -79,6 +79,19 @@ pub(crate) mod testutil {
         }
     }
 
+    pub fn s(v: &[&str]) -> Arc<arrow::array::StringArray> {
+        Arc::new(arrow::array::StringArray::from(v.to_vec()))
+    }
+    pub fn u(v: &[u32]) -> Arc<arrow::array::UInt32Array> {
+        Arc::new(arrow::array::UInt32Array::from(v.to_vec()))
+    }
+    pub fn f(v: &[f64]) -> Arc<arrow::array::Float64Array> {
+        Arc::new(arrow::array::Float64Array::from(v.to_vec()))
+    }
+    pub fn i8s(v: &[i8]) -> Arc<arrow::array::Int8Array> {
+        Arc::new(arrow::array::Int8Array::from(v.to_vec()))
+    }
+
     /// Register `table` from columns given without `run_id` / `iter` (filled with "r" / 0).
     pub fn register(ctx: &StageContext, table: &str, columns: Vec<ArrayRef>) {
         let def = schema::table_def(table).unwrap();

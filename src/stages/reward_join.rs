@@ -45,17 +45,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::stages::testutil::{ctx, output, register};
-
-    fn s(v: &[&str]) -> Arc<StringArray> {
-        Arc::new(StringArray::from(v.to_vec()))
-    }
-    fn u(v: &[u32]) -> Arc<UInt32Array> {
-        Arc::new(UInt32Array::from(v.to_vec()))
-    }
-    fn i8s(v: &[i8]) -> Arc<Int8Array> {
-        Arc::new(Int8Array::from(v.to_vec()))
-    }
+    use crate::stages::testutil::{ctx, i8s, output, register, s, u};
 
     /// Golden table, computed by hand: two trajectories of task A (won, lost), one step each plus
     /// a second step for the winner; m = 3 samples, one unparsable; one step without samples.

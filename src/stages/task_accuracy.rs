@@ -42,14 +42,7 @@ mod tests {
 
     use super::*;
     use crate::config::Config;
-    use crate::stages::testutil::{ctx, output, register};
-
-    fn s(v: &[&str]) -> Arc<StringArray> {
-        Arc::new(StringArray::from(v.to_vec()))
-    }
-    fn u(v: &[u32]) -> Arc<UInt32Array> {
-        Arc::new(UInt32Array::from(v.to_vec()))
-    }
+    use crate::stages::testutil::{ctx, output, register, s, u};
 
     /// Golden: task A has 3 rollouts (2 won). Steps with oracle labels: A-0/0 (+1, votes +1+1-1 →
     /// +1 agree), A-0/1 (-1, votes +1 0 -1 → tie, disagree), A-1/0 (-1, votes -1-1-1 → agree),
