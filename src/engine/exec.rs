@@ -291,9 +291,9 @@ async fn run_outputs(
 
 /// A half-open range `[lo, hi)` of the partition column; `None` = unbounded.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Range {
-    pub lo: Option<String>,
-    pub hi: Option<String>,
+struct Range {
+    lo: Option<String>,
+    hi: Option<String>,
 }
 
 /// Split the partition column's values into contiguous ranges of about `run.chunk_rows` input
@@ -313,6 +313,14 @@ async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> R
     };
     if chunks == 1 {
         return Ok(vec![Range { lo: None, hi: None }]);
+    }
+    let field = smallest.schema.field_with_name(column)?;
+    if field.data_type() != &DataType::Utf8 {
+        return Err(Error::data(format!(
+            "partition column {column} of table {} must be Utf8, not {}",
+            smallest.name,
+            field.data_type()
+        )));
     }
     let df = ctx
         .session

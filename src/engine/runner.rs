@@ -18,13 +18,6 @@ use crate::store::manifest::{
 };
 use crate::store::{Store, layout};
 
-/// What `run` did with one stage.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StageEvent {
-    Ran { iter: u32, stage: String },
-    Skipped { iter: u32, stage: String },
-}
-
 /// Runs one run's DAG over a store.
 pub struct Engine {
     store: Store,
@@ -91,7 +84,7 @@ impl Engine {
 
     /// Bring the run to `iterations` committed iterations, skipping every stage already
     /// committed. With `until`, stop after that stage of the last iteration it reaches.
-    pub async fn run(&self, iterations: u32, until: Option<&str>) -> Result<Vec<StageEvent>> {
+    pub async fn run(&self, iterations: u32, until: Option<&str>) -> Result<()> {
         if let Some(u) = until
             && self.dag.stage(u).is_none()
         {
@@ -101,7 +94,6 @@ impl Engine {
                 names.join(", ")
             )));
         }
-        let mut events = Vec::new();
         for iter in 0..iterations {
             if self
                 .store
@@ -109,12 +101,6 @@ impl Engine {
                 .await?
                 .is_some()
             {
-                for s in self.dag.stages() {
-                    events.push(StageEvent::Skipped {
-                        iter,
-                        stage: s.name().to_string(),
-                    });
-                }
                 self.say(format!("iter {iter:>3}  already committed"));
                 continue;
             }
@@ -125,28 +111,17 @@ impl Engine {
                     match catalog::read_stage(&self.store, &self.run_id, iter, stage.name()).await?
                     {
                         Some(c) => {
-                            events.push(StageEvent::Skipped {
-                                iter,
-                                stage: stage.name().to_string(),
-                            });
                             self.say(format!(
                                 "iter {iter:>3}  {:<16} committed earlier, skipped",
                                 stage.name()
                             ));
                             c
                         }
-                        None => {
-                            let c = self.run_stage(iter, stage, &mut done).await?;
-                            events.push(StageEvent::Ran {
-                                iter,
-                                stage: stage.name().to_string(),
-                            });
-                            c
-                        }
+                        None => self.run_stage(iter, stage, &mut done).await?,
                     };
                 done.insert((iter, stage.name().to_string()), committed);
                 if until == Some(stage.name()) {
-                    return Ok(events);
+                    return Ok(());
                 }
             }
             let it = IterationManifest {
@@ -165,20 +140,21 @@ impl Engine {
                     .collect(),
                 seconds: started.elapsed().as_secs_f64(),
             };
-            self.store
-                .put_if_absent(
-                    &layout::iteration_manifest(&self.run_id, iter),
-                    manifest::to_bytes(&it),
-                )
-                .await?;
-            let rows: Vec<String> = done
-                .values()
-                .flat_map(|c| {
-                    c.manifest
-                        .outputs
-                        .iter()
-                        .map(|o| format!("{} {}", o.table, o.rows))
-                })
+            let path = layout::iteration_manifest(&self.run_id, iter);
+            match self
+                .store
+                .put_if_absent(&path, manifest::to_bytes(&it))
+                .await
+            {
+                // Another writer finished the same iteration first: it is complete either way.
+                Ok(()) | Err(Error::CommitConflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+            let rows: Vec<String> = it
+                .stages
+                .iter()
+                .flat_map(|s| done[&(iter, s.stage.clone())].manifest.outputs.iter())
+                .map(|o| format!("{} {}", o.table, o.rows))
                 .collect();
             self.say(format!(
                 "iter {iter:>3}  committed in {:.1}s · {}",
@@ -186,7 +162,7 @@ impl Engine {
                 rows.join(" · ")
             ));
         }
-        Ok(events)
+        Ok(())
     }
 
     /// Execute one stage of one iteration and commit it, without the resume check: if the stage
