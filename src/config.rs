@@ -74,6 +74,30 @@ pub struct EnvConfig {
     /// Knobs of the `synthetic` environment.
     #[serde(default)]
     pub synthetic: SyntheticConfig,
+    /// Difficulty distribution of the `gridnav` environment.
+    #[serde(default)]
+    pub gridnav: GridNavConfig,
+}
+
+/// `[env.gridnav]`: the difficulty distribution of generated gridnav tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GridNavConfig {
+    /// Grid side length.
+    #[serde(default = "default_grid_size")]
+    pub size: u32,
+    /// Probability that a cell is a wall.
+    #[serde(default = "default_wall_density")]
+    pub wall_density: f64,
+    /// Shortest start→goal path length, lower bound.
+    #[serde(default = "default_min_distance")]
+    pub min_distance: u32,
+    /// Shortest start→goal path length, upper bound.
+    #[serde(default = "default_max_distance")]
+    pub max_distance: u32,
+    /// Step budget = ceil(budget_factor × shortest path length).
+    #[serde(default = "default_budget_factor")]
+    pub budget_factor: f64,
 }
 
 /// `[env.synthetic]`: a seeded generator of trajectories, oracle labels and RM verdicts.
@@ -232,6 +256,21 @@ fn default_memory() -> u64 {
 fn default_chunk_rows() -> u64 {
     1_000_000
 }
+fn default_grid_size() -> u32 {
+    6
+}
+fn default_wall_density() -> f64 {
+    0.2
+}
+fn default_min_distance() -> u32 {
+    2
+}
+fn default_max_distance() -> u32 {
+    4
+}
+fn default_budget_factor() -> f64 {
+    4.0
+}
 fn default_env() -> String {
     "synthetic".into()
 }
@@ -305,6 +344,7 @@ macro_rules! default_from_empty {
 default_from_empty!(
     EnvConfig,
     SyntheticConfig,
+    GridNavConfig,
     RolloutConfig,
     PolicyConfig,
     RewardModelConfig,
@@ -416,9 +456,38 @@ impl Config {
             "must be at least 64",
         );
         check(
-            self.env.name == "synthetic",
+            matches!(self.env.name.as_str(), "synthetic" | "gridnav"),
             "env.name",
-            "unknown environment (this build has: synthetic)",
+            "unknown environment (this build has: synthetic, gridnav)",
+        );
+        check(
+            self.env.name == "synthetic" || !self.reward_model.enabled,
+            "reward_model.enabled",
+            "the generative reward model is not in this build yet: with a real environment set \
+             reward_model.enabled = false (outcome-only reward, R = O)",
+        );
+        let g = &self.env.gridnav;
+        check(
+            (2..=64).contains(&g.size),
+            "env.gridnav.size",
+            "must be between 2 and 64",
+        );
+        check(
+            (0.0..0.9).contains(&g.wall_density),
+            "env.gridnav.wall_density",
+            "must be in [0, 0.9)",
+        );
+        check(
+            1 <= g.min_distance
+                && g.min_distance <= g.max_distance
+                && g.max_distance < g.size * g.size,
+            "env.gridnav.min_distance",
+            "need 1 <= min_distance <= max_distance < size²",
+        );
+        check(
+            g.budget_factor >= 1.0,
+            "env.gridnav.budget_factor",
+            "must be at least 1",
         );
         check(
             self.env.initial_tasks >= 1,
@@ -724,6 +793,19 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("reward.lambda"), "{e}");
+    }
+
+    #[test]
+    fn gridnav_needs_the_outcome_only_reward_for_now() {
+        let text = "[run]\nname = 't'\n[env]\nname = 'gridnav'\n";
+        let e = Config::from_toml(text, "t").unwrap_err().to_string();
+        assert!(e.contains("reward_model.enabled"), "{e}");
+        let ok = "[run]\nname = 't'\n[env]\nname = 'gridnav'\n[reward_model]\nenabled = false\n";
+        Config::from_toml(ok, "t").unwrap();
+        let e = Config::from_toml_with_sets(ok, "t", &["env.gridnav.min_distance=9".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("env.gridnav.min_distance"), "{e}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! - [`store`]: object_store URLs, the layout, manifests, deterministic Parquet.
 //! - [`engine`]: the DAG, the runner (resume), replay, reading committed state.
 //! - [`stages`]: one file per stage; relational stages keep their SQL beside them.
+//! - [`env`]: environments (the `Environment` trait, gridnav).
 //! - [`schema`]: the Arrow schema of every table (documented in `schemas/`).
 //! - [`sql`]: the read-only query session of `rla-pipe sql`.
 //! - [`cli`]: clap only.
@@ -12,6 +13,7 @@
 pub mod cli;
 pub mod config;
 pub mod engine;
+pub mod env;
 pub mod error;
 pub mod schema;
 pub mod sql;

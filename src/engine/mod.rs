@@ -134,14 +134,20 @@ impl Dag {
     }
 
     /// The DAG a config runs. Environments, models and adaptation plug in here.
-    pub fn for_config(_cfg: &Config) -> Result<Dag> {
+    pub fn for_config(cfg: &Config) -> Result<Dag> {
         use crate::stages;
-        Dag::new(vec![
-            Arc::new(stages::synthetic::Synthetic),
-            Arc::new(stages::reward_join::RewardJoin),
-            Arc::new(stages::advantage::Advantage),
-            Arc::new(stages::task_accuracy::TaskAccuracy),
-        ])
+        let mut dag: Vec<Arc<dyn Stage>> = match cfg.env.name.as_str() {
+            "synthetic" => vec![Arc::new(stages::synthetic::Synthetic)],
+            _ => vec![
+                Arc::new(stages::pool::Pool),
+                Arc::new(stages::rollout::Rollout),
+                Arc::new(stages::rm_score::RmScore),
+            ],
+        };
+        dag.push(Arc::new(stages::reward_join::RewardJoin));
+        dag.push(Arc::new(stages::advantage::Advantage));
+        dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
+        Dag::new(dag)
     }
 
     pub fn stages(&self) -> &[Arc<dyn Stage>] {

@@ -153,7 +153,16 @@ pub async fn verify(
                 tables,
             ));
         }
-        let (ctx, _) = build_context(store, run_id, iter, m.seed, config.clone(), &inputs).await?;
+        let (ctx, _) = build_context(
+            store,
+            run_id,
+            iter,
+            m.seed,
+            config.clone(),
+            stage.inputs(),
+            &inputs,
+        )
+        .await?;
         let outputs = exec::execute(stage.clone(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
         for out in outputs {
             let committed = m

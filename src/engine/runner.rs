@@ -192,12 +192,9 @@ impl Engine {
     ) -> Result<Vec<(Committed, Vec<&'static str>)>> {
         let mut by_producer: BTreeMap<(u32, &'static str), Vec<&'static str>> = BTreeMap::new();
         for src in self.dag.sources(stage.name()) {
+            // Iteration 0 has no previous iteration: the table is empty.
             let Some(from) = iter.checked_sub(src.iter_offset) else {
-                return Err(Error::data(format!(
-                    "stage {} reads {} from the previous iteration, and iteration 0 has none",
-                    stage.name(),
-                    src.table
-                )));
+                continue;
             };
             by_producer
                 .entry((from, src.stage))
@@ -238,6 +235,7 @@ impl Engine {
             iter,
             seed,
             self.config.clone(),
+            stage.inputs(),
             &inputs,
         )
         .await?;
@@ -324,6 +322,7 @@ pub async fn build_context(
     iter: u32,
     seed: u64,
     config: Arc<Config>,
+    declared: &[&'static str],
     inputs: &[(Committed, Vec<&'static str>)],
 ) -> Result<(StageContext, Vec<InputRef>)> {
     let session = exec::new_session(store, config.run.memory_limit_mib, None)?;
@@ -355,6 +354,15 @@ pub async fn build_context(
             path: c.path.clone(),
             digest: c.digest.clone(),
         });
+    }
+    // A declared input no committed manifest provides (the previous iteration's table at
+    // iteration 0) is an empty table.
+    for table in declared {
+        if !inputs.iter().any(|(_, ts)| ts.contains(table)) {
+            let def = schema::table_def(table).expect("known table");
+            exec::register_files(&session, store, def.name, &def, &[])?;
+            tables_in.push((def, Vec::new()));
+        }
     }
     Ok((
         StageContext {

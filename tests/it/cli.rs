@@ -519,3 +519,74 @@ fn unreachable_store_is_a_clear_error() {
         started.elapsed()
     );
 }
+
+#[test]
+fn gridnav_pipeline_runs_replays_and_is_deterministic() {
+    let a = Fixture::new();
+    let b = Fixture::new();
+    let pipeline = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+    for f in [&a, &b] {
+        let store = f.store_arg();
+        f.rla(&[
+            "run",
+            pipeline,
+            "--store",
+            &store,
+            "--iterations",
+            "2",
+            "--set",
+            "env.initial_tasks=16",
+        ])
+        .ok();
+    }
+    let q = "SELECT stage, rows, bytes FROM stage_runs ORDER BY iter, stage";
+    assert_eq!(
+        a.sql(q).ok().stdout,
+        b.sql(q).ok().stdout,
+        "same seed, same bytes"
+    );
+    // The pool is fixed per run; every task gets n = 8 rollouts; every step has an oracle label.
+    assert_eq!(
+        a.sql("SELECT count(DISTINCT task_id) FROM tasks")
+            .ok()
+            .scalar(),
+        "16"
+    );
+    assert_eq!(
+        a.sql("SELECT count(*) FROM trajectories").ok().scalar(),
+        (2 * 16 * 8).to_string()
+    );
+    assert_eq!(
+        a.sql("SELECT count(*) FROM steps WHERE oracle_progress IS NULL")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    let q = "SELECT count(*) FROM trajectories t JOIN (SELECT iter, traj_id, count(*) AS n FROM steps GROUP BY iter, traj_id) s \
+             ON t.iter = s.iter AND t.traj_id = s.traj_id WHERE t.num_steps <> s.n";
+    assert_eq!(a.sql(q).ok().scalar(), "0");
+    // Outcome-only reward: R = O on every step, no RM samples, no RM accuracy.
+    assert_eq!(a.sql("SELECT count(*) FROM rm_samples").ok().scalar(), "0");
+    assert_eq!(
+        a.sql("SELECT count(*) FROM step_rewards WHERE reward <> CAST(outcome AS DOUBLE)")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    assert_eq!(
+        a.sql("SELECT count(*) FROM task_accuracy WHERE rm_process_acc IS NOT NULL")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    for iter in ["0", "1"] {
+        let r = a
+            .rla(&["replay", "--run", "gridnav", "--iter", iter, "--verify"])
+            .ok();
+        assert!(
+            r.stdout.contains("ok  rollout") && r.stdout.contains("ok  pool"),
+            "{}",
+            r.stdout
+        );
+    }
+}

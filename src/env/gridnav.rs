@@ -1,0 +1,527 @@
+//! `gridnav`: a grid with walls, a start and a goal.
+//!
+//! Observation: `at X Y goal north east blocked west` — the position, the goal's direction, and
+//! the blocked neighbours: enough for a small model to learn in minutes. Actions: `north`,
+//! `south`, `east`, `west` (always admissible; walking into a wall or the border wastes the step).
+//! Oracle: +1 when a step reduced the BFS distance to the goal. Difficulty: grid size, wall
+//! density, shortest-path length and the step budget.
+
+use std::collections::VecDeque;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use crate::config::GridNavConfig;
+use crate::engine::derive_seed;
+use crate::error::{Error, Result};
+use crate::stages::synthetic::Rng;
+
+pub const ACTIONS: [&str; 4] = ["north", "south", "east", "west"];
+const MOVES: [(i32, i32); 4] = [(0, -1), (0, 1), (1, 0), (-1, 0)];
+
+/// A gridnav task.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    pub width: u32,
+    pub height: u32,
+    /// Wall cells, sorted.
+    pub walls: Vec<[u32; 2]>,
+    pub start: [u32; 2],
+    pub goal: [u32; 2],
+    /// Step budget.
+    pub budget: u32,
+}
+
+impl Spec {
+    fn parse(v: &Value) -> Result<Spec> {
+        let s: Spec = serde_json::from_value(v.clone())
+            .map_err(|e| Error::Environment(format!("gridnav: invalid task spec: {e}")))?;
+        let inside = |p: [u32; 2]| p[0] < s.width && p[1] < s.height;
+        if s.width == 0 || s.height == 0 || s.width > 256 || s.height > 256 {
+            return Err(Error::Environment(
+                "gridnav: width and height must be 1..=256".into(),
+            ));
+        }
+        if !inside(s.start) || !inside(s.goal) || s.walls.iter().any(|w| !inside(*w)) {
+            return Err(Error::Environment(
+                "gridnav: a cell lies outside the grid".into(),
+            ));
+        }
+        if s.walls.contains(&s.start) || s.walls.contains(&s.goal) {
+            return Err(Error::Environment(
+                "gridnav: start or goal is a wall".into(),
+            ));
+        }
+        if s.budget == 0 {
+            return Err(Error::Environment(
+                "gridnav: budget must be at least 1".into(),
+            ));
+        }
+        Ok(s)
+    }
+
+    fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("spec serializes")
+    }
+
+    fn idx(&self, p: [u32; 2]) -> usize {
+        (p[1] * self.width + p[0]) as usize
+    }
+
+    fn wall_map(&self) -> Vec<bool> {
+        let mut m = vec![false; (self.width * self.height) as usize];
+        for w in &self.walls {
+            m[self.idx(*w)] = true;
+        }
+        m
+    }
+
+    fn neighbour(&self, p: [u32; 2], a: usize) -> Option<[u32; 2]> {
+        let (dx, dy) = MOVES[a];
+        let (x, y) = (p[0] as i32 + dx, p[1] as i32 + dy);
+        (x >= 0 && y >= 0 && (x as u32) < self.width && (y as u32) < self.height)
+            .then_some([x as u32, y as u32])
+    }
+
+    /// BFS distance of every cell to the goal (`u32::MAX`: unreachable or wall).
+    pub fn distances(&self) -> Vec<u32> {
+        let walls = self.wall_map();
+        let mut d = vec![u32::MAX; walls.len()];
+        let mut q = VecDeque::from([self.goal]);
+        d[self.idx(self.goal)] = 0;
+        while let Some(p) = q.pop_front() {
+            for a in 0..4 {
+                if let Some(n) = self.neighbour(p, a) {
+                    let i = self.idx(n);
+                    if !walls[i] && d[i] == u32::MAX {
+                        d[i] = d[self.idx(p)] + 1;
+                        q.push_back(n);
+                    }
+                }
+            }
+        }
+        d
+    }
+
+    /// Length of the shortest path from start to goal, if any.
+    pub fn shortest_path(&self) -> Option<u32> {
+        let d = self.distances()[self.idx(self.start)];
+        (d != u32::MAX).then_some(d)
+    }
+
+    /// The planner: an action on a shortest path from `p` (None at the goal).
+    pub fn plan(&self, dist: &[u32], p: [u32; 2]) -> Option<usize> {
+        let here = dist[self.idx(p)];
+        if here == 0 || here == u32::MAX {
+            return None;
+        }
+        (0..4).find(|&a| {
+            self.neighbour(p, a)
+                .is_some_and(|n| dist[self.idx(n)] == here - 1)
+        })
+    }
+}
+
+/// The gridnav environment with its difficulty distribution.
+pub struct GridNav {
+    cfg: GridNavConfig,
+}
+
+impl GridNav {
+    pub fn new(cfg: GridNavConfig) -> GridNav {
+        GridNav { cfg }
+    }
+
+    /// One random solvable task from the configured distribution.
+    fn sample(&self, rng: &mut Rng) -> Result<Spec> {
+        let c = &self.cfg;
+        for attempt in 0..2000 {
+            // Relax the wall density if the grid keeps coming out unsolvable.
+            let density = c.wall_density * 0.9f64.powi(attempt / 20);
+            let (w, h) = (c.size, c.size);
+            let mut walls = Vec::new();
+            for y in 0..h {
+                for x in 0..w {
+                    if rng.unit() < density {
+                        walls.push([x, y]);
+                    }
+                }
+            }
+            let free: Vec<[u32; 2]> = (0..h)
+                .flat_map(|y| (0..w).map(move |x| [x, y]))
+                .filter(|p| !walls.contains(p))
+                .collect();
+            if free.len() < 2 {
+                continue;
+            }
+            let goal = free[(rng.next_u64() % free.len() as u64) as usize];
+            let mut spec = Spec {
+                width: w,
+                height: h,
+                walls,
+                start: goal,
+                goal,
+                budget: 1,
+            };
+            let dist = spec.distances();
+            let candidates: Vec<[u32; 2]> = free
+                .iter()
+                .copied()
+                .filter(|p| {
+                    let d = dist[spec.idx(*p)];
+                    d != u32::MAX && d >= c.min_distance && d <= c.max_distance
+                })
+                .collect();
+            if candidates.is_empty() {
+                continue;
+            }
+            spec.start = candidates[(rng.next_u64() % candidates.len() as u64) as usize];
+            let d = dist[spec.idx(spec.start)];
+            spec.budget = budget(d, c.budget_factor);
+            return Ok(spec);
+        }
+        Err(Error::Environment(format!(
+            "gridnav: no task with a shortest path in [{}, {}] on a {}×{} grid after 2000 tries",
+            c.min_distance, c.max_distance, c.size, c.size
+        )))
+    }
+}
+
+fn budget(distance: u32, factor: f64) -> u32 {
+    ((distance as f64 * factor).ceil() as u32)
+        .max(distance)
+        .max(1)
+}
+
+impl Environment for GridNav {
+    fn name(&self) -> &'static str {
+        "gridnav"
+    }
+
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>> {
+        (0..count)
+            .map(|i| {
+                let mut rng = Rng::new(derive_seed(seed, &["gridnav", &i.to_string()]));
+                Ok(self.sample(&mut rng)?.to_value())
+            })
+            .collect()
+    }
+
+    fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
+        let spec = Spec::parse(spec)?;
+        let dist = spec.distances();
+        if dist[spec.idx(spec.start)] == u32::MAX {
+            return Err(Error::Environment(
+                "gridnav: the goal cannot be reached from the start".into(),
+            ));
+        }
+        let walls = spec.wall_map();
+        let mut ep = GridEpisode {
+            pos: spec.start,
+            steps: 0,
+            dist,
+            walls,
+            obs: Observation {
+                text: String::new(),
+                admissible: ACTIONS.iter().map(|a| a.to_string()).collect(),
+            },
+            spec,
+        };
+        ep.render();
+        Ok(Box::new(ep))
+    }
+
+    fn mutate(
+        &self,
+        spec: &Value,
+        direction: Direction,
+        _critic: &CriticSummary,
+        seed: u64,
+    ) -> Result<Vec<Value>> {
+        let base = Spec::parse(spec)?;
+        let d0 = base
+            .shortest_path()
+            .ok_or_else(|| Error::Environment("gridnav: unsolvable task".into()))?;
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::new();
+        for _ in 0..64 {
+            if out.len() >= 4 {
+                break;
+            }
+            let mut s = base.clone();
+            match (direction, rng.next_u64() % 3) {
+                // Harder: more walls, a farther start, or a tighter budget.
+                (Direction::Harder, 0) => {
+                    let free: Vec<[u32; 2]> = (0..s.height)
+                        .flat_map(|y| (0..s.width).map(move |x| [x, y]))
+                        .filter(|p| !s.walls.contains(p) && *p != s.start && *p != s.goal)
+                        .collect();
+                    if free.is_empty() {
+                        continue;
+                    }
+                    s.walls
+                        .push(free[(rng.next_u64() % free.len() as u64) as usize]);
+                    s.walls.sort();
+                }
+                (Direction::Harder, 1) => {
+                    let dist = s.distances();
+                    let far: Vec<[u32; 2]> = (0..s.height)
+                        .flat_map(|y| (0..s.width).map(move |x| [x, y]))
+                        .filter(|p| {
+                            let d = dist[s.idx(*p)];
+                            d != u32::MAX && d > d0
+                        })
+                        .collect();
+                    if far.is_empty() {
+                        continue;
+                    }
+                    s.start = far[(rng.next_u64() % far.len() as u64) as usize];
+                    // A longer path with the same slack.
+                    s.budget = dist[s.idx(s.start)] + (base.budget - d0);
+                }
+                (Direction::Harder, _) => s.budget = (s.budget - 1).max(d0),
+                // Easier: fewer walls, a nearer start, or a looser budget.
+                (Direction::Easier, 0) => {
+                    if s.walls.is_empty() {
+                        continue;
+                    }
+                    let i = (rng.next_u64() % s.walls.len() as u64) as usize;
+                    s.walls.remove(i);
+                }
+                (Direction::Easier, 1) => {
+                    let dist = s.distances();
+                    let near: Vec<[u32; 2]> = (0..s.height)
+                        .flat_map(|y| (0..s.width).map(move |x| [x, y]))
+                        .filter(|p| {
+                            let d = dist[s.idx(*p)];
+                            d >= 1 && d < d0
+                        })
+                        .collect();
+                    if near.is_empty() {
+                        continue;
+                    }
+                    // A shorter path with the same budget: more slack.
+                    s.start = near[(rng.next_u64() % near.len() as u64) as usize];
+                }
+                (Direction::Easier, _) => s.budget += 1 + s.budget / 4,
+            }
+            if s != base && s.shortest_path().is_some_and(|d| d <= s.budget) && !out.contains(&s) {
+                out.push(s);
+            }
+        }
+        Ok(out.into_iter().map(|s| s.to_value()).collect())
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        let mut v: Vec<String> = ["at", "goal", "here", "blocked", "none"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(ACTIONS.iter().map(|s| s.to_string()));
+        v.extend((0..self.cfg.size.max(1)).map(|i| i.to_string()));
+        v
+    }
+}
+
+struct GridEpisode {
+    spec: Spec,
+    dist: Vec<u32>,
+    walls: Vec<bool>,
+    pos: [u32; 2],
+    steps: u32,
+    obs: Observation,
+}
+
+impl GridEpisode {
+    fn blocked(&self, a: usize) -> bool {
+        self.spec
+            .neighbour(self.pos, a)
+            .is_none_or(|n| self.walls[self.spec.idx(n)])
+    }
+
+    fn render(&mut self) {
+        use std::fmt::Write;
+        let blocked: [bool; 4] = std::array::from_fn(|a| self.blocked(a));
+        let t = &mut self.obs.text;
+        t.clear();
+        let (p, g) = (self.pos, self.spec.goal);
+        let _ = write!(t, "at {} {} goal", p[0], p[1]);
+        if p == g {
+            t.push_str(" here");
+        }
+        if g[1] < p[1] {
+            t.push_str(" north");
+        }
+        if g[1] > p[1] {
+            t.push_str(" south");
+        }
+        if g[0] > p[0] {
+            t.push_str(" east");
+        }
+        if g[0] < p[0] {
+            t.push_str(" west");
+        }
+        t.push_str(" blocked");
+        let mut any = false;
+        for a in 0..4 {
+            if blocked[a] {
+                t.push(' ');
+                t.push_str(ACTIONS[a]);
+                any = true;
+            }
+        }
+        if !any {
+            t.push_str(" none");
+        }
+    }
+}
+
+impl Episode for GridEpisode {
+    fn observation(&self) -> &Observation {
+        &self.obs
+    }
+
+    fn max_steps(&self) -> u32 {
+        self.spec.budget
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step> {
+        let a = ACTIONS.iter().position(|x| *x == action).ok_or_else(|| {
+            Error::Environment(format!("gridnav: inadmissible action {action:?}"))
+        })?;
+        if self.steps >= self.spec.budget || self.pos == self.spec.goal {
+            return Err(Error::Environment(
+                "gridnav: step after the episode ended".into(),
+            ));
+        }
+        let before = self.dist[self.spec.idx(self.pos)];
+        if !self.blocked(a) {
+            self.pos = self.spec.neighbour(self.pos, a).expect("not blocked");
+        }
+        self.steps += 1;
+        let after = self.dist[self.spec.idx(self.pos)];
+        let won = self.pos == self.spec.goal;
+        self.render();
+        Ok(Step {
+            observation: self.obs.clone(),
+            done: won || self.steps >= self.spec.budget,
+            won,
+            oracle_progress: Some(if after < before { 1 } else { -1 }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env() -> GridNav {
+        GridNav::new(GridNavConfig::default())
+    }
+
+    #[test]
+    fn generated_tasks_are_solvable_within_budget_and_deterministic() {
+        let e = env();
+        let a = e.generate(7, 50).unwrap();
+        assert_eq!(a, e.generate(7, 50).unwrap());
+        assert_ne!(a, e.generate(8, 50).unwrap());
+        for v in &a {
+            let s = Spec::parse(v).unwrap();
+            let d = s.shortest_path().unwrap();
+            assert!(
+                d >= e.cfg.min_distance && d <= e.cfg.max_distance && d <= s.budget,
+                "{s:?}"
+            );
+        }
+    }
+
+    /// Following the planner always wins; on random play the oracle says +1 exactly when the
+    /// planner's remaining distance went down.
+    #[test]
+    fn planner_wins_and_oracle_agrees_with_it() {
+        let e = env();
+        for (i, v) in e.generate(3, 40).unwrap().iter().enumerate() {
+            let s = Spec::parse(v).unwrap();
+            let dist = s.distances();
+            let mut ep = e.reset(v).unwrap();
+            let mut pos = s.start;
+            loop {
+                let a = s.plan(&dist, pos).expect("planner has a move");
+                let st = ep.step(ACTIONS[a]).unwrap();
+                assert_eq!(st.oracle_progress, Some(1));
+                pos = s.neighbour(pos, a).unwrap();
+                if st.done {
+                    assert!(st.won, "task {i}: planner lost");
+                    break;
+                }
+            }
+            // Random play.
+            let mut rng = Rng::new(i as u64);
+            let mut ep = e.reset(v).unwrap();
+            let mut pos = s.start;
+            for _ in 0..s.budget {
+                let a = (rng.next_u64() % 4) as usize;
+                let next = s
+                    .neighbour(pos, a)
+                    .filter(|n| !s.walls.contains(n))
+                    .unwrap_or(pos);
+                let st = ep.step(ACTIONS[a]).unwrap();
+                let progress = dist[s.idx(next)] < dist[s.idx(pos)];
+                assert_eq!(st.oracle_progress, Some(if progress { 1 } else { -1 }));
+                pos = next;
+                if st.done {
+                    break;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_actions_and_specs_are_errors() {
+        let e = env();
+        let v = &e.generate(1, 1).unwrap()[0];
+        let mut ep = e.reset(v).unwrap();
+        assert!(ep.step("fly").is_err());
+        assert!(e.reset(&serde_json::json!({"width": 2})).is_err());
+        let walled = serde_json::json!({"width": 3, "height": 1, "walls": [[1, 0]], "start": [0, 0], "goal": [2, 0], "budget": 5});
+        assert!(e.reset(&walled).is_err(), "unsolvable task accepted");
+    }
+
+    #[test]
+    fn mutations_are_solvable_and_move_difficulty() {
+        let e = env();
+        let (mut harder, mut easier, mut n) = (0i64, 0i64, 0i64);
+        for (i, v) in e.generate(11, 40).unwrap().iter().enumerate() {
+            let s = Spec::parse(v).unwrap();
+            let d0 = s.shortest_path().unwrap() as i64;
+            let slack0 = s.budget as i64 - d0;
+            for (dir, acc) in [
+                (Direction::Harder, &mut harder),
+                (Direction::Easier, &mut easier),
+            ] {
+                for c in e
+                    .mutate(v, dir, &CriticSummary::default(), i as u64)
+                    .unwrap()
+                {
+                    let c = Spec::parse(&c).unwrap();
+                    let d = c.shortest_path().expect("solvable") as i64;
+                    assert!(d as u32 <= c.budget);
+                    // Difficulty score: path length, minus the budget's slack.
+                    *acc += (d - d0) - ((c.budget as i64 - d) - slack0);
+                    n += 1;
+                }
+            }
+        }
+        assert!(n > 0);
+        assert!(
+            harder > 0,
+            "harder mutations should lengthen paths or cut slack: {harder}"
+        );
+        assert!(
+            easier < 0,
+            "easier mutations should shorten paths or add slack: {easier}"
+        );
+    }
+}

@@ -1,0 +1,89 @@
+//! Environments: task generation, episodes with admissible actions and a step oracle, and the
+//! mutation operators the adapter uses. Tasks are JSON specs owned by their environment;
+//! `task_id` is a content hash of (env, canonical spec).
+//!
+//! Built in: [`gridnav`]. Environments never touch storage; the rollout stage drives them.
+
+pub mod gridnav;
+
+use serde_json::Value;
+
+use crate::config::canonical;
+use crate::error::Result;
+
+/// The content hash of a task: blake3 of `env` and the canonical JSON of its spec (16 hex chars).
+pub fn task_id(env: &str, spec: &Value) -> String {
+    blake3::hash(format!("{env}\n{}", canonical(spec)).as_bytes()).to_hex()[..16].to_string()
+}
+
+/// What the agent sees after `reset` or a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observation {
+    pub text: String,
+    /// The actions the agent may take now (never empty while the episode runs).
+    pub admissible: Vec<String>,
+}
+
+/// The result of one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub observation: Observation,
+    pub done: bool,
+    pub won: bool,
+    /// +1 the step made progress, −1 it did not; `None` if the environment has no oracle.
+    pub oracle_progress: Option<i8>,
+}
+
+/// Whether a mutation should make a task harder or easier.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Direction {
+    Harder,
+    Easier,
+}
+
+/// What the adapter knows about a task's rollouts, from the reward model only (never the oracle).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CriticSummary {
+    /// Step indices where every RM verdict was −1.
+    pub high_risk_steps: Vec<u32>,
+}
+
+/// One running episode.
+pub trait Episode: Send {
+    /// The current observation.
+    fn observation(&self) -> &Observation;
+    /// Take an action; an action outside the admissible set is an error.
+    fn step(&mut self, action: &str) -> Result<Step>;
+    /// The step budget of the task.
+    fn max_steps(&self) -> u32;
+}
+
+/// An environment.
+pub trait Environment: Send + Sync {
+    /// Name used in configs and in task ids.
+    fn name(&self) -> &'static str;
+    /// `count` seed tasks drawn from the configured difficulty distribution.
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>>;
+    /// Start an episode of a task.
+    fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>>;
+    /// Candidate rewrites of a task in a direction (each valid and solvable).
+    fn mutate(
+        &self,
+        spec: &Value,
+        direction: Direction,
+        critic: &CriticSummary,
+        seed: u64,
+    ) -> Result<Vec<Value>>;
+    /// The words observations and actions are made of (for the built-in tokenizer).
+    fn vocabulary(&self) -> Vec<String>;
+}
+
+/// The environment a config names.
+pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> {
+    match cfg.env.name.as_str() {
+        "gridnav" => Ok(Box::new(gridnav::GridNav::new(cfg.env.gridnav.clone()))),
+        other => Err(crate::Error::config(format!(
+            "key `env.name`: no environment {other:?} (built in: gridnav, synthetic)"
+        ))),
+    }
+}
