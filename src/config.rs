@@ -77,6 +77,24 @@ pub struct EnvConfig {
     /// Difficulty distribution of the `gridnav` environment.
     #[serde(default)]
     pub gridnav: GridNavConfig,
+    /// The subprocess of an `external` environment (JSON lines; see src/env/external.rs).
+    #[serde(default)]
+    pub external: ExternalConfig,
+}
+
+/// `[env.external]`: an environment served by a subprocess speaking JSON lines.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalConfig {
+    /// Name of the environment (part of every task id).
+    #[serde(default = "default_external_name")]
+    pub name: String,
+    /// Program and arguments, e.g. ["python3", "envs/textworld_env.py"].
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Seconds each call may take before the process is killed and the call fails.
+    #[serde(default = "default_external_timeout")]
+    pub timeout_secs: f64,
 }
 
 /// `[env.gridnav]`: the difficulty distribution of generated gridnav tasks.
@@ -271,6 +289,12 @@ fn default_max_distance() -> u32 {
 fn default_budget_factor() -> f64 {
     4.0
 }
+fn default_external_name() -> String {
+    "external".into()
+}
+fn default_external_timeout() -> f64 {
+    10.0
+}
 fn default_env() -> String {
     "synthetic".into()
 }
@@ -345,6 +369,7 @@ default_from_empty!(
     EnvConfig,
     SyntheticConfig,
     GridNavConfig,
+    ExternalConfig,
     RolloutConfig,
     PolicyConfig,
     RewardModelConfig,
@@ -456,9 +481,19 @@ impl Config {
             "must be at least 64",
         );
         check(
-            matches!(self.env.name.as_str(), "synthetic" | "gridnav"),
+            matches!(self.env.name.as_str(), "synthetic" | "gridnav" | "external"),
             "env.name",
-            "unknown environment (this build has: synthetic, gridnav)",
+            "unknown environment (this build has: synthetic, gridnav, external)",
+        );
+        check(
+            self.env.name != "external" || !self.env.external.command.is_empty(),
+            "env.external.command",
+            "must name the program to run, e.g. [\"python3\", \"my_env.py\"]",
+        );
+        check(
+            self.env.external.timeout_secs > 0.0 && self.env.external.timeout_secs <= 3600.0,
+            "env.external.timeout_secs",
+            "must be in (0, 3600]",
         );
         check(
             self.env.name == "synthetic" || !self.reward_model.enabled,

@@ -196,7 +196,7 @@ fn budget(distance: u32, factor: f64) -> u32 {
 }
 
 impl Environment for GridNav {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> &str {
         "gridnav"
     }
 

@@ -4,6 +4,7 @@
 //!
 //! Built in: [`gridnav`]. Environments never touch storage; the rollout stage drives them.
 
+pub mod external;
 pub mod gridnav;
 
 use serde_json::Value;
@@ -61,7 +62,7 @@ pub trait Episode: Send {
 /// An environment.
 pub trait Environment: Send + Sync {
     /// Name used in configs and in task ids.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     /// `count` seed tasks drawn from the configured difficulty distribution.
     fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>>;
     /// Start an episode of a task.
@@ -82,8 +83,9 @@ pub trait Environment: Send + Sync {
 pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> {
     match cfg.env.name.as_str() {
         "gridnav" => Ok(Box::new(gridnav::GridNav::new(cfg.env.gridnav.clone()))),
+        "external" => Ok(Box::new(external::External::new(cfg.env.external.clone()))),
         other => Err(crate::Error::config(format!(
-            "key `env.name`: no environment {other:?} (built in: gridnav, synthetic)"
+            "key `env.name`: no environment {other:?} (built in: synthetic, gridnav, external)"
         ))),
     }
 }

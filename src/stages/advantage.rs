@@ -73,9 +73,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use arrow::array::{
-        Array, BooleanArray, Float64Array, Int8Array, RecordBatch, StringArray, UInt32Array,
-    };
+    use arrow::array::{Array, BooleanArray, Float64Array, RecordBatch, StringArray, UInt32Array};
     use proptest::prelude::*;
 
     use super::*;

@@ -38,7 +38,7 @@ impl Stage for TaskAccuracy {
 mod tests {
     use std::sync::Arc;
 
-    use arrow::array::{Array, Float64Array, Int8Array, StringArray, UInt32Array};
+    use arrow::array::{Array, Float64Array, Int8Array, UInt32Array};
 
     use super::*;
     use crate::config::Config;

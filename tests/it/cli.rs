@@ -590,3 +590,122 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
         );
     }
 }
+
+/// The external protocol with the small Python environment in tests/envs/line_env.py.
+fn external_config(f: &Fixture, timeout: f64) -> String {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envs/line_env.py");
+    let text = format!(
+        "[run]\nname = \"ext\"\niterations = 2\n[env]\nname = \"external\"\ninitial_tasks = 6\nmax_steps = 20\n\
+         [env.external]\nname = \"line\"\ncommand = [\"python3\", \"{script}\"]\ntimeout_secs = {timeout}\n\
+         [rollout]\nn = 4\n[reward_model]\nenabled = false\n"
+    );
+    let path = f.dir.path().join("ext.toml");
+    std::fs::write(&path, text).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn external_environment_runs_over_json_lines() {
+    let f = Fixture::new();
+    let cfg = external_config(&f, 10.0);
+    let store = f.store_arg();
+    f.rla(&["run", &cfg, "--store", &store]).ok();
+    assert_eq!(
+        f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
+        (2 * 6 * 4).to_string()
+    );
+    assert_eq!(
+        f.sql("SELECT count(*) FROM steps WHERE oracle_progress IS NULL")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    assert_eq!(
+        f.sql("SELECT count(DISTINCT observation) > 1 FROM steps")
+            .ok()
+            .scalar(),
+        "true"
+    );
+    f.rla(&["replay", "--run", "ext", "--iter", "1", "--verify"])
+        .ok();
+}
+
+#[test]
+fn external_environment_failures_are_clear_and_commit_nothing() {
+    for (fault, needles) in [
+        ("crash", vec!["exited", "simulated crash"]),
+        ("hang", vec!["did not reply within 1.0 s"]),
+        ("garbage", vec!["not JSON", "this is not json"]),
+        ("error", vec!["simulated failure"]),
+    ] {
+        let f = Fixture::new();
+        let cfg = external_config(&f, 1.0);
+        let store = f.store_arg();
+        // The pool stage commits the tasks; then one task is made faulty before the rollout.
+        f.rla(&[
+            "run",
+            &cfg,
+            "--store",
+            &store,
+            "--until",
+            "pool",
+            "--iterations",
+            "1",
+        ])
+        .ok();
+        let manifest = f.store().join("ext/_commits/iter=000000/pool.json");
+        let m: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+        // Rewrite the committed tasks file with a faulty task, keeping the manifest consistent.
+        let path = f.store().join(m["outputs"][0]["path"].as_str().unwrap());
+        let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(&path).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap();
+        let batch = reader.map(|b| b.unwrap()).next().unwrap();
+        let specs = batch
+            .column_by_name("spec")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::StringArray>()
+            .unwrap();
+        let mut new_specs: Vec<String> = specs.iter().map(|s| s.unwrap().to_string()).collect();
+        new_specs[2] =
+            format!("{{\"budget\":6,\"fault\":\"{fault}\",\"fault_step\":2,\"target\":2}}");
+        let mut cols = batch.columns().to_vec();
+        let idx = batch.schema().index_of("spec").unwrap();
+        cols[idx] = std::sync::Arc::new(arrow::array::StringArray::from(new_specs));
+        let batch = arrow::array::RecordBatch::try_new(batch.schema(), cols).unwrap();
+        let mut w = parquet::arrow::ArrowWriter::try_new(
+            std::fs::File::create(&path).unwrap(),
+            batch.schema(),
+            None,
+        )
+        .unwrap();
+        w.write(&batch).unwrap();
+        w.close().unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        let mut m = m;
+        m["outputs"][0]["bytes"] = serde_json::json!(bytes.len());
+        m["outputs"][0]["digest"] = serde_json::json!(blake3::hash(&bytes).to_hex().to_string());
+        std::fs::write(&manifest, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+        let started = std::time::Instant::now();
+        let mut all = vec!["task ", "rollout ", "step 1"];
+        all.extend(needles);
+        f.rla(&["run", &cfg, "--store", &store, "--iterations", "1"])
+            .fails(1, &all);
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "{fault}: took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            !f.store()
+                .join("ext/_commits/iter=000000/rollout.json")
+                .exists(),
+            "{fault}: rollout committed"
+        );
+    }
+}

@@ -1,0 +1,371 @@
+//! External environments: a subprocess speaking JSON lines on stdin/stdout.
+//!
+//! One request per line, one reply per line (UTF-8 JSON objects):
+//!
+//! | request | reply |
+//! |---|---|
+//! | `{"op":"generate","seed":S,"count":N}` | `{"tasks":[SPEC, ...]}` |
+//! | `{"op":"reset","task":SPEC}` | `{"observation":"...","admissible":["..."],"max_steps":N}` |
+//! | `{"op":"step","action":"..."}` | `{"observation":"...","admissible":[...],"done":B,"won":B,"oracle_progress":1\|-1\|null}` |
+//! | `{"op":"mutate","task":SPEC,"direction":"harder"\|"easier","high_risk_steps":[...],"seed":S}` | `{"tasks":[SPEC, ...]}` |
+//! | `{"op":"vocabulary"}` | `{"words":["..."]}` |
+//!
+//! Any reply may instead be `{"error":"message"}`. A process serves one episode at a time
+//! (`reset`, then `step`s) and is reused for the next one; processes are started on demand, one
+//! per concurrent episode. Every call has a timeout (`env.external.timeout_secs`): a process that
+//! crashes, hangs, or prints something that is not a JSON object is killed and the call fails
+//! with an error naming what was asked (the rollout stage adds the task, rollout and step).
+//! `oracle_progress` is optional; without it `rm_process_acc` stays null.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use crate::config::ExternalConfig;
+use crate::error::{Error, Result};
+
+/// A running environment process.
+struct Process {
+    child: Child,
+    stdin: ChildStdin,
+    lines: Receiver<std::io::Result<String>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Process {
+    fn spawn(cfg: &ExternalConfig) -> Result<Process> {
+        let (program, args) = cfg
+            .command
+            .split_first()
+            .ok_or_else(|| Error::config("key `env.external.command`: empty command"))?;
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| {
+                Error::Environment(format!("cannot start {:?}: {e}", cfg.command.join(" ")))
+            })?;
+        let stdin = child.stdin.take().expect("piped stdin");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let mut stderr_pipe = child.stderr.take().expect("piped stderr");
+        let (tx, lines) = channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        // Keep the last 2 KiB of stderr for error messages.
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let tail = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            while let Ok(n) = stderr_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                let mut t = tail.lock().expect("stderr lock");
+                t.push_str(&String::from_utf8_lossy(&buf[..n]));
+                if t.len() > 2048 {
+                    let cut = t.len() - 2048;
+                    let cut = (cut..t.len())
+                        .find(|i| t.is_char_boundary(*i))
+                        .unwrap_or(t.len());
+                    t.drain(..cut);
+                }
+            }
+        });
+        Ok(Process {
+            child,
+            stdin,
+            lines,
+            stderr,
+        })
+    }
+
+    fn stderr_tail(&self) -> String {
+        let t = self.stderr.lock().expect("stderr lock");
+        let t = t.trim();
+        if t.is_empty() {
+            String::new()
+        } else {
+            format!("; its stderr ends with: {t}")
+        }
+    }
+
+    /// Send one request and wait for its reply.
+    fn call(&mut self, request: &Value, timeout: Duration) -> Result<Value> {
+        let op = request["op"].as_str().unwrap_or("?").to_string();
+        let sent = writeln!(self.stdin, "{request}").and_then(|_| self.stdin.flush());
+        if sent.is_err() {
+            return Err(self.died(&op));
+        }
+        match self.lines.recv_timeout(timeout) {
+            Ok(Ok(line)) => {
+                let reply: Value = serde_json::from_str(&line).map_err(|e| {
+                    let shown: String = line.chars().take(200).collect();
+                    Error::Environment(format!("`{op}`: the environment replied with something that is not JSON ({e}): {shown:?}"))
+                })?;
+                if !reply.is_object() {
+                    return Err(Error::Environment(format!(
+                        "`{op}`: the reply is not a JSON object: {reply}"
+                    )));
+                }
+                if let Some(msg) = reply.get("error") {
+                    return Err(Error::Environment(format!(
+                        "`{op}`: the environment reported an error: {}",
+                        msg.as_str().map_or_else(|| msg.to_string(), str::to_string)
+                    )));
+                }
+                Ok(reply)
+            }
+            Ok(Err(e)) => Err(Error::Environment(format!(
+                "`{op}`: cannot read the environment's reply: {e}"
+            ))),
+            Err(RecvTimeoutError::Timeout) => {
+                let _ = self.child.kill();
+                Err(Error::Environment(format!(
+                    "`{op}`: the environment did not reply within {:.1} s (process killed){}",
+                    timeout.as_secs_f64(),
+                    self.stderr_tail()
+                )))
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(self.died(&op)),
+        }
+    }
+
+    fn died(&mut self, op: &str) -> Error {
+        // Give the stderr reader a moment to collect the last words.
+        std::thread::sleep(Duration::from_millis(50));
+        let status = self
+            .child
+            .wait()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|e| e.to_string());
+        Error::Environment(format!(
+            "`{op}`: the environment process exited ({status}){}",
+            self.stderr_tail()
+        ))
+    }
+}
+
+/// Idle processes, shared with the episodes that borrow them.
+type Pool = Arc<Mutex<Vec<Process>>>;
+
+/// An environment served by a subprocess.
+pub struct External {
+    cfg: ExternalConfig,
+    pool: Pool,
+}
+
+impl External {
+    pub fn new(cfg: ExternalConfig) -> External {
+        External {
+            cfg,
+            pool: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_secs_f64(self.cfg.timeout_secs)
+    }
+
+    fn take(&self) -> Result<Process> {
+        match self.pool.lock().expect("pool lock").pop() {
+            Some(p) => Ok(p),
+            None => Process::spawn(&self.cfg),
+        }
+    }
+
+    /// A call on a pooled process; the process goes back to the pool only if the call succeeded.
+    fn call(&self, request: Value) -> Result<Value> {
+        let mut p = self.take()?;
+        let reply = p.call(&request, self.timeout())?;
+        self.pool.lock().expect("pool lock").push(p);
+        Ok(reply)
+    }
+}
+
+fn field<'a>(reply: &'a Value, key: &str, op: &str) -> Result<&'a Value> {
+    reply
+        .get(key)
+        .ok_or_else(|| Error::Environment(format!("`{op}`: the reply has no `{key}`: {reply}")))
+}
+
+fn specs(reply: &Value, op: &str) -> Result<Vec<Value>> {
+    field(reply, "tasks", op)?
+        .as_array()
+        .cloned()
+        .ok_or_else(|| Error::Environment(format!("`{op}`: `tasks` is not an array")))
+}
+
+fn observation(reply: &Value, op: &str) -> Result<Observation> {
+    let text = field(reply, "observation", op)?
+        .as_str()
+        .ok_or_else(|| Error::Environment(format!("`{op}`: `observation` is not a string")))?
+        .to_string();
+    let admissible = field(reply, "admissible", op)?
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .map(|v| v.as_str().map(str::to_string))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| {
+            Error::Environment(format!("`{op}`: `admissible` is not an array of strings"))
+        })?;
+    Ok(Observation { text, admissible })
+}
+
+impl Environment for External {
+    fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>> {
+        let tasks = specs(
+            &self.call(json!({"op": "generate", "seed": seed, "count": count}))?,
+            "generate",
+        )?;
+        if tasks.len() != count as usize {
+            return Err(Error::Environment(format!(
+                "`generate`: asked for {count} tasks, got {}",
+                tasks.len()
+            )));
+        }
+        Ok(tasks)
+    }
+
+    fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
+        let mut process = self.take()?;
+        let reply = process.call(&json!({"op": "reset", "task": spec}), self.timeout())?;
+        let obs = observation(&reply, "reset")?;
+        let max_steps = field(&reply, "max_steps", "reset")?
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Error::Environment("`reset`: `max_steps` must be a positive integer".into())
+            })?;
+        Ok(Box::new(ExternalEpisode {
+            process: Some(process),
+            pool: self.pool.clone(),
+            timeout: self.timeout(),
+            obs,
+            max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
+        }))
+    }
+
+    fn mutate(
+        &self,
+        spec: &Value,
+        direction: Direction,
+        critic: &CriticSummary,
+        seed: u64,
+    ) -> Result<Vec<Value>> {
+        let direction = match direction {
+            Direction::Harder => "harder",
+            Direction::Easier => "easier",
+        };
+        let request = json!({"op": "mutate", "task": spec, "direction": direction, "high_risk_steps": critic.high_risk_steps, "seed": seed});
+        specs(&self.call(request)?, "mutate")
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        self.call(json!({"op": "vocabulary"}))
+            .ok()
+            .and_then(|r| r.get("words").and_then(Value::as_array).cloned())
+            .map(|w| {
+                w.iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+struct ExternalEpisode {
+    process: Option<Process>,
+    pool: Pool,
+    timeout: Duration,
+    obs: Observation,
+    max_steps: u32,
+}
+
+impl Drop for ExternalEpisode {
+    /// A process that answered every call serves the next episode (its `reset` starts over); one
+    /// that failed was dropped (killed) already.
+    fn drop(&mut self) {
+        if let Some(p) = self.process.take() {
+            self.pool.lock().expect("pool lock").push(p);
+        }
+    }
+}
+
+impl Episode for ExternalEpisode {
+    fn observation(&self) -> &Observation {
+        &self.obs
+    }
+
+    fn max_steps(&self) -> u32 {
+        self.max_steps
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step> {
+        if !self.obs.admissible.iter().any(|a| a == action) {
+            return Err(Error::Environment(format!(
+                "inadmissible action {action:?}"
+            )));
+        }
+        let process = self
+            .process
+            .as_mut()
+            .ok_or_else(|| Error::Environment("the episode's process is gone".into()))?;
+        let reply = match process.call(&json!({"op": "step", "action": action}), self.timeout) {
+            Ok(r) => r,
+            Err(e) => {
+                self.process = None;
+                return Err(e);
+            }
+        };
+        let flag = |k: &str| -> Result<bool> {
+            field(&reply, k, "step")?
+                .as_bool()
+                .ok_or_else(|| Error::Environment(format!("`step`: `{k}` is not a boolean")))
+        };
+        let (done, won) = (flag("done")?, flag("won")?);
+        let oracle_progress = match reply.get("oracle_progress") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_i64() {
+                Some(1) => Some(1),
+                Some(-1) => Some(-1),
+                _ => {
+                    return Err(Error::Environment(format!(
+                        "`step`: `oracle_progress` must be 1, -1 or null, not {v}"
+                    )));
+                }
+            },
+        };
+        self.obs = observation(&reply, "step")?;
+        Ok(Step {
+            observation: self.obs.clone(),
+            done,
+            won,
+            oracle_progress,
+        })
+    }
+}
