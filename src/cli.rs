@@ -119,6 +119,17 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(long, default_value_t = 3600)]
         grace_secs: u64,
     },
+    /// Measure an environment alone: uniform random play on one core, steps per second.
+    BenchEnv {
+        /// A pipeline whose [env] section names the environment and its difficulty.
+        pipeline: PathBuf,
+        /// Steps to take.
+        #[arg(long, default_value_t = 1_000_000)]
+        steps: u64,
+        /// Override a config key (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
     /// Write a commented iteration.toml with every key at its default.
     Init {
         /// Directory to write iteration.toml into.
@@ -405,6 +416,22 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             println!(
                 "{} {removed} unreferenced files ({bytes} bytes)",
                 if dry_run { "would remove" } else { "removed" }
+            );
+        }
+        Command::BenchEnv {
+            pipeline,
+            steps,
+            sets,
+        } => {
+            let cfg = Config::load(&pipeline, &sets)?;
+            let env = crate::env::from_config(&cfg)?;
+            let tasks = env.generate(cfg.run.seed, cfg.env.initial_tasks)?;
+            let (n, secs) = crate::env::throughput(env.as_ref(), &tasks, steps, cfg.run.seed)?;
+            println!(
+                "{}: {n} steps in {secs:.3} s on one core = {:.0} steps/s ({} tasks, uniform random play)",
+                env.name(),
+                n as f64 / secs,
+                tasks.len()
             );
         }
         Command::Init { dir } => {

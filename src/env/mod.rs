@@ -89,3 +89,33 @@ pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> 
         ))),
     }
 }
+
+/// Uniform random play on one thread until `steps` steps are taken (episodes restart as they
+/// end): (steps taken, seconds). The environment's own cost, for `rla-pipe bench-env`.
+pub fn throughput(
+    env: &dyn Environment,
+    tasks: &[Value],
+    steps: u64,
+    seed: u64,
+) -> Result<(u64, f64)> {
+    if tasks.is_empty() {
+        return Err(crate::Error::Environment("no tasks to play".into()));
+    }
+    let mut rng = crate::stages::synthetic::Rng::new(seed);
+    let started = std::time::Instant::now();
+    let mut taken = 0u64;
+    let mut t = 0usize;
+    while taken < steps {
+        let mut episode = env.reset(&tasks[t % tasks.len()])?;
+        t += 1;
+        for _ in 0..episode.max_steps() {
+            let admissible = &episode.observation().admissible;
+            let action = admissible[(rng.next_u64() % admissible.len() as u64) as usize].clone();
+            taken += 1;
+            if episode.step(&action)?.done || taken >= steps {
+                break;
+            }
+        }
+    }
+    Ok((taken, started.elapsed().as_secs_f64()))
+}
