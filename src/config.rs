@@ -80,6 +80,9 @@ pub struct EnvConfig {
     /// The subprocess of an `external` environment (JSON lines; see src/env/external.rs).
     #[serde(default)]
     pub external: ExternalConfig,
+    /// Difficulty distribution of the `household` environment.
+    #[serde(default)]
+    pub household: crate::env::household::HouseholdConfig,
 }
 
 /// `[env.external]`: an environment served by a subprocess speaking JSON lines.
@@ -481,10 +484,18 @@ impl Config {
             "must be at least 64",
         );
         check(
-            matches!(self.env.name.as_str(), "synthetic" | "gridnav" | "external"),
+            matches!(
+                self.env.name.as_str(),
+                "synthetic" | "gridnav" | "household" | "external"
+            ),
             "env.name",
-            "unknown environment (this build has: synthetic, gridnav, external)",
+            "unknown environment (this build has: synthetic, gridnav, household, external)",
         );
+        let household = match (self.env.name.as_str(), self.env.household.validate()) {
+            ("household", Err(e)) => e.to_string(),
+            _ => String::new(),
+        };
+        check(household.is_empty(), "env.household", &household);
         check(
             self.env.name != "external" || !self.env.external.command.is_empty(),
             "env.external.command",

@@ -2,10 +2,12 @@
 //! mutation operators the adapter uses. Tasks are JSON specs owned by their environment;
 //! `task_id` is a content hash of (env, canonical spec).
 //!
-//! Built in: [`gridnav`]. Environments never touch storage; the rollout stage drives them.
+//! Built in: [`gridnav`], [`household`]; any other program through [`external`]. Environments
+//! never touch storage; the rollout stage drives them.
 
 pub mod external;
 pub mod gridnav;
+pub mod household;
 
 use serde_json::Value;
 
@@ -83,9 +85,12 @@ pub trait Environment: Send + Sync {
 pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> {
     match cfg.env.name.as_str() {
         "gridnav" => Ok(Box::new(gridnav::GridNav::new(cfg.env.gridnav.clone()))),
+        "household" => Ok(Box::new(household::Household::new(
+            cfg.env.household.clone(),
+        ))),
         "external" => Ok(Box::new(external::External::new(cfg.env.external.clone()))),
         other => Err(crate::Error::config(format!(
-            "key `env.name`: no environment {other:?} (built in: synthetic, gridnav, external)"
+            "key `env.name`: no environment {other:?} (built in: synthetic, gridnav, household, external)"
         ))),
     }
 }
