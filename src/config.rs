@@ -257,6 +257,9 @@ pub struct EvalConfig {
     /// Seed of the held-out set (fixed per run).
     #[serde(default = "default_eval_seed")]
     pub seed: u64,
+    /// Rollouts per held-out task.
+    #[serde(default = "default_n")]
+    pub rollouts: u32,
 }
 
 fn default_store() -> String {
@@ -559,6 +562,11 @@ impl Config {
             unit(self.env.synthetic.unparsable_rate),
             "env.synthetic.unparsable_rate",
             "must be in [0, 1]",
+        );
+        check(
+            self.eval.rollouts >= 1,
+            "eval.rollouts",
+            "must be at least 1",
         );
         check(
             (1..=10_000).contains(&self.rollout.n),

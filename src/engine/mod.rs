@@ -147,6 +147,9 @@ impl Dag {
         dag.push(Arc::new(stages::reward_join::RewardJoin));
         dag.push(Arc::new(stages::advantage::Advantage));
         dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
+        if cfg.env.name != "synthetic" {
+            dag.push(Arc::new(stages::evaluate::Evaluate));
+        }
         Dag::new(dag)
     }
 

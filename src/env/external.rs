@@ -362,10 +362,59 @@ impl Episode for ExternalEpisode {
         };
         self.obs = observation(&reply, "step")?;
         Ok(Step {
-            observation: self.obs.clone(),
             done,
             won,
             oracle_progress,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line_env(timeout_secs: f64) -> External {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envs/line_env.py");
+        External::new(ExternalConfig {
+            name: "line".into(),
+            command: vec!["python3".into(), script.into()],
+            timeout_secs,
+        })
+    }
+
+    #[test]
+    fn protocol_round_trip_and_process_reuse() {
+        let env = line_env(10.0);
+        let tasks = env.generate(1, 3).unwrap();
+        assert_eq!(tasks, env.generate(1, 3).unwrap());
+        assert!(env.vocabulary().contains(&"right".to_string()));
+        let mut ep = env.reset(&tasks[0]).unwrap();
+        assert_eq!(ep.observation().admissible, vec!["left", "right"]);
+        // An action outside the admissible set never reaches the process.
+        let e = ep.step("fly").unwrap_err().to_string();
+        assert!(e.contains("inadmissible action \"fly\""), "{e}");
+        let st = ep.step("right").unwrap();
+        assert_eq!(st.oracle_progress, Some(1));
+        drop(ep);
+        // The healthy process went back to the pool and serves the next episode.
+        assert_eq!(env.pool.lock().unwrap().len(), 1);
+        let mut ep = env.reset(&tasks[1]).unwrap();
+        assert!(!ep.step("left").unwrap().won);
+        let easier = env.mutate(&tasks[0], Direction::Easier, &CriticSummary::default(), 0);
+        assert!(easier.is_ok());
+    }
+
+    #[test]
+    fn missing_program_is_a_clear_error() {
+        let env = External::new(ExternalConfig {
+            name: "x".into(),
+            command: vec!["/nonexistent/env-binary".into()],
+            timeout_secs: 1.0,
+        });
+        let e = env.generate(0, 1).unwrap_err().to_string();
+        assert!(
+            e.contains("cannot start") && e.contains("/nonexistent/env-binary"),
+            "{e}"
+        );
     }
 }

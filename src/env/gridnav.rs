@@ -405,7 +405,6 @@ impl Episode for GridEpisode {
         let won = self.pos == self.spec.goal;
         self.render();
         Ok(Step {
-            observation: self.obs.clone(),
             done: won || self.steps >= self.spec.budget,
             won,
             oracle_progress: Some(if after < before { 1 } else { -1 }),

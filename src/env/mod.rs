@@ -27,10 +27,9 @@ pub struct Observation {
     pub admissible: Vec<String>,
 }
 
-/// The result of one step.
-#[derive(Debug, Clone, PartialEq)]
+/// The result of one step (the new observation is the episode's [`Episode::observation`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Step {
-    pub observation: Observation,
     pub done: bool,
     pub won: bool,
     /// +1 the step made progress, −1 it did not; `None` if the environment has no oracle.
@@ -110,12 +109,14 @@ pub fn throughput(
     let started = std::time::Instant::now();
     let mut taken = 0u64;
     let mut t = 0usize;
+    let mut action = String::new();
     while taken < steps {
         let mut episode = env.reset(&tasks[t % tasks.len()])?;
         t += 1;
         for _ in 0..episode.max_steps() {
             let admissible = &episode.observation().admissible;
-            let action = admissible[(rng.next_u64() % admissible.len() as u64) as usize].clone();
+            action.clear();
+            action.push_str(&admissible[(rng.next_u64() % admissible.len() as u64) as usize]);
             taken += 1;
             if episode.step(&action)?.done || taken >= steps {
                 break;

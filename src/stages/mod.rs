@@ -6,11 +6,13 @@
 //! | `pool` | `tasks` (previous iteration) | `tasks` |
 //! | `rollout` | `tasks` | `trajectories`, `steps` |
 //! | `rm_score` | `steps` | `rm_samples` |
+//! | `evaluate` | `tasks` | `evaluations` |
 //! | `reward_join` | `steps`, `trajectories`, `rm_samples` | `step_rewards` |
 //! | `advantage` | `step_rewards`, `rm_samples`, `trajectories` | `policy_advantages`, `rm_advantages` |
 //! | `task_accuracy` | `trajectories`, `step_rewards`, `steps` | `task_accuracy` |
 
 pub mod advantage;
+pub mod evaluate;
 pub mod pool;
 pub mod reward_join;
 pub mod rm_score;

@@ -24,12 +24,12 @@ use crate::stages::synthetic::Rng;
 pub struct Rollout;
 
 /// One finished rollout.
-struct Rolled {
-    outcome: i8,
-    steps: Vec<(String, String, f64, Option<i8>)>,
+pub(crate) struct Rolled {
+    pub(crate) outcome: i8,
+    pub(crate) steps: Vec<(String, String, f64, Option<i8>)>,
 }
 
-fn roll(
+pub(crate) fn roll(
     environment: &dyn Environment,
     spec: &serde_json::Value,
     seed: u64,

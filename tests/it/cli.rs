@@ -579,12 +579,30 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
             .scalar(),
         "0"
     );
+    // Held-out evaluation: a fixed set, disjoint from the training pool, the same every iteration.
+    let per_iter = a
+        .sql("SELECT count(*) FROM evaluations WHERE iter = 0")
+        .ok()
+        .scalar();
+    let n: u64 = per_iter.parse().unwrap();
+    assert!(n > 20 && n <= 32, "{n} held-out tasks");
+    let q = "SELECT count(*) FROM evaluations e JOIN tasks t ON e.task_id = t.task_id";
+    assert_eq!(
+        a.sql(q).ok().scalar(),
+        "0",
+        "held-out tasks are never trained on"
+    );
+    let q = "SELECT count(*) FROM (SELECT task_id FROM evaluations WHERE iter = 0 \
+             INTERSECT SELECT task_id FROM evaluations WHERE iter = 1)";
+    assert_eq!(a.sql(q).ok().scalar(), per_iter);
+    let q = "SELECT min(rollouts) = 8 AND max(successes) <= 8 FROM evaluations";
+    assert_eq!(a.sql(q).ok().scalar(), "true");
     for iter in ["0", "1"] {
         let r = a
             .rla(&["replay", "--run", "gridnav", "--iter", iter, "--verify"])
             .ok();
         assert!(
-            r.stdout.contains("ok  rollout") && r.stdout.contains("ok  pool"),
+            r.stdout.contains("ok  rollout") && r.stdout.contains("ok  evaluate"),
             "{}",
             r.stdout
         );

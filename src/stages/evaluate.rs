@@ -1,0 +1,102 @@
+//! Stage `evaluate`: `tasks` → `evaluations`. Success on a fixed held-out set: `eval.tasks` tasks
+//! drawn from the environment with the seed `eval.seed` (the same set every iteration of a run),
+//! minus any task that is also in this iteration's training pool, each rolled out `eval.rollouts`
+//! times by the current policy (`uniform` in this build) with seeds derived from the stage seed.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array, UInt32Builder,
+};
+use async_trait::async_trait;
+
+use super::query;
+use super::rollout::roll;
+use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::env;
+use crate::error::Result;
+use crate::schema;
+
+pub struct Evaluate;
+
+#[async_trait]
+impl Stage for Evaluate {
+    fn name(&self) -> &'static str {
+        "evaluate"
+    }
+    fn inputs(&self) -> &'static [&'static str] {
+        &["tasks"]
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["evaluations"]
+    }
+    fn config_sections(&self) -> &'static [&'static str] {
+        &["env", "policy", "eval"]
+    }
+    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        let mut training = BTreeSet::new();
+        for b in query(&ctx.session, "SELECT task_id FROM tasks")
+            .await?
+            .collect()
+            .await?
+        {
+            let ids = b
+                .column(0)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .expect("Utf8 task_id");
+            training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
+        }
+        let environment = env::from_config(&ctx.config)?;
+        let eval = &ctx.config.eval;
+        let mut held_out: Vec<(String, serde_json::Value)> = environment
+            .generate(derive_seed(eval.seed, &["held-out"]), eval.tasks)?
+            .into_iter()
+            .map(|spec| (env::task_id(environment.name(), &spec), spec))
+            .filter(|(id, _)| !training.contains(id))
+            .collect();
+        held_out.sort_by(|a, b| a.0.cmp(&b.0));
+        held_out.dedup_by(|a, b| a.0 == b.0);
+        let (mut ids, mut rollouts, mut successes) = (
+            StringBuilder::new(),
+            UInt32Builder::new(),
+            UInt32Builder::new(),
+        );
+        for (task_id, spec) in &held_out {
+            let mut won = 0;
+            for r in 0..eval.rollouts {
+                let seed = derive_seed(ctx.seed, &[task_id, &r.to_string()]);
+                won += u32::from(
+                    roll(
+                        environment.as_ref(),
+                        spec,
+                        seed,
+                        ctx.config.env.max_steps,
+                        task_id,
+                        r,
+                    )?
+                    .outcome
+                        > 0,
+                );
+            }
+            ids.append_value(task_id);
+            rollouts.append_value(eval.rollouts);
+            successes.append_value(won);
+        }
+        let n = held_out.len();
+        let def = schema::table_def("evaluations").expect("known table");
+        let columns: Vec<ArrayRef> = vec![
+            Arc::new(StringArray::from(vec![ctx.run_id.as_str(); n])),
+            Arc::new(UInt32Array::from(vec![ctx.iter; n])),
+            Arc::new(ids.finish()),
+            Arc::new(rollouts.finish()),
+            Arc::new(successes.finish()),
+        ];
+        let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
+        Ok(vec![(
+            "evaluations",
+            TableOutput::Frame(ctx.session.read_batch(batch)?),
+        )])
+    }
+}
