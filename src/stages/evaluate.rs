@@ -6,13 +6,11 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array, UInt32Builder,
-};
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Builder};
 use async_trait::async_trait;
 
-use super::query;
 use super::rollout::roll;
+use super::{query, run_iter_columns};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env;
 use crate::error::Result;
@@ -86,13 +84,12 @@ impl Stage for Evaluate {
         }
         let n = held_out.len();
         let def = schema::table_def("evaluations").expect("known table");
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from(vec![ctx.run_id.as_str(); n])),
-            Arc::new(UInt32Array::from(vec![ctx.iter; n])),
-            Arc::new(ids.finish()),
+        let mut columns = run_iter_columns(ctx, n);
+        columns.extend([
+            Arc::new(ids.finish()) as ArrayRef,
             Arc::new(rollouts.finish()),
             Arc::new(successes.finish()),
-        ];
+        ]);
         let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
         Ok(vec![(
             "evaluations",

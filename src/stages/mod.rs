@@ -26,7 +26,7 @@ use datafusion::prelude::SessionContext;
 use crate::error::{Error, Result};
 
 /// Substitute `${name}` parameters of a stage's SQL file. Every parameter must be used and every
-/// placeholder bound, so a typo in a SQL file fails loudly.
+/// `${...}` in the file given a value, so a typo in a SQL file fails loudly.
 pub fn render(sql: &str, params: &[(&str, String)]) -> Result<String> {
     let mut out = sql.to_string();
     for (name, value) in params {
@@ -46,6 +46,20 @@ pub fn render(sql: &str, params: &[(&str, String)]) -> Result<String> {
         )));
     }
     Ok(out)
+}
+
+/// The `run_id` and `iter` columns (constant within a stage's output) for `n` rows.
+pub fn run_iter_columns(
+    ctx: &crate::engine::StageContext,
+    n: usize,
+) -> Vec<arrow::array::ArrayRef> {
+    vec![
+        std::sync::Arc::new(arrow::array::StringArray::from(vec![
+            ctx.run_id.as_str();
+            n
+        ])),
+        std::sync::Arc::new(arrow::array::UInt32Array::from(vec![ctx.iter; n])),
+    ]
 }
 
 /// A double literal that round-trips exactly.

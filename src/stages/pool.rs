@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array};
 use async_trait::async_trait;
 
-use super::query;
+use super::{query, run_iter_columns};
 use crate::config::canonical;
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env;
@@ -57,15 +57,14 @@ impl Stage for Pool {
             spec_col.append_value(canonical(s));
         }
         let def = schema::table_def("tasks").expect("known table");
-        let columns: Vec<ArrayRef> = vec![
-            Arc::new(StringArray::from(vec![ctx.run_id.as_str(); n])),
-            Arc::new(UInt32Array::from(vec![ctx.iter; n])),
-            Arc::new(ids.finish()),
+        let mut columns = run_iter_columns(ctx, n);
+        columns.extend([
+            Arc::new(ids.finish()) as ArrayRef,
             Arc::new(UInt32Array::from((0..n as u32).collect::<Vec<_>>())),
             Arc::new(StringArray::from(vec!["active"; n])),
             Arc::new(spec_col.finish()),
             Arc::new(StringArray::from(vec![None::<&str>; n])),
-        ];
+        ]);
         let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
         Ok(vec![(
             "tasks",

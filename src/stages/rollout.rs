@@ -14,7 +14,7 @@ use arrow::array::{
 };
 use async_trait::async_trait;
 
-use super::query;
+use super::{query, run_iter_columns};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
@@ -181,13 +181,7 @@ impl Stage for Rollout {
                 s_or.append_option(oracle);
             }
         }
-        let head = |n: usize| -> Vec<ArrayRef> {
-            vec![
-                Arc::new(StringArray::from(vec![ctx.run_id.as_str(); n])),
-                Arc::new(arrow::array::UInt32Array::from(vec![ctx.iter; n])),
-            ]
-        };
-        let mut tcols = head(t_idx.len());
+        let mut tcols = run_iter_columns(ctx, t_idx.len());
         tcols.extend([
             Arc::new(t_task.finish()) as ArrayRef,
             Arc::new(t_id.finish()),
@@ -195,7 +189,7 @@ impl Stage for Rollout {
             Arc::new(t_out.finish()),
             Arc::new(t_len.finish()),
         ]);
-        let mut scols = head(s_idx.len());
+        let mut scols = run_iter_columns(ctx, s_idx.len());
         scols.extend([
             Arc::new(s_task.finish()) as ArrayRef,
             Arc::new(s_traj.finish()),
