@@ -673,18 +673,23 @@ impl Config {
 
     /// Hash of the named top-level sections (what a stage depends on).
     pub fn section_hash(&self, sections: &[&str]) -> String {
-        let all = self.hashed_keys();
-        let picked: BTreeMap<_, _> = all
+        let picked = self.section_keys(sections);
+        blake3::hash(canonical(&serde_json::to_value(&picked).unwrap()).as_bytes())
+            .to_hex()
+            .to_string()
+    }
+
+    /// The hashed keys of the named top-level sections, `dotted.key → JSON value` (what a stage
+    /// manifest records, so replay can compare values even after the config gained keys).
+    pub fn section_keys(&self, sections: &[&str]) -> BTreeMap<String, String> {
+        self.hashed_keys()
             .into_iter()
             .filter(|(k, _)| {
                 sections
                     .iter()
                     .any(|s| k == s || k.starts_with(&format!("{s}.")))
             })
-            .collect();
-        blake3::hash(canonical(&serde_json::to_value(&picked).unwrap()).as_bytes())
-            .to_hex()
-            .to_string()
+            .collect()
     }
 
     /// The hashed keys whose values differ between two configs, as `key: old → new`.

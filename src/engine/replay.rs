@@ -123,14 +123,38 @@ pub async fn verify(
             }));
             continue;
         }
-        let want = config.section_hash(stage.config_sections());
-        if want != m.config_hash {
+        // The config the stage ran with: every value the manifest recorded must be the value in
+        // run.json (keys added to the config since then take their defaults).
+        let now = config.section_keys(stage.config_sections());
+        let changed: Vec<String> = if m.config.is_empty() {
+            let want = config.section_hash(stage.config_sections());
+            if want == m.config_hash {
+                vec![]
+            } else {
+                vec![format!(
+                    "hash {} ≠ recorded {}",
+                    &want[..12],
+                    &m.config_hash[..12]
+                )]
+            }
+        } else {
+            m.config
+                .iter()
+                .filter(|(k, v)| now.get(*k) != Some(*v))
+                .map(|(k, v)| {
+                    format!(
+                        "{k}: recorded {v}, run.json {}",
+                        now.get(k).map_or("(unset)", |s| s)
+                    )
+                })
+                .collect()
+        };
+        if !changed.is_empty() {
             return Err(Error::Mismatch(format!(
-                "stage {}: the config sections {:?} hash to {} but the manifest recorded {}",
+                "stage {}: the config sections {:?} differ from what the stage ran with: {}",
                 m.stage,
                 m.config_sections,
-                &want[..12],
-                &m.config_hash[..12]
+                changed.join("; ")
             )));
         }
         let mut inputs: Vec<(Committed, Vec<&'static str>)> = Vec::new();

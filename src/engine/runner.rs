@@ -52,18 +52,27 @@ impl Engine {
                 Err(e) => return Err(e),
             },
         };
-        if let Some(existing) = existing
-            && existing.config_hash != wanted.config_hash
-        {
+        if let Some(existing) = existing {
+            // Compare values, not only hashes: the stored config is read with this build's defaults
+            // for keys it did not have yet, so a run can be resumed after an upgrade that only
+            // added keys, as long as every value is the same.
             let diff = match serde_json::from_value::<Config>(existing.config.clone()) {
-                Ok(old) => old.diff(&config).join("\n  "),
-                Err(e) => format!("(the stored config does not parse with this build: {e})"),
+                Ok(old) => old.diff(&config),
+                Err(e) => vec![format!(
+                    "(the stored config does not parse with this build: {e})"
+                )],
             };
-            return Err(Error::Config(format!(
-                "run {run_id:?} already exists with a different config (hash {} ≠ {}); refusing to resume. Keys that differ:\n  {diff}\nStart a new run with --run-id, or restore the settings.",
-                &existing.config_hash[..12],
-                &wanted.config_hash[..12],
-            )));
+            if !diff.is_empty() {
+                return Err(Error::Config(format!(
+                    "run {run_id:?} already exists with a different config (hash {} ≠ {}); refusing to resume. Keys that differ:\n  {}\nStart a new run with --run-id, or restore the settings.",
+                    &existing.config_hash[..12],
+                    &wanted.config_hash[..12],
+                    diff.join("\n  "),
+                )));
+            }
+            if existing.config_hash != wanted.config_hash {
+                info!(run = %run_id, "run.json predates some config keys; their defaults apply and all values match");
+            }
         }
         Ok(Engine {
             store,
@@ -264,6 +273,7 @@ impl Engine {
                 .map(|s| s.to_string())
                 .collect(),
             config_hash: self.config.section_hash(stage.config_sections()),
+            config: self.config.section_keys(stage.config_sections()),
             seed,
             deterministic: stage.deterministic(),
             inputs: input_refs,

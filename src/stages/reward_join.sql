@@ -3,6 +3,7 @@
 -- advantage and task_accuracy stages reuse instead of re-aggregating rm_samples.
 -- Steps without RM samples (RM disabled) have rm_mean NULL and R = O.
 -- mean_j S is an integer sum over a count: exact, whatever the execution order.
+-- traj_id is unique within an iteration (schemas/trajectories.md): (traj_id, step_idx) is a step.
 WITH rm AS (
     SELECT task_id, traj_id, step_idx,
            SUM(CASE WHEN score > 0 THEN 1 ELSE 0 END) AS n_pos,
@@ -18,9 +19,9 @@ joined AS (
            COALESCE(rm.n_unp, 0) AS n_unp
     FROM steps s
     JOIN trajectories t
-      ON s.task_id = t.task_id AND s.traj_id = t.traj_id
+      ON s.traj_id = t.traj_id
     LEFT JOIN rm
-      ON s.task_id = rm.task_id AND s.traj_id = rm.traj_id AND s.step_idx = rm.step_idx
+      ON s.traj_id = rm.traj_id AND s.step_idx = rm.step_idx
 ),
 means AS (
     SELECT *,

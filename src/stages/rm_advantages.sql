@@ -7,7 +7,8 @@
 -- Within a step R is constant, so R_S takes at most three values (R, −R, unparsable): the group
 -- mean and variance follow exactly from the step's verdict counts, which step_rewards carries
 -- (rm_pos, rm_neg, rm_unparsable). One join, no float sums: the result does not depend on
--- execution order, and replay reproduces it bit for bit.
+-- execution order, and replay reproduces it bit for bit. traj_id is unique within an iteration
+-- (schemas/trajectories.md), so (traj_id, step_idx) identifies a step.
 WITH acc AS (
     SELECT task_id,
            CAST(SUM(CASE WHEN outcome > 0 THEN 1 ELSE 0 END) AS DOUBLE) / CAST(COUNT(*) AS DOUBLE) AS task_acc
@@ -39,7 +40,7 @@ scored AS (
            g.rm_count, g.mean, g.std, g.task_acc
     FROM rm_samples s
     JOIN stats g
-      ON s.task_id = g.task_id AND s.traj_id = g.traj_id AND s.step_idx = g.step_idx
+      ON s.traj_id = g.traj_id AND s.step_idx = g.step_idx
 )
 SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_reward,
        rm_count AS group_size,

@@ -5,6 +5,7 @@
 --   rm_outcome_acc: share of judged trajectories (≥ 1 RM sample) whose mean verdict sign equals O.
 -- NULL when nothing could be judged (no oracle, RM disabled).
 -- The per-step verdict counts come from step_rewards (reward_join aggregated rm_samples once).
+-- traj_id is unique within an iteration (schemas/trajectories.md).
 WITH traj_votes AS (
     SELECT r.task_id, r.traj_id,
            SUM(CAST(r.rm_pos AS BIGINT) - CAST(r.rm_neg AS BIGINT)) AS vote,
@@ -14,7 +15,7 @@ WITH traj_votes AS (
                      AND signum(CAST(CAST(r.rm_pos AS BIGINT) - CAST(r.rm_neg AS BIGINT) AS DOUBLE)) = CAST(s.oracle_progress AS DOUBLE)
                     THEN 1 ELSE 0 END) AS agree_steps
     FROM step_rewards r
-    JOIN steps s ON r.task_id = s.task_id AND r.traj_id = s.traj_id AND r.step_idx = s.step_idx
+    JOIN steps s ON r.traj_id = s.traj_id AND r.step_idx = s.step_idx
     GROUP BY r.task_id, r.traj_id
 ),
 per_task AS (
@@ -27,7 +28,7 @@ per_task AS (
            SUM(CASE WHEN tv.sampled_steps > 0 AND signum(CAST(tv.vote AS DOUBLE)) = CAST(t.outcome AS DOUBLE)
                     THEN 1 ELSE 0 END) AS agree_trajectories
     FROM trajectories t
-    LEFT JOIN traj_votes tv ON t.task_id = tv.task_id AND t.traj_id = tv.traj_id
+    LEFT JOIN traj_votes tv ON t.traj_id = tv.traj_id
     GROUP BY t.run_id, t.iter, t.task_id
 )
 SELECT run_id, iter, task_id,

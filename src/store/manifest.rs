@@ -52,6 +52,9 @@ pub struct StageManifest {
     /// Config sections this stage depends on, and the hash of their values.
     pub config_sections: Vec<String>,
     pub config_hash: String,
+    /// The values of those sections (`dotted.key → JSON`), for replay across config upgrades.
+    #[serde(default)]
+    pub config: std::collections::BTreeMap<String, String>,
     pub seed: u64,
     pub deterministic: bool,
     pub inputs: Vec<InputRef>,
@@ -166,7 +169,8 @@ mod tests {
         ) {
             let m = StageManifest {
                 format: FORMAT, run_id, iter, stage, code_version: code_version(),
-                config_sections: vec!["reward".into()], config_hash: digest(b"x"), seed, deterministic: det,
+                config_sections: vec!["reward".into()], config_hash: digest(b"x"),
+                config: [("reward.lambda".to_string(), "1.0".to_string())].into(), seed, deterministic: det,
                 inputs: vec![InputRef { kind: "manifest".into(), tables, path: "p".into(), digest: digest(b"y") }],
                 outputs, started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
             };

@@ -776,3 +776,37 @@ fn household_pipeline_runs_and_replays() {
     ]);
     bad.fails(1, &["env.household"]);
 }
+
+#[test]
+fn runs_survive_config_upgrades_but_not_changed_values() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let path = f.store().join("small/run.json");
+    let original: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    // A run.json written before `eval.rollouts` existed (and so with another hash).
+    let mut old = original.clone();
+    old["config"]["eval"]
+        .as_object_mut()
+        .unwrap()
+        .remove("rollouts");
+    old["config_hash"] = serde_json::json!("0".repeat(64));
+    std::fs::write(&path, serde_json::to_vec_pretty(&old).unwrap()).unwrap();
+    f.run_small(&["--iterations", "2"]).ok();
+    f.rla(&["replay", "--run", "small", "--iter", "0", "--verify"])
+        .ok();
+    // A changed value is refused by run and reported by replay, both naming the key.
+    let mut changed = original;
+    changed["config"]["reward"]["lambda"] = serde_json::json!(0.5);
+    std::fs::write(&path, serde_json::to_vec_pretty(&changed).unwrap()).unwrap();
+    f.run_small(&["--iterations", "3"])
+        .fails(1, &["reward.lambda: 0.5 → 1.0"]);
+    f.rla(&["replay", "--run", "small", "--iter", "1", "--verify"])
+        .fails(
+            1,
+            &[
+                "stage reward_join",
+                "reward.lambda: recorded 1.0, run.json 0.5",
+            ],
+        );
+}
