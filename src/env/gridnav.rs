@@ -523,4 +523,29 @@ mod tests {
             "easier mutations should shorten paths or add slack: {easier}"
         );
     }
+
+    #[test]
+    fn corrupted_specs_never_panic() {
+        let e = env();
+        let odd = [
+            serde_json::json!(null),
+            serde_json::json!(0),
+            serde_json::json!(-3),
+            serde_json::json!(u64::MAX),
+            serde_json::json!([[300, 300]]),
+            serde_json::json!([1, 2, 3]),
+            serde_json::json!("x"),
+        ];
+        for spec in e.generate(2, 20).unwrap() {
+            for k in ["width", "height", "walls", "start", "goal", "budget"] {
+                for v in &odd {
+                    let mut bad = spec.clone();
+                    bad[k] = v.clone();
+                    if let Ok(mut ep) = e.reset(&bad) {
+                        let _ = ep.step("north");
+                    }
+                }
+            }
+        }
+    }
 }
