@@ -11,7 +11,7 @@ use super::{query, run_iter_columns};
 use crate::config::canonical;
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::schema;
 
 pub struct Pool;
@@ -45,15 +45,16 @@ impl Stage for Pool {
             return Ok(vec![("tasks", TableOutput::Frame(previous))]);
         }
         let environment = env::from_config(&ctx.config)?;
-        let specs = environment.generate(
-            derive_seed(ctx.config.run.seed, &["pool"]),
+        let specs = distinct_tasks(
+            environment.as_ref(),
+            ctx.config.run.seed,
             ctx.config.env.initial_tasks,
         )?;
         let n = specs.len();
         let mut ids = StringBuilder::new();
         let mut spec_col = StringBuilder::new();
-        for s in &specs {
-            ids.append_value(env::task_id(environment.name(), s));
+        for (id, s) in &specs {
+            ids.append_value(id);
             spec_col.append_value(canonical(s));
         }
         let def = schema::table_def("tasks").expect("known table");
@@ -70,5 +71,60 @@ impl Stage for Pool {
             "tasks",
             TableOutput::Frame(ctx.session.read_batch(batch)?),
         )])
+    }
+}
+
+/// `count` distinct tasks (by task id): the first distinct ones of a draw, drawing more when a
+/// small difficulty distribution repeats itself.
+fn distinct_tasks(
+    environment: &dyn env::Environment,
+    seed: u64,
+    count: u32,
+) -> Result<Vec<(String, serde_json::Value)>> {
+    let mut draw = count;
+    for _ in 0..4 {
+        let mut seen = std::collections::BTreeSet::new();
+        let picked: Vec<(String, serde_json::Value)> = environment
+            .generate(derive_seed(seed, &["pool"]), draw)?
+            .into_iter()
+            .map(|s| (env::task_id(environment.name(), &s), s))
+            .filter(|(id, _)| seen.insert(id.clone()))
+            .take(count as usize)
+            .collect();
+        if picked.len() == count as usize {
+            return Ok(picked);
+        }
+        draw = draw.saturating_mul(4);
+    }
+    Err(Error::Environment(format!(
+        "the difficulty distribution of {} yields fewer than {count} distinct tasks; lower env.initial_tasks or widen the distribution",
+        environment.name()
+    )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::GridNavConfig;
+    use crate::env::gridnav::GridNav;
+
+    #[test]
+    fn pool_tasks_are_distinct() {
+        // A tiny distribution: 3×3 grids without walls, distance 1.
+        let cfg = GridNavConfig {
+            size: 3,
+            wall_density: 0.0,
+            min_distance: 1,
+            max_distance: 1,
+            budget_factor: 1.0,
+        };
+        let env = GridNav::new(cfg);
+        let tasks = distinct_tasks(&env, 0, 20).unwrap();
+        let ids: std::collections::BTreeSet<_> = tasks.iter().map(|t| t.0.clone()).collect();
+        assert_eq!(ids.len(), 20);
+        assert_eq!(tasks, distinct_tasks(&env, 0, 20).unwrap(), "deterministic");
+        // 9 goals × at most 4 neighbours: there are only 24 such tasks.
+        let e = distinct_tasks(&env, 0, 100).unwrap_err().to_string();
+        assert!(e.contains("fewer than 100 distinct tasks"), "{e}");
     }
 }

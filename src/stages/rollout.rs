@@ -1,5 +1,5 @@
-//! Stage 1, `rollout`: `tasks` → `trajectories`, `steps`. Every task of the pool (active and
-//! pending) gets `rollout.n` rollouts, each with its own seed derived from (stage seed, task id,
+//! Stage 1, `rollout`: `tasks` → `trajectories`, `steps`. Every distinct task of the pool (active
+//! and pending) gets `rollout.n` rollouts, each with its own seed derived from (stage seed, task id,
 //! rollout index), run in parallel on all cores and written in key order.
 //!
 //! Policy `uniform`: uniform over the admissible actions, `action_logprob = −ln #admissible` —
@@ -92,7 +92,7 @@ impl Stage for Rollout {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let tasks = query(
             &ctx.session,
-            "SELECT task_id, spec FROM tasks ORDER BY task_id",
+            "SELECT DISTINCT task_id, spec FROM tasks ORDER BY task_id",
         )
         .await?
         .collect()

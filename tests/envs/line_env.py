@@ -30,11 +30,11 @@ def main():
             rng = random.Random(req["seed"])
             tasks = []
             for _ in range(req["count"]):
-                target = rng.randint(1, 4)
-                tasks.append({"target": target, "budget": 3 * target})
+                start, target = rng.randint(0, 5), rng.randint(1, 4)
+                tasks.append({"start": start, "target": start + target, "budget": 3 * target})
             reply({"tasks": tasks})
         elif op == "reset":
-            state = {"task": req["task"], "pos": 0, "steps": 0}
+            state = {"task": req["task"], "pos": req["task"].get("start", 0), "steps": 0}
             reply({"observation": observe(state), "admissible": ["left", "right"], "max_steps": req["task"]["budget"]})
         elif op == "step":
             task = state["task"]
@@ -64,7 +64,7 @@ def main():
         elif op == "mutate":
             t = dict(req["task"])
             t["target"] = t["target"] + (1 if req["direction"] == "harder" else -1)
-            reply({"tasks": [t] if t["target"] >= 1 else []})
+            reply({"tasks": [t] if t["target"] > t.get("start", 0) else []})
         elif op == "vocabulary":
             reply({"words": ["at", "target", "left", "right"] + [str(i) for i in range(10)]})
         else:
