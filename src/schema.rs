@@ -211,9 +211,10 @@ pub fn data_table_names() -> Vec<&'static str> {
         .collect()
 }
 
-/// Render a type the way `schemas/*.md` writes it.
-pub fn type_name(dt: &DataType) -> String {
-    format!("{dt}")
+/// The id of a task's `rollout`-th trajectory: `<task_id>-<rollout:04>`. Unique within an
+/// iteration as long as task ids are, which the relational stages' joins rely on.
+pub fn traj_id(task_id: &str, rollout: u32) -> String {
+    format!("{task_id}-{rollout:04}")
 }
 
 #[cfg(test)]
@@ -247,7 +248,7 @@ mod tests {
                 .schema
                 .fields()
                 .iter()
-                .map(|f| (f.name().clone(), type_name(f.data_type()), f.is_nullable()))
+                .map(|f| (f.name().clone(), f.data_type().to_string(), f.is_nullable()))
                 .collect();
             assert_eq!(
                 documented, code,

@@ -165,7 +165,7 @@ impl Stage for Rollout {
         for ((t, r), slot) in jobs.iter().zip(slots) {
             let rolled = slot.expect("every slot filled")?;
             let task_id = &pool[*t].0;
-            let traj_id = format!("{task_id}-{r:04}");
+            let traj_id = schema::traj_id(task_id, *r);
             t_task.append_value(task_id);
             t_id.append_value(&traj_id);
             t_idx.append_value(*r);

@@ -160,10 +160,6 @@ impl Generator {
         t
     }
 
-    fn traj_id(task: &Task, rollout: u32) -> String {
-        format!("{}-{rollout:04}", task.task_id)
-    }
-
     fn batch(&self, table: &str, chunk: usize) -> Result<RecordBatch> {
         let def = schema::table_def(table).expect("known table");
         let tasks = &self.tasks
@@ -212,7 +208,7 @@ impl Generator {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
                         push_key(t, &mut run_id, &mut iter);
-                        traj.append_value(Self::traj_id(t, r));
+                        traj.append_value(schema::traj_id(&t.task_id, r));
                         idx.append_value(r);
                         outcome.append_value(tr.outcome);
                         steps.append_value(tr.oracle.len() as u32);
@@ -237,7 +233,7 @@ impl Generator {
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
-                        let id = Self::traj_id(t, r);
+                        let id = schema::traj_id(&t.task_id, r);
                         for (i, o) in tr.oracle.iter().enumerate() {
                             push_key(t, &mut run_id, &mut iter);
                             traj.append_value(&id);
@@ -269,7 +265,7 @@ impl Generator {
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
-                        let id = Self::traj_id(t, r);
+                        let id = schema::traj_id(&t.task_id, r);
                         for (k, v) in tr.verdicts.iter().enumerate() {
                             push_key(t, &mut run_id, &mut iter);
                             traj.append_value(&id);

@@ -61,19 +61,8 @@ pub fn data_dir(run: &str) -> Path {
     Path::from(format!("{run}/data"))
 }
 
-pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
-    Path::from(format!(
-        "{run}/artifacts/{}/{name}.{digest}.mpk",
-        iter_dir(iter)
-    ))
-}
-
 pub fn commits_dir(run: &str) -> Path {
     Path::from(format!("{run}/_commits"))
-}
-
-pub fn commit_iter_dir(run: &str, iter: u32) -> Path {
-    Path::from(format!("{run}/_commits/{}", iter_dir(iter)))
 }
 
 pub fn stage_manifest(run: &str, iter: u32, stage: &str) -> Path {
