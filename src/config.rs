@@ -29,6 +29,8 @@ pub struct Config {
     #[serde(default)]
     pub reward: RewardConfig,
     #[serde(default)]
+    pub update: UpdateConfig,
+    #[serde(default)]
     pub adapt: AdaptConfig,
     #[serde(default)]
     pub eval: EvalConfig,
@@ -56,6 +58,10 @@ pub struct RunConfig {
     /// memory; results do not depend on it). Not hashed.
     #[serde(default = "default_chunk_rows")]
     pub chunk_rows: u64,
+    /// Where the models run: `cpu` (burn's flex backend, bit-reproducible) or `cuda` (needs a
+    /// build with `--features cuda`). Not hashed.
+    #[serde(default = "default_device")]
+    pub device: String,
 }
 
 /// `[env]`: which environment generates tasks and how hard they are.
@@ -149,12 +155,31 @@ pub struct RolloutConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PolicyConfig {
-    /// `uniform` (uniform over admissible actions).
+    /// `transformer` (the learned policy) or `uniform` (uniform over admissible actions, never
+    /// trained: the floor for ablations).
     #[serde(default = "default_policy")]
     pub kind: String,
-    /// Sampling temperature during training rollouts.
+    /// Sampling temperature during training rollouts (evaluation is greedy).
     #[serde(default = "one_f")]
     pub temperature: f64,
+    /// Width of the transformer.
+    #[serde(default = "default_d_model")]
+    pub d_model: usize,
+    /// Transformer blocks.
+    #[serde(default = "default_layers")]
+    pub layers: usize,
+    /// Attention heads (must divide d_model).
+    #[serde(default = "default_heads")]
+    pub heads: usize,
+    /// Maximum prompt + action length in tokens (older history is dropped first).
+    #[serde(default = "default_context")]
+    pub context: usize,
+    /// Previous (observation, action) pairs kept in the prompt.
+    #[serde(default = "default_history")]
+    pub history: usize,
+    /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
+    #[serde(default)]
+    pub tokenizer: String,
 }
 
 /// `[reward_model]`: the generative reward model.
@@ -170,6 +195,50 @@ pub struct RewardModelConfig {
     /// Sampling temperature of the RM.
     #[serde(default = "default_rm_temp")]
     pub temperature: f64,
+    /// Most tokens generated per sample (critique words, then the verdict); a sample without a
+    /// verdict within the limit scores 0.
+    #[serde(default = "default_rm_max_tokens")]
+    pub max_tokens: usize,
+    #[serde(default = "default_d_model")]
+    pub d_model: usize,
+    #[serde(default = "default_layers")]
+    pub layers: usize,
+    #[serde(default = "default_heads")]
+    pub heads: usize,
+    #[serde(default = "default_rm_context")]
+    pub context: usize,
+    /// Previous (observation, action) pairs kept in the prompt.
+    #[serde(default = "default_rm_history")]
+    pub history: usize,
+    /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
+    #[serde(default)]
+    pub tokenizer: String,
+}
+
+/// `[update]`: the PPO optimizer (both models; ε and β are in `[reward]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// Optimizer steps per iteration and model.
+    #[serde(default = "default_update_steps")]
+    pub steps: u32,
+    /// Samples per minibatch (a seeded shuffle of the included samples, cycled).
+    #[serde(default = "default_minibatch")]
+    pub minibatch: u32,
+    /// AdamW learning rate of the policy.
+    #[serde(default = "default_lr")]
+    pub policy_lr: f64,
+    /// AdamW learning rate of the reward model.
+    #[serde(default = "default_lr")]
+    pub rm_lr: f64,
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Global gradient-norm clip.
+    #[serde(default = "one_f")]
+    pub grad_clip: f64,
+    /// The log-ratio is clamped to ±this before exponentiating.
+    #[serde(default = "default_log_ratio_clamp")]
+    pub log_ratio_clamp: f64,
 }
 
 /// How policy advantages are standardized within a (task, step) group.
@@ -320,7 +389,46 @@ fn default_n() -> u32 {
     8
 }
 fn default_policy() -> String {
-    "uniform".into()
+    "transformer".into()
+}
+fn default_device() -> String {
+    "cpu".into()
+}
+fn default_d_model() -> usize {
+    64
+}
+fn default_layers() -> usize {
+    2
+}
+fn default_heads() -> usize {
+    4
+}
+fn default_context() -> usize {
+    64
+}
+fn default_rm_context() -> usize {
+    96
+}
+fn default_history() -> usize {
+    2
+}
+fn default_rm_history() -> usize {
+    1
+}
+fn default_rm_max_tokens() -> usize {
+    4
+}
+fn default_update_steps() -> u32 {
+    8
+}
+fn default_minibatch() -> u32 {
+    512
+}
+fn default_lr() -> f64 {
+    3e-3
+}
+fn default_log_ratio_clamp() -> f64 {
+    10.0
 }
 fn default_m() -> u32 {
     3
@@ -380,6 +488,7 @@ default_from_empty!(
     PolicyConfig,
     RewardModelConfig,
     RewardConfig,
+    UpdateConfig,
     AdaptConfig,
     EvalConfig
 );
@@ -390,6 +499,7 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.iterations",
     "run.memory_limit_mib",
     "run.chunk_rows",
+    "run.device",
 ];
 
 /// 1-based line and column of a byte offset.
@@ -510,10 +620,97 @@ impl Config {
             "must be in (0, 3600]",
         );
         check(
-            self.env.name == "synthetic" || !self.reward_model.enabled,
-            "reward_model.enabled",
-            "the generative reward model is not in this build yet: with a real environment set \
-             reward_model.enabled = false (outcome-only reward, R = O)",
+            matches!(self.policy.kind.as_str(), "transformer" | "uniform"),
+            "policy.kind",
+            "must be \"transformer\" (learned) or \"uniform\"",
+        );
+        check(
+            matches!(self.run.device.as_str(), "cpu" | "cuda")
+                || (self.run.device == "ndarray" && cfg!(feature = "ndarray")),
+            "run.device",
+            "must be \"cpu\" or \"cuda\"",
+        );
+        check(
+            self.run.device != "cuda" || cfg!(feature = "cuda"),
+            "run.device",
+            "this build has no CUDA backend: rebuild with `cargo build --release --features cuda`",
+        );
+        for (section, d, l, h, c, t) in [
+            (
+                "policy",
+                self.policy.d_model,
+                self.policy.layers,
+                self.policy.heads,
+                self.policy.context,
+                self.policy.temperature,
+            ),
+            (
+                "reward_model",
+                self.reward_model.d_model,
+                self.reward_model.layers,
+                self.reward_model.heads,
+                self.reward_model.context,
+                self.reward_model.temperature,
+            ),
+        ] {
+            check(
+                d > 0 && h > 0 && d % h == 0 && d <= 4096,
+                &format!("{section}.d_model"),
+                "must be a positive multiple of heads (at most 4096)",
+            );
+            check(
+                (1..=64).contains(&l),
+                &format!("{section}.layers"),
+                "must be 1..=64",
+            );
+            check(
+                (16..=8192).contains(&c),
+                &format!("{section}.context"),
+                "must be 16..=8192",
+            );
+            check(
+                t > 0.0 && t <= 100.0,
+                &format!("{section}.temperature"),
+                "must be in (0, 100]",
+            );
+        }
+        check(
+            (1..=64).contains(&self.reward_model.max_tokens),
+            "reward_model.max_tokens",
+            "must be 1..=64",
+        );
+        check(
+            self.reward_model.max_tokens < self.reward_model.context / 2,
+            "reward_model.max_tokens",
+            "must be less than half of reward_model.context",
+        );
+        check(
+            self.reward_model.samples >= 1,
+            "reward_model.samples",
+            "must be at least 1",
+        );
+        let u = &self.update;
+        check(u.minibatch >= 1, "update.minibatch", "must be at least 1");
+        check(
+            u.policy_lr >= 0.0 && u.policy_lr < 1.0,
+            "update.policy_lr",
+            "must be in [0, 1)",
+        );
+        check(
+            u.rm_lr >= 0.0 && u.rm_lr < 1.0,
+            "update.rm_lr",
+            "must be in [0, 1)",
+        );
+        check(u.grad_clip > 0.0, "update.grad_clip", "must be positive");
+        check(
+            u.log_ratio_clamp > 0.0,
+            "update.log_ratio_clamp",
+            "must be positive",
+        );
+        check(
+            (0.0..1.0).contains(&u.weight_decay),
+            "update.weight_decay",
+            "must be in [0, 1)",
         );
         let g = &self.env.gridnav;
         check(
@@ -572,11 +769,6 @@ impl Config {
             (1..=10_000).contains(&self.rollout.n),
             "rollout.n",
             "must be between 1 and 10000",
-        );
-        check(
-            self.policy.kind == "uniform",
-            "policy.kind",
-            "unknown policy (this build has: uniform)",
         );
         check(
             self.policy.temperature > 0.0,

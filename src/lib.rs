@@ -5,7 +5,8 @@
 //! - [`store`]: object_store URLs, the layout, manifests, deterministic Parquet.
 //! - [`engine`]: the DAG, the runner (resume), replay, reading committed state.
 //! - [`stages`]: one file per stage; relational stages keep their SQL beside them.
-//! - [`env`]: environments (the `Environment` trait, gridnav).
+//! - [`env`]: environments (the `Environment` trait, gridnav, household, external).
+//! - [`model`]: burn models: the transformer, tokenizer, policy, reward model and PPO.
 //! - [`schema`]: the Arrow schema of every table (documented in `schemas/`).
 //! - [`sql`]: the read-only query session of `rla-pipe sql`.
 //! - [`cli`]: clap only.
@@ -15,6 +16,7 @@ pub mod config;
 pub mod engine;
 pub mod env;
 pub mod error;
+pub mod model;
 pub mod schema;
 pub mod sql;
 pub mod stages;

@@ -69,6 +69,8 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("action", Utf8, false),
                 f("action_logprob", Float64, false),
                 f("oracle_progress", Int8, true),
+                f("next_observation", Utf8, false),
+                f("admissible", Utf8, false),
             ],
         ),
         table(
@@ -81,6 +83,8 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("sample_idx", UInt32, false),
                 f("reasoning", Utf8, false),
                 f("score", Int8, false),
+                f("response", Utf8, false),
+                f("logprob", Float64, false),
             ],
         ),
         table(
@@ -142,6 +146,8 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("kl", Float64, false),
                 f("clip_frac", Float64, false),
                 f("grad_norm", Float64, false),
+                f("samples", UInt32, false),
+                f("tokens", UInt64, false),
             ],
         ),
         table(

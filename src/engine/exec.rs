@@ -202,14 +202,7 @@ async fn feed(
                 let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
                 tokio::spawn(async move {
                     let session = range_session(&inputs, column, &range).await?;
-                    let chunk = StageContext {
-                        run_id,
-                        iter,
-                        seed,
-                        config,
-                        session,
-                        inputs: None,
-                    };
+                    let chunk = StageContext::detached(run_id, iter, seed, config, session);
                     let mut collected = Vec::new();
                     for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
                         let stream = into_sorted_stream(stage.name(), &def, out).await?;

@@ -34,6 +34,50 @@ pub struct StageContext {
     /// The committed files behind the session's tables (`None` when a test registers batches).
     /// The engine uses them to run a partitioned stage range by range.
     pub inputs: Option<Arc<InputFiles>>,
+    /// Model checkpoints the stage reads ([`Stage::checkpoints_in`]), by name, digests verified.
+    pub checkpoints: std::collections::BTreeMap<String, bytes::Bytes>,
+    /// Artifacts (checkpoints) the stage writes: the engine stores them content-addressed
+    /// before the manifest that names them.
+    pub artifacts: std::sync::Mutex<Vec<(String, bytes::Bytes)>>,
+}
+
+impl StageContext {
+    /// A context over a session with no committed files behind it (tests, range chunks).
+    pub fn detached(
+        run_id: String,
+        iter: u32,
+        seed: u64,
+        config: Arc<Config>,
+        session: SessionContext,
+    ) -> StageContext {
+        StageContext {
+            run_id,
+            iter,
+            seed,
+            config,
+            session,
+            inputs: None,
+            checkpoints: Default::default(),
+            artifacts: Default::default(),
+        }
+    }
+
+    /// The bytes of an input checkpoint.
+    pub fn checkpoint(&self, name: &str) -> Result<&bytes::Bytes> {
+        self.checkpoints.get(name).ok_or_else(|| {
+            Error::Model(format!(
+                "stage input checkpoint {name:?} was not provided by the engine"
+            ))
+        })
+    }
+
+    /// Hand an artifact to the engine.
+    pub fn emit_artifact(&self, name: &str, bytes: bytes::Bytes) {
+        self.artifacts
+            .lock()
+            .expect("artifact list")
+            .push((name.to_string(), bytes));
+    }
 }
 
 /// The committed input files of a stage, per table.
@@ -73,6 +117,16 @@ pub trait Stage: Send + Sync {
     /// may then run the stage on contiguous ranges of the column and concatenate the outputs.
     fn partition_column(&self) -> Option<&'static str> {
         None
+    }
+    /// Model checkpoints this stage reads, by name. Like tables: one written by an earlier stage
+    /// is read from the same iteration, one written by this or a later stage from the previous
+    /// iteration; at iteration 0 the engine provides the initial checkpoint (seeded).
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Checkpoints this stage writes (as artifacts, every time).
+    fn checkpoints_out(&self) -> &'static [&'static str] {
+        &[]
     }
     /// Whether the outputs are a pure function of inputs, config and seed (checked by replay).
     fn deterministic(&self) -> bool {
@@ -146,6 +200,9 @@ impl Dag {
         };
         dag.push(Arc::new(stages::reward_join::RewardJoin));
         dag.push(Arc::new(stages::advantage::Advantage));
+        if cfg.env.name != "synthetic" {
+            dag.push(Arc::new(stages::update::Update));
+        }
         dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
         if cfg.env.name != "synthetic" {
             dag.push(Arc::new(stages::evaluate::Evaluate));
@@ -166,6 +223,28 @@ impl Dag {
             .iter()
             .position(|s| s.name() == name)
             .expect("stage of this DAG")
+    }
+
+    /// Producer and iteration offset of every checkpoint a stage reads (`None`: no stage of
+    /// this DAG writes it, the initial checkpoint is used at every iteration).
+    pub fn checkpoint_sources(
+        &self,
+        stage: &str,
+    ) -> Vec<(&'static str, Option<(&'static str, u32)>)> {
+        let me = self.index(stage);
+        self.stages[me]
+            .checkpoints_in()
+            .iter()
+            .map(|name| {
+                let producer = self
+                    .stages
+                    .iter()
+                    .enumerate()
+                    .find(|(_, s)| s.checkpoints_out().contains(name))
+                    .map(|(i, s)| (s.name(), u32::from(i >= me)));
+                (*name, producer)
+            })
+            .collect()
     }
 
     /// Producer and iteration offset of every input of a stage.

@@ -13,7 +13,7 @@ use object_store::path::Path;
 use super::Dag;
 use super::catalog::{self, Committed};
 use super::exec::{self, Sink};
-use super::runner::build_context;
+use super::runner::{build_context, load_checkpoint};
 use crate::error::{Error, Result};
 use crate::store::{Store, manifest};
 
@@ -92,12 +92,24 @@ pub async fn verify(
                 )));
             }
         }
+        for a in &c.manifest.artifacts {
+            let bytes = store.get_opt(&Path::from(a.path.as_str())).await?;
+            if bytes.as_ref().map(|b| manifest::digest(b)) != Some(a.digest.clone()) {
+                return Err(Error::Mismatch(format!(
+                    "stage {}: checkpoint {} ({}) is missing or no longer matches its manifest",
+                    c.manifest.stage, a.name, a.path
+                )));
+            }
+        }
         for input in &c.manifest.inputs {
+            if input.kind == "init" {
+                continue;
+            }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;
             if manifest::digest(&bytes) != input.digest {
                 return Err(Error::Mismatch(format!(
-                    "stage {}: input manifest {} changed since the stage committed",
-                    c.manifest.stage, input.path
+                    "stage {}: input {} {} changed since the stage committed",
+                    c.manifest.stage, input.kind, input.path
                 )));
             }
         }
@@ -158,7 +170,13 @@ pub async fn verify(
             )));
         }
         let mut inputs: Vec<(Committed, Vec<&'static str>)> = Vec::new();
+        let mut checkpoints = std::collections::BTreeMap::new();
         for input in &m.inputs {
+            if input.kind != "manifest" {
+                let name = input.tables.first().cloned().unwrap_or_default();
+                checkpoints.insert(name, load_checkpoint(store, &config, input).await?);
+                continue;
+            }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;
             let manifest = manifest::parse(&bytes, &input.path)?;
             let tables = input
@@ -177,7 +195,7 @@ pub async fn verify(
                 tables,
             ));
         }
-        let (ctx, _) = build_context(
+        let (mut ctx, _) = build_context(
             store,
             run_id,
             iter,
@@ -187,7 +205,28 @@ pub async fn verify(
             &inputs,
         )
         .await?;
+        ctx.checkpoints = checkpoints;
         let outputs = exec::execute(stage.clone(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
+        let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
+        for (name, bytes) in produced {
+            let digest = manifest::digest(&bytes);
+            let committed = m.artifacts.iter().find(|a| a.name == name);
+            if committed.map(|a| &a.digest) != Some(&digest) {
+                return Err(Error::Mismatch(format!(
+                    "stage {}: checkpoint {name} differs: committed blake3 {}; replayed blake3 {}",
+                    m.stage,
+                    committed.map_or("(none)", |a| &a.digest[..16]),
+                    &digest[..16]
+                )));
+            }
+            report.push(Verified {
+                stage: m.stage.clone(),
+                table: format!("checkpoint:{name}"),
+                rows: 0,
+                digest,
+                how: "replayed",
+            });
+        }
         for out in outputs {
             let committed = m
                 .outputs

@@ -238,7 +238,7 @@ impl Engine {
         let t0 = Instant::now();
         let inputs = self.inputs_of(iter, stage.as_ref(), done).await?;
         let seed = stage_seed(&self.config, iter, stage.name());
-        let (ctx, input_refs) = build_context(
+        let (mut ctx, mut input_refs) = build_context(
             &self.store,
             &self.run_id,
             iter,
@@ -248,6 +248,9 @@ impl Engine {
             &inputs,
         )
         .await?;
+        let (checkpoints, refs) = self.checkpoints_of(iter, stage.as_ref(), done).await?;
+        ctx.checkpoints = checkpoints;
+        input_refs.extend(refs);
         let attempt = layout::new_attempt();
         info!(run = %self.run_id, iter, stage = stage.name(), attempt = %attempt, "stage started");
         let bar = self.progress_bar(iter, stage.name());
@@ -261,6 +264,7 @@ impl Engine {
         let outputs = exec::execute(stage.clone(), &ctx, &sink, &on_rows).await;
         bar.finish_and_clear();
         let outputs = outputs?;
+        let artifacts = store_artifacts(&self.store, &self.run_id, iter, &ctx).await?;
         let m = StageManifest {
             format: manifest::FORMAT,
             run_id: self.run_id.clone(),
@@ -278,6 +282,7 @@ impl Engine {
             deterministic: stage.deterministic(),
             inputs: input_refs,
             outputs,
+            artifacts,
             started_at,
             seconds: t0.elapsed().as_secs_f64(),
             status: "committed".into(),
@@ -306,6 +311,65 @@ impl Engine {
         })
     }
 
+    /// Resolve the checkpoints a stage reads: the artifact a committed producer wrote (digest
+    /// verified), or the seeded initial checkpoint where no earlier one exists.
+    async fn checkpoints_of(
+        &self,
+        iter: u32,
+        stage: &dyn Stage,
+        done: &mut BTreeMap<(u32, String), Committed>,
+    ) -> Result<(BTreeMap<String, bytes::Bytes>, Vec<InputRef>)> {
+        let mut out = BTreeMap::new();
+        let mut refs = Vec::new();
+        for (name, producer) in self.dag.checkpoint_sources(stage.name()) {
+            let from = producer.and_then(|(p, off)| iter.checked_sub(off).map(|f| (p, f)));
+            let (bytes, r) = match from {
+                Some((producer, from)) => {
+                    let key = (from, producer.to_string());
+                    if !done.contains_key(&key) {
+                        let c = catalog::read_stage(&self.store, &self.run_id, from, producer)
+                            .await?
+                            .ok_or_else(|| {
+                                Error::data(format!(
+                                    "stage {} of iteration {iter} needs checkpoint {name} from stage {producer} of iteration {from}, which is not committed",
+                                    stage.name()
+                                ))
+                            })?;
+                        done.insert(key.clone(), c);
+                    }
+                    let c = &done[&key];
+                    let a = c.manifest.artifacts.iter().find(|a| a.name == name).ok_or_else(|| {
+                        Error::data(format!(
+                            "manifest {} names no checkpoint {name} (stage {} of iteration {iter} needs it)",
+                            c.path,
+                            stage.name()
+                        ))
+                    })?;
+                    let r = InputRef {
+                        kind: "artifact".into(),
+                        tables: vec![name.to_string()],
+                        path: a.path.clone(),
+                        digest: a.digest.clone(),
+                    };
+                    (load_checkpoint(&self.store, &self.config, &r).await?, r)
+                }
+                None => {
+                    let bytes = crate::model::initial_checkpoint(&self.config, name)?;
+                    let r = InputRef {
+                        kind: "init".into(),
+                        tables: vec![name.to_string()],
+                        path: String::new(),
+                        digest: manifest::digest(&bytes),
+                    };
+                    (bytes, r)
+                }
+            };
+            out.insert(name.to_string(), bytes);
+            refs.push(r);
+        }
+        Ok((out, refs))
+    }
+
     fn progress_bar(&self, iter: u32, stage: &str) -> ProgressBar {
         if !self.verbose {
             return ProgressBar::hidden();
@@ -318,6 +382,67 @@ impl Engine {
         bar.enable_steady_tick(Duration::from_millis(120));
         bar
     }
+}
+
+/// The bytes of a checkpoint input a manifest recorded: an artifact read from the store, or the
+/// initial checkpoint rebuilt from the config; either way its digest must match the record.
+pub async fn load_checkpoint(store: &Store, config: &Config, r: &InputRef) -> Result<bytes::Bytes> {
+    let name = r.tables.first().map(String::as_str).unwrap_or("?");
+    let bytes = match r.kind.as_str() {
+        "artifact" => store
+            .get_opt(&object_store::path::Path::from(r.path.as_str()))
+            .await?
+            .ok_or_else(|| {
+                Error::data(format!("checkpoint {name}: artifact {} is missing", r.path))
+            })?,
+        "init" => crate::model::initial_checkpoint(config, name)?,
+        other => {
+            return Err(Error::data(format!(
+                "unknown checkpoint input kind {other:?}"
+            )));
+        }
+    };
+    let d = manifest::digest(&bytes);
+    if d != r.digest {
+        return Err(Error::Mismatch(format!(
+            "checkpoint {name} ({}): blake3 {} does not match the digest its manifest recorded ({}); refusing to load it",
+            if r.path.is_empty() {
+                "initial"
+            } else {
+                r.path.as_str()
+            },
+            &d[..16],
+            &r.digest[..16.min(r.digest.len())]
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Write a stage's artifacts, content-addressed (an existing file of the same name has the same
+/// bytes), and describe them for its manifest.
+async fn store_artifacts(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    ctx: &StageContext,
+) -> Result<Vec<manifest::ArtifactFile>> {
+    let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
+    let mut out = Vec::new();
+    for (name, bytes) in produced {
+        let digest = manifest::digest(&bytes);
+        let path = layout::artifact(run_id, iter, &name, &digest);
+        match store.put_if_absent(&path, bytes.clone()).await {
+            Ok(()) | Err(Error::CommitConflict(_)) => {}
+            Err(e) => return Err(e),
+        }
+        out.push(manifest::ArtifactFile {
+            name,
+            path: path.to_string(),
+            bytes: bytes.len() as u64,
+            digest,
+        });
+    }
+    Ok(out)
 }
 
 /// The seed of a stage in an iteration.
@@ -386,6 +511,8 @@ pub async fn build_context(
             })),
             config,
             session,
+            checkpoints: Default::default(),
+            artifacts: Default::default(),
         },
         refs,
     ))

@@ -1,7 +1,8 @@
-//! Stage `evaluate`: `tasks` → `evaluations`. Success on a fixed held-out set: `eval.tasks` tasks
-//! drawn from the environment with the seed `eval.seed` (the same set every iteration of a run),
-//! minus any task that is also in this iteration's training pool, each rolled out `eval.rollouts`
-//! times by the current policy (`uniform` in this build) with seeds derived from the stage seed.
+//! Stage `evaluate`: `tasks` + the updated policy → `evaluations`. Success on a fixed held-out
+//! set: `eval.tasks` tasks drawn from the environment with the seed `eval.seed` (the same set
+//! every iteration of a run), minus any task that is also in this iteration's training pool.
+//! The learned policy plays each once, greedily (its most likely action every step: a single
+//! deterministic rollout); the uniform policy plays `eval.rollouts` seeded rollouts.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Builder};
 use async_trait::async_trait;
 
-use super::rollout::roll;
+use super::rollout::{Job, play_policy};
 use super::{query, run_iter_columns};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env;
@@ -31,6 +32,9 @@ impl Stage for Evaluate {
     }
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "policy", "eval"]
+    }
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[crate::model::POLICY]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let mut training = BTreeSet::new();
@@ -61,25 +65,39 @@ impl Stage for Evaluate {
             UInt32Builder::new(),
             UInt32Builder::new(),
         );
-        for (task_id, spec) in &held_out {
-            let mut won = 0;
-            for r in 0..eval.rollouts {
-                let seed = derive_seed(ctx.seed, &[task_id, &r.to_string()]);
-                won += u32::from(
-                    roll(
-                        environment.as_ref(),
-                        spec,
-                        seed,
-                        ctx.config.env.max_steps,
-                        task_id,
-                        r,
-                    )?
-                    .outcome
-                        > 0,
-                );
-            }
+        let per_task = if ctx.config.policy.kind == "uniform" {
+            eval.rollouts
+        } else {
+            1
+        };
+        let seeds: Vec<(usize, u32, u64)> = (0..held_out.len())
+            .flat_map(|t| (0..per_task).map(move |r| (t, r)))
+            .map(|(t, r)| {
+                (
+                    t,
+                    r,
+                    derive_seed(ctx.seed, &[&held_out[t].0, &r.to_string()]),
+                )
+            })
+            .collect();
+        let jobs: Vec<Job<'_>> = seeds
+            .iter()
+            .map(|(t, r, seed)| (held_out[*t].0.as_str(), &held_out[*t].1, *r, *seed))
+            .collect();
+        let policy_ck = if ctx.config.policy.kind == "uniform" {
+            &[][..]
+        } else {
+            &ctx.checkpoint(crate::model::POLICY)?[..]
+        };
+        let environment: Arc<dyn env::Environment> = Arc::from(environment);
+        let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, true)?;
+        for (t, (task_id, _)) in held_out.iter().enumerate() {
+            let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+                .iter()
+                .filter(|r| r.outcome > 0)
+                .count() as u32;
             ids.append_value(task_id);
-            rollouts.append_value(eval.rollouts);
+            rollouts.append_value(per_task);
             successes.append_value(won);
         }
         let n = held_out.len();

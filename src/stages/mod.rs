@@ -4,12 +4,15 @@
 //! |---|---|---|
 //! | `synthetic` | — | `tasks`, `trajectories`, `steps`, `rm_samples` |
 //! | `pool` | `tasks` (previous iteration) | `tasks` |
-//! | `rollout` | `tasks` | `trajectories`, `steps` |
-//! | `rm_score` | `steps` | `rm_samples` |
-//! | `evaluate` | `tasks` | `evaluations` |
+//! | `rollout` | `tasks`, policy checkpoint | `trajectories`, `steps` |
+//! | `rm_score` | `steps`, RM checkpoint | `rm_samples` |
 //! | `reward_join` | `steps`, `trajectories`, `rm_samples` | `step_rewards` |
 //! | `advantage` | `step_rewards`, `rm_samples`, `trajectories` | `policy_advantages`, `rm_advantages` |
+//! | `update` | `steps`, `rm_samples`, both advantage tables, both checkpoints | `update_metrics`, new checkpoints |
 //! | `task_accuracy` | `trajectories`, `step_rewards`, `steps` | `task_accuracy` |
+//! | `evaluate` | `tasks`, the new policy checkpoint | `evaluations` |
+//!
+//! Stages that run a model share [`trajectories`] (steps grouped into trajectories, for prompts).
 
 pub mod advantage;
 pub mod evaluate;
@@ -19,6 +22,8 @@ pub mod rm_score;
 pub mod rollout;
 pub mod synthetic;
 pub mod task_accuracy;
+pub mod trajectories;
+pub mod update;
 
 use datafusion::dataframe::DataFrame;
 use datafusion::prelude::SessionContext;
@@ -91,14 +96,7 @@ pub(crate) mod testutil {
     use crate::schema;
 
     pub fn ctx(config: Config) -> StageContext {
-        StageContext {
-            run_id: "r".into(),
-            iter: 0,
-            seed: 7,
-            config: Arc::new(config),
-            session: SessionContext::new(),
-            inputs: None,
-        }
+        StageContext::detached("r".into(), 0, 7, Arc::new(config), SessionContext::new())
     }
 
     pub fn s(v: &[&str]) -> Arc<arrow::array::StringArray> {

@@ -1,16 +1,80 @@
-//! Stage 2, `rm_score`: `steps` → `rm_samples`. With `reward_model.enabled = false` (the paper's
-//! outcome-only ablation: R = O, no RM training) it commits an empty `rm_samples`, so every run
-//! has the same tables and the same SQL works on all of them. The generative reward model that
-//! samples m verdicts per step is not in this build; config validation refuses
-//! `reward_model.enabled = true` with a real environment until it is.
+//! Stage 2, `rm_score`: `steps` + the RM checkpoint → `rm_samples`. The generative reward model
+//! judges every step m times (`reward_model.samples`): a critique, then a verdict (+1 / −1; 0
+//! when none came within `reward_model.max_tokens`). Each step's samples draw from a seed
+//! derived from (stage seed, traj_id, step).
+//!
+//! With `reward_model.enabled = false` (the paper's outcome-only ablation: R = O, no RM
+//! training) it commits an empty `rm_samples`, so every run has the same tables and the same SQL
+//! works on all of them.
 
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayBuilder, ArrayRef, Float64Builder, Int8Builder, RecordBatch, StringBuilder, UInt32Builder,
+};
 use async_trait::async_trait;
 
-use crate::engine::{Stage, StageContext, TableOutput};
-use crate::error::{Error, Result};
+use super::run_iter_columns;
+use super::trajectories::{self, Trajectory};
+use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::error::Result;
+use crate::model::reward::{self, Judgement};
+use crate::model::{Checkpoint, ModelSpec, RM, prompt};
 use crate::schema;
 
 pub struct RmScore;
+
+/// Steps judged per model call.
+const STEP_BATCH: usize = 256;
+
+/// RM prompts of every step of the given trajectories, in key order.
+pub(crate) fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Vec<Vec<u32>> {
+    let budget = spec.config.context.saturating_sub(max_tokens).max(2);
+    let mut out = Vec::new();
+    for t in trajs {
+        for (i, s) in t.steps.iter().enumerate() {
+            out.push(prompt::reward(
+                &spec.tokenizer,
+                spec.history,
+                budget,
+                t.task(),
+                &t.past(i),
+                &s.observation,
+                &s.action,
+                &s.next_observation,
+            ));
+        }
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn judge_on<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    checkpoint: &Checkpoint,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    m: usize,
+    max_tokens: usize,
+    temperature: f64,
+) -> Result<Vec<Vec<Judgement>>> {
+    let model = checkpoint.to_model::<B>(device);
+    let mut out = Vec::with_capacity(prompts.len());
+    for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
+        out.extend(reward::generate(
+            &model,
+            &spec.tokenizer,
+            p,
+            s,
+            m,
+            max_tokens,
+            temperature,
+            device,
+        ));
+    }
+    Ok(out)
+}
 
 #[async_trait]
 impl Stage for RmScore {
@@ -24,17 +88,90 @@ impl Stage for RmScore {
         &["rm_samples"]
     }
     fn config_sections(&self) -> &'static [&'static str] {
-        &["reward_model"]
+        &["env", "reward_model"]
+    }
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[RM]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        if ctx.config.reward_model.enabled {
-            return Err(Error::Model("reward_model.enabled = true needs the generative reward model, which this build does not have".into()));
-        }
         let def = schema::table_def("rm_samples").expect("known table");
-        let empty = arrow::array::RecordBatch::new_empty(def.schema.clone());
+        let rm = &ctx.config.reward_model;
+        if !rm.enabled {
+            let empty = RecordBatch::new_empty(def.schema.clone());
+            return Ok(vec![(
+                "rm_samples",
+                TableOutput::Frame(ctx.session.read_batch(empty)?),
+            )]);
+        }
+        let trajs = trajectories::load(ctx).await?;
+        let spec = ModelSpec::for_role(&ctx.config, RM)?;
+        let ck = spec.load(ctx.checkpoint(RM)?)?;
+        let list: Vec<&Trajectory> = trajs.values().collect();
+        let prompts = prompts(&spec, rm.max_tokens, &list);
+        let seeds: Vec<u64> = list
+            .iter()
+            .flat_map(|t| {
+                (0..t.steps.len()).map(|i| derive_seed(ctx.seed, &[&t.traj_id, &i.to_string()]))
+            })
+            .collect();
+        let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
+        let judged = crate::on_backend!(
+            ctx.config.run.device.as_str(),
+            infer,
+            judge_on(&spec, &ck, &prompts, &seeds, m, max_tokens, temperature)
+        )?;
+        let (mut task, mut traj, mut step, mut sample) = (
+            StringBuilder::new(),
+            StringBuilder::new(),
+            UInt32Builder::new(),
+            UInt32Builder::new(),
+        );
+        let (mut reasoning, mut score, mut response, mut logprob) = (
+            StringBuilder::new(),
+            Int8Builder::new(),
+            StringBuilder::new(),
+            Float64Builder::new(),
+        );
+        let mut at = judged.iter();
+        for t in &list {
+            for i in 0..t.steps.len() {
+                for (j, s) in at
+                    .next()
+                    .expect("one judgement list per step")
+                    .iter()
+                    .enumerate()
+                {
+                    task.append_value(&t.task_id);
+                    traj.append_value(&t.traj_id);
+                    step.append_value(i as u32);
+                    sample.append_value(j as u32);
+                    reasoning.append_value(&s.reasoning);
+                    score.append_value(s.score);
+                    let words: Vec<String> = s
+                        .tokens
+                        .iter()
+                        .map(|id| spec.tokenizer.token(*id))
+                        .collect();
+                    response.append_value(words.join(" "));
+                    logprob.append_value(s.logprob);
+                }
+            }
+        }
+        let mut cols = run_iter_columns(ctx, step.len());
+        cols.extend([
+            Arc::new(task.finish()) as ArrayRef,
+            Arc::new(traj.finish()),
+            Arc::new(step.finish()),
+            Arc::new(sample.finish()),
+            Arc::new(reasoning.finish()),
+            Arc::new(score.finish()),
+            Arc::new(response.finish()),
+            Arc::new(logprob.finish()),
+        ]);
+        let batch = RecordBatch::try_new(def.schema.clone(), cols)?;
         Ok(vec![(
             "rm_samples",
-            TableOutput::Frame(ctx.session.read_batch(empty)?),
+            TableOutput::Frame(ctx.session.read_batch(batch)?),
         )])
     }
 }

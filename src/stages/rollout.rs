@@ -2,9 +2,12 @@
 //! and pending) gets `rollout.n` rollouts, each with its own seed derived from (stage seed, task id,
 //! rollout index), run in parallel on all cores and written in key order.
 //!
-//! Policy `uniform`: uniform over the admissible actions, `action_logprob = −ln #admissible` —
-//! the floor for ablations and for calibrating difficulty. An episode ends when the environment
-//! says so or after `min(task budget, env.max_steps)` steps; the outcome is +1 if it was won.
+//! Policy `transformer` (default): the learned policy of the checkpoint the engine hands in (the
+//! previous iteration's update, or the seeded initial model), sampled at `policy.temperature`;
+//! all live episodes advance in lockstep so that every step scores the admissible actions of all
+//! of them in one batch. Policy `uniform`: uniform over the admissible actions, `action_logprob
+//! = −ln #admissible` — the floor for ablations. An episode ends when the environment says so or
+//! after `min(task budget, env.max_steps)` steps; the outcome is +1 if it was won.
 
 use std::sync::Arc;
 
@@ -18,17 +21,30 @@ use super::{query, run_iter_columns};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
+use crate::model::{Checkpoint, ModelSpec, policy, prompt};
 use crate::schema;
 use crate::stages::synthetic::Rng;
 
 pub struct Rollout;
 
+/// One step of a rollout, as `steps` stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StepRecord {
+    pub(crate) observation: String,
+    pub(crate) action: String,
+    pub(crate) logprob: f64,
+    pub(crate) oracle: Option<i8>,
+    pub(crate) next_observation: String,
+    pub(crate) admissible: Vec<String>,
+}
+
 /// One finished rollout.
 pub(crate) struct Rolled {
     pub(crate) outcome: i8,
-    pub(crate) steps: Vec<(String, String, f64, Option<i8>)>,
+    pub(crate) steps: Vec<StepRecord>,
 }
 
+/// One uniform-policy rollout.
 pub(crate) fn roll(
     environment: &dyn Environment,
     spec: &serde_json::Value,
@@ -54,11 +70,18 @@ pub(crate) fn roll(
         let k = (rng.next_u64() % obs.admissible.len() as u64) as usize;
         let action = obs.admissible[k].clone();
         let logprob = -(obs.admissible.len() as f64).ln();
-        let text = obs.text.clone();
+        let (text, admissible) = (obs.text.clone(), obs.admissible.clone());
         let step = episode
             .step(&action)
             .map_err(|e| context(e, task_id, r, Some(i)))?;
-        steps.push((text, action, logprob, step.oracle_progress));
+        steps.push(StepRecord {
+            observation: text,
+            action,
+            logprob,
+            oracle: step.oracle_progress,
+            next_observation: episode.observation().text.clone(),
+            admissible,
+        });
         if step.done {
             won = step.won;
             break;
@@ -68,6 +91,212 @@ pub(crate) fn roll(
         outcome: if won { 1 } else { -1 },
         steps,
     })
+}
+
+/// Episodes to play: (task id, spec, rollout index, seed).
+pub(crate) type Job<'a> = (&'a str, &'a serde_json::Value, u32, u64);
+
+/// Decisions scored per model call.
+const DECISION_BATCH: usize = 512;
+
+/// Play episodes with a learned policy, all in lockstep: each round scores the admissible
+/// actions of every live episode (in batches) and advances each by one step. `greedy` takes the
+/// most likely action (evaluation); otherwise actions are sampled at `temperature` with each
+/// episode's own seed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn play<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    checkpoint: &Checkpoint,
+    environment: &dyn Environment,
+    jobs: &[Job<'_>],
+    cap: u32,
+    temperature: f64,
+    greedy: bool,
+) -> Result<Vec<Rolled>> {
+    struct Live {
+        episode: Box<dyn crate::env::Episode>,
+        rng: Rng,
+        task: String,
+        steps: Vec<StepRecord>,
+        limit: u32,
+        won: Option<bool>,
+    }
+    let model = checkpoint.to_model::<B>(device);
+    let tok = &spec.tokenizer;
+    let mut live = Vec::with_capacity(jobs.len());
+    for (task_id, task_spec, r, seed) in jobs {
+        let episode = environment
+            .reset(task_spec)
+            .map_err(|e| context(e, task_id, *r, None))?;
+        live.push(Live {
+            limit: episode.max_steps().min(cap),
+            task: episode.observation().text.clone(),
+            episode,
+            rng: Rng::new(*seed),
+            steps: Vec::new(),
+            won: None,
+        });
+    }
+    loop {
+        let running: Vec<usize> = (0..live.len()).filter(|i| live[*i].won.is_none()).collect();
+        if running.is_empty() {
+            break;
+        }
+        for chunk in running.chunks(DECISION_BATCH) {
+            let mut decisions = Vec::with_capacity(chunk.len());
+            for &i in chunk {
+                let l = &live[i];
+                let obs = l.episode.observation();
+                if obs.admissible.is_empty() {
+                    let (task_id, _, r, _) = jobs[i];
+                    return Err(Error::Environment(format!(
+                        "task {task_id} rollout {r} step {}: no admissible action",
+                        l.steps.len()
+                    )));
+                }
+                let actions: Vec<Vec<u32>> = obs
+                    .admissible
+                    .iter()
+                    .map(|a| prompt::action(tok, a))
+                    .collect();
+                let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
+                let past: Vec<(&str, &str)> = l
+                    .steps
+                    .iter()
+                    .map(|s| (s.observation.as_str(), s.action.as_str()))
+                    .collect();
+                decisions.push(policy::Decision {
+                    prompt: prompt::policy(
+                        tok,
+                        spec.history,
+                        spec.config.context.saturating_sub(longest).max(2),
+                        &l.task,
+                        &past,
+                        &obs.text,
+                    ),
+                    actions,
+                });
+            }
+            let lp = policy::to_host(policy::log_probs(&model, &decisions, temperature, device));
+            for (k, &i) in chunk.iter().enumerate() {
+                let l = &mut live[i];
+                let obs = l.episode.observation();
+                let n = obs.admissible.len();
+                let pick = if greedy {
+                    policy::greedy(&lp[k][..n])
+                } else {
+                    policy::sample(&lp[k][..n], l.rng.unit())
+                };
+                let (text, admissible) = (obs.text.clone(), obs.admissible.clone());
+                let action = admissible[pick].clone();
+                let (task_id, _, r, _) = jobs[i];
+                let step = l
+                    .episode
+                    .step(&action)
+                    .map_err(|e| context(e, task_id, r, Some(l.steps.len() as u32)))?;
+                l.steps.push(StepRecord {
+                    observation: text,
+                    action,
+                    logprob: f64::from(lp[k][pick]),
+                    oracle: step.oracle_progress,
+                    next_observation: l.episode.observation().text.clone(),
+                    admissible,
+                });
+                if step.done {
+                    l.won = Some(step.won);
+                } else if l.steps.len() as u32 >= l.limit {
+                    l.won = Some(false);
+                }
+            }
+        }
+    }
+    Ok(live
+        .into_iter()
+        .map(|l| Rolled {
+            outcome: if l.won == Some(true) { 1 } else { -1 },
+            steps: l.steps,
+        })
+        .collect())
+}
+
+fn play_on<B: burn::tensor::backend::Backend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    checkpoint: &Checkpoint,
+    environment: &dyn Environment,
+    jobs: &[Job<'_>],
+    cap: u32,
+    temperature: f64,
+    greedy: bool,
+) -> Result<Vec<Rolled>> {
+    play::<B>(
+        device,
+        spec,
+        checkpoint,
+        environment,
+        jobs,
+        cap,
+        temperature,
+        greedy,
+    )
+}
+
+/// Play `jobs` with the policy a config names: the learned one from `checkpoint`, or uniform.
+pub(crate) fn play_policy(
+    config: &crate::config::Config,
+    checkpoint: &[u8],
+    environment: &Arc<dyn Environment>,
+    jobs: &[Job<'_>],
+    greedy: bool,
+) -> Result<Vec<Rolled>> {
+    let cap = config.env.max_steps;
+    if config.policy.kind == "uniform" {
+        return uniform_parallel(environment, jobs, cap);
+    }
+    let spec = ModelSpec::for_role(config, crate::model::POLICY)?;
+    let ck = spec.load(checkpoint)?;
+    let temperature = config.policy.temperature;
+    crate::on_backend!(
+        config.run.device.as_str(),
+        infer,
+        play_on(
+            &spec,
+            &ck,
+            environment.as_ref(),
+            jobs,
+            cap,
+            temperature,
+            greedy
+        )
+    )
+}
+
+/// Uniform rollouts on all cores, in indexed slots.
+fn uniform_parallel(
+    environment: &Arc<dyn Environment>,
+    jobs: &[Job<'_>],
+    cap: u32,
+) -> Result<Vec<Rolled>> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |p| p.get())
+        .min(jobs.len().max(1));
+    let per = jobs.len().div_ceil(threads).max(1);
+    let mut slots: Vec<Option<Result<Rolled>>> = (0..jobs.len()).map(|_| None).collect();
+    std::thread::scope(|scope| {
+        for (w, chunk) in slots.chunks_mut(per).enumerate() {
+            scope.spawn(move || {
+                for (k, slot) in chunk.iter_mut().enumerate() {
+                    let (task_id, spec, r, seed) = jobs[w * per + k];
+                    *slot = Some(roll(environment.as_ref(), spec, seed, cap, task_id, r));
+                }
+            });
+        }
+    });
+    slots
+        .into_iter()
+        .map(|s| s.expect("every slot filled"))
+        .collect()
 }
 
 fn context(e: Error, task_id: &str, rollout: u32, step: Option<u32>) -> Error {
@@ -88,6 +317,9 @@ impl Stage for Rollout {
     }
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "rollout", "policy"]
+    }
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[crate::model::POLICY]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let tasks = query(
@@ -118,32 +350,20 @@ impl Stage for Rollout {
         }
         let environment: Arc<dyn Environment> = Arc::from(env::from_config(&ctx.config)?);
         let n = ctx.config.rollout.n;
-        let cap = ctx.config.env.max_steps;
-        // Rollouts in indexed slots, filled by all cores, read back in (task, rollout) order.
-        let jobs: Vec<(usize, u32)> = (0..pool.len())
+        let seeds: Vec<(usize, u32, u64)> = (0..pool.len())
             .flat_map(|t| (0..n).map(move |r| (t, r)))
+            .map(|(t, r)| (t, r, derive_seed(ctx.seed, &[&pool[t].0, &r.to_string()])))
             .collect();
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |p| p.get())
-            .min(jobs.len().max(1));
-        let mut slots: Vec<Option<Result<Rolled>>> = (0..jobs.len()).map(|_| None).collect();
-        std::thread::scope(|scope| {
-            for (w, chunk) in slots
-                .chunks_mut(jobs.len().div_ceil(threads).max(1))
-                .enumerate()
-            {
-                let (environment, pool, jobs) = (&environment, &pool, &jobs);
-                let base = w * jobs.len().div_ceil(threads).max(1);
-                scope.spawn(move || {
-                    for (k, slot) in chunk.iter_mut().enumerate() {
-                        let (t, r) = jobs[base + k];
-                        let (task_id, spec) = &pool[t];
-                        let seed = derive_seed(ctx.seed, &[task_id, &r.to_string()]);
-                        *slot = Some(roll(environment.as_ref(), spec, seed, cap, task_id, r));
-                    }
-                });
-            }
-        });
+        let jobs: Vec<Job<'_>> = seeds
+            .iter()
+            .map(|(t, r, seed)| (pool[*t].0.as_str(), &pool[*t].1, *r, *seed))
+            .collect();
+        let policy_ck = if ctx.config.policy.kind == "uniform" {
+            &[][..]
+        } else {
+            &ctx.checkpoint(crate::model::POLICY)?[..]
+        };
+        let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, false)?;
         let traj_def = schema::table_def("trajectories").expect("known table");
         let steps_def = schema::table_def("steps").expect("known table");
         let (mut t_task, mut t_id, mut t_idx, mut t_out, mut t_len) = (
@@ -162,23 +382,26 @@ impl Stage for Rollout {
             Float64Builder::new(),
             Int8Builder::new(),
         );
-        for ((t, r), slot) in jobs.iter().zip(slots) {
-            let rolled = slot.expect("every slot filled")?;
-            let task_id = &pool[*t].0;
+        let (mut s_next, mut s_adm) = (StringBuilder::new(), StringBuilder::new());
+        for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {
             let traj_id = schema::traj_id(task_id, *r);
             t_task.append_value(task_id);
             t_id.append_value(&traj_id);
             t_idx.append_value(*r);
             t_out.append_value(rolled.outcome);
             t_len.append_value(rolled.steps.len() as u32);
-            for (i, (obs, action, lp, oracle)) in rolled.steps.into_iter().enumerate() {
+            for (i, st) in rolled.steps.into_iter().enumerate() {
                 s_task.append_value(task_id);
                 s_traj.append_value(&traj_id);
                 s_idx.append_value(i as u32);
-                s_obs.append_value(obs);
-                s_act.append_value(action);
-                s_lp.append_value(lp);
-                s_or.append_option(oracle);
+                s_obs.append_value(st.observation);
+                s_act.append_value(st.action);
+                s_lp.append_value(st.logprob);
+                s_or.append_option(st.oracle);
+                s_next.append_value(st.next_observation);
+                s_adm.append_value(
+                    serde_json::to_string(&st.admissible).expect("strings serialize"),
+                );
             }
         }
         let mut tcols = run_iter_columns(ctx, t_idx.len());
@@ -198,6 +421,8 @@ impl Stage for Rollout {
             Arc::new(s_act.finish()),
             Arc::new(s_lp.finish()),
             Arc::new(s_or.finish()),
+            Arc::new(s_next.finish()),
+            Arc::new(s_adm.finish()),
         ]);
         let trajectories = RecordBatch::try_new(traj_def.schema.clone(), tcols)?;
         let steps = RecordBatch::try_new(steps_def.schema.clone(), scols)?;
@@ -286,7 +511,14 @@ mod tests {
         let b = roll(&env, spec, 42, 64, "t", 0).unwrap();
         assert_eq!(a.steps, b.steps);
         assert_eq!(a.outcome, b.outcome);
-        assert!(a.steps.iter().all(|s| s.2 == -(4f64).ln() && s.3.is_some()));
+        assert!(
+            a.steps.iter().all(|s| s.logprob == -(4f64).ln()
+                && s.oracle.is_some()
+                && s.admissible.len() == 4)
+        );
+        for w in a.steps.windows(2) {
+            assert_eq!(w[0].next_observation, w[1].observation);
+        }
         // The step cap ends an episode early, as a loss.
         let capped = roll(&env, spec, 42, 1, "t", 0).unwrap();
         assert_eq!(capped.steps.len(), 1);

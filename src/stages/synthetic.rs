@@ -230,6 +230,8 @@ impl Generator {
                     Float64Builder::new(),
                     Int8Builder::new(),
                 );
+                let (mut next, mut admissible) = (StringBuilder::new(), StringBuilder::new());
+                let all_actions = serde_json::to_string(&ACTIONS).expect("strings serialize");
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
@@ -242,6 +244,8 @@ impl Generator {
                             action.append_value(ACTIONS[tr.actions[i] as usize]);
                             logp.append_value(-(ACTIONS.len() as f64).ln());
                             oracle.append_value(*o);
+                            next.append_value(format!("synthetic task {} step {}", t.slot, i + 1));
+                            admissible.append_value(&all_actions);
                         }
                     }
                 }
@@ -252,6 +256,8 @@ impl Generator {
                     Arc::new(action.finish()),
                     Arc::new(logp.finish()),
                     Arc::new(oracle.finish()),
+                    Arc::new(next.finish()),
+                    Arc::new(admissible.finish()),
                 ]);
             }
             "rm_samples" => {
@@ -262,6 +268,7 @@ impl Generator {
                     StringBuilder::new(),
                     Int8Builder::new(),
                 );
+                let (mut response, mut logprob) = (StringBuilder::new(), Float64Builder::new());
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
@@ -273,6 +280,14 @@ impl Generator {
                             sample.append_value(k as u32 % self.m);
                             reasoning.append_value(CRITIQUES[(1 - *v) as usize]);
                             score.append_value(*v);
+                            let verdict = match v {
+                                1 => " <good>",
+                                -1 => " <bad>",
+                                _ => "",
+                            };
+                            response
+                                .append_value(format!("{}{verdict}", CRITIQUES[(1 - *v) as usize]));
+                            logprob.append_value(0.0);
                         }
                     }
                 }
@@ -282,6 +297,8 @@ impl Generator {
                     Arc::new(sample.finish()),
                     Arc::new(reasoning.finish()),
                     Arc::new(score.finish()),
+                    Arc::new(response.finish()),
+                    Arc::new(logprob.finish()),
                 ]);
             }
             other => unreachable!("synthetic does not produce {other}"),

@@ -57,6 +57,14 @@ pub fn data_file(run: &str, table: &str, iter: u32, attempt: &str) -> Path {
     ))
 }
 
+/// A content-addressed artifact (model checkpoint) written by a stage of an iteration.
+pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
+    Path::from(format!(
+        "{run}/artifacts/{}/{name}.{digest}.ckpt",
+        iter_dir(iter)
+    ))
+}
+
 pub fn data_dir(run: &str) -> Path {
     Path::from(format!("{run}/data"))
 }

@@ -25,11 +25,24 @@ pub struct OutputFile {
     pub digest: String,
 }
 
+/// One artifact (checkpoint) a stage wrote.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArtifactFile {
+    pub name: String,
+    /// Path relative to the store root (`<run>/artifacts/iter=N/<name>.<digest>.ckpt`).
+    pub path: String,
+    pub bytes: u64,
+    /// blake3 of the artifact's bytes (hex).
+    pub digest: String,
+}
+
 /// One input a stage read: another stage's manifest (by its digest) or an artifact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputRef {
-    /// `manifest` or `artifact`.
+    /// `manifest`, `artifact` (a checkpoint another stage wrote) or `init` (the seeded initial
+    /// checkpoint; `path` is empty, `digest` is that of its bytes).
     pub kind: String,
     /// Tables read from this input (manifest inputs).
     #[serde(default)]
@@ -59,6 +72,9 @@ pub struct StageManifest {
     pub deterministic: bool,
     pub inputs: Vec<InputRef>,
     pub outputs: Vec<OutputFile>,
+    /// Checkpoints written by the stage.
+    #[serde(default)]
+    pub artifacts: Vec<ArtifactFile>,
     pub started_at: String,
     pub seconds: f64,
     pub status: String,

@@ -1,0 +1,150 @@
+//! The models (burn): one small decoder-only transformer family ([`transformer`]) serves as the
+//! policy ([`policy`]) and as the generative reward model ([`reward`]); [`ppo`] trains both.
+//!
+//! Backends: CPU through burn's `flex` backend (the default, bit-reproducible), CUDA through
+//! burn-cuda behind the cargo feature `cuda` (`run.device = "cuda"`). Model code is generic over
+//! the backend; [`on_backend!`](crate::on_backend) picks one at run time. The cargo feature
+//! `ndarray` adds `run.device = "ndarray"` (burn's ndarray CPU backend), for comparing the two
+//! CPU backends on our model (README, Benchmarks).
+//!
+//! Checkpoints ([`checkpoint`]) are plain bytes with a fixed layout, so equal weights give equal
+//! bytes and the engine can store them content-addressed and verify their digests.
+
+pub mod checkpoint;
+pub mod policy;
+pub mod ppo;
+pub mod prompt;
+pub mod reward;
+pub mod tokenizer;
+pub mod transformer;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+pub use checkpoint::Checkpoint;
+pub use tokenizer::Tokenizer;
+pub use transformer::{ModelConfig, Transformer};
+
+/// The CPU backend.
+pub type Cpu = burn::backend::Flex;
+/// The CPU backend with autodiff (training).
+pub type CpuTrain = burn::backend::Autodiff<Cpu>;
+/// The CUDA backend.
+#[cfg(feature = "cuda")]
+pub type Gpu = burn::backend::Cuda;
+/// The CUDA backend with autodiff (training).
+#[cfg(feature = "cuda")]
+pub type GpuTrain = burn::backend::Autodiff<Gpu>;
+
+/// Call a backend-generic function on the backend `run.device` names:
+/// `on_backend!(device_str, infer | train, function(args...))`, where the function's first
+/// argument is the device.
+#[macro_export]
+macro_rules! on_backend {
+    ($device:expr, infer, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $device {
+            #[cfg(feature = "cuda")]
+            "cuda" => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
+            #[cfg(feature = "ndarray")]
+            "ndarray" => $f::<burn::backend::NdArray>(&Default::default(), $($arg),*),
+            "cpu" => $f::<$crate::model::Cpu>(&Default::default(), $($arg),*),
+            other => Err($crate::Error::Config(format!(
+                "key `run.device`: {other:?} is not available in this build (cpu{})",
+                if cfg!(feature = "cuda") { ", cuda" } else { "; rebuild with --features cuda for cuda" }
+            ))),
+        }
+    };
+    ($device:expr, train, $f:ident ( $($arg:expr),* $(,)? )) => {
+        match $device {
+            #[cfg(feature = "cuda")]
+            "cuda" => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
+            #[cfg(feature = "ndarray")]
+            "ndarray" => $f::<burn::backend::Autodiff<burn::backend::NdArray>>(&Default::default(), $($arg),*),
+            "cpu" => $f::<$crate::model::CpuTrain>(&Default::default(), $($arg),*),
+            other => Err($crate::Error::Config(format!(
+                "key `run.device`: {other:?} is not available in this build (cpu{})",
+                if cfg!(feature = "cuda") { ", cuda" } else { "; rebuild with --features cuda for cuda" }
+            ))),
+        }
+    };
+}
+
+/// The two model roles.
+pub const POLICY: &str = "policy";
+pub const RM: &str = "rm";
+
+/// Everything that defines a role's model: its tokenizer and its shape.
+pub struct ModelSpec {
+    pub role: &'static str,
+    pub tokenizer: Tokenizer,
+    pub config: ModelConfig,
+    pub history: usize,
+}
+
+impl ModelSpec {
+    /// The spec of a role (`policy` or `rm`) under a config.
+    pub fn for_role(cfg: &Config, role: &str) -> Result<ModelSpec> {
+        let words = crate::env::from_config(cfg)?.vocabulary();
+        let (role, path, d, l, h, c, history) = match role {
+            POLICY => {
+                let p = &cfg.policy;
+                (
+                    POLICY,
+                    &p.tokenizer,
+                    p.d_model,
+                    p.layers,
+                    p.heads,
+                    p.context,
+                    p.history,
+                )
+            }
+            RM => {
+                let r = &cfg.reward_model;
+                (
+                    RM,
+                    &r.tokenizer,
+                    r.d_model,
+                    r.layers,
+                    r.heads,
+                    r.context,
+                    r.history,
+                )
+            }
+            other => return Err(Error::Model(format!("no model role {other:?}"))),
+        };
+        let tokenizer = Tokenizer::for_config(path, &words)?;
+        let config = ModelConfig {
+            vocab: tokenizer.vocab_size(),
+            d_model: d,
+            layers: l,
+            heads: h,
+            context: c,
+        };
+        config.validate().map_err(Error::Config)?;
+        Ok(ModelSpec {
+            role,
+            tokenizer,
+            config,
+            history,
+        })
+    }
+
+    /// Load a checkpoint of this spec (its shape must match the config).
+    pub fn load(&self, bytes: &[u8]) -> Result<Checkpoint> {
+        let ck = Checkpoint::decode(bytes)?;
+        if ck.config != self.config || ck.role != self.role {
+            return Err(Error::Model(format!(
+                "checkpoint is a {} model of shape {:?}, the config wants a {} model of shape {:?}",
+                ck.role, ck.config, self.role, self.config
+            )));
+        }
+        Ok(ck)
+    }
+}
+
+/// The seeded initial checkpoint of a role (`policy` or `rm`): the same bytes for the same
+/// config on every machine.
+pub fn initial_checkpoint(cfg: &Config, role: &str) -> Result<bytes::Bytes> {
+    let spec = ModelSpec::for_role(cfg, role)?;
+    let seed = crate::engine::derive_seed(cfg.run.seed, &["init", role]);
+    Ok(Checkpoint::init(spec.role, &spec.config, seed).encode())
+}

@@ -1,0 +1,219 @@
+//! PPO for both models (DESIGN.md, Formulas): clipped surrogate with ε on every response token
+//! (for the policy the response is one decision: the chosen admissible action), log-ratio
+//! clamped, k3 KL estimator against the pre-update snapshot with coefficient β, token mean per
+//! sample then batch mean; AdamW; the gradient clipped to a global norm.
+//!
+//! The snapshot is the checkpoint the iteration's rollouts (or RM samples) came from, so it
+//! supplies both the "old" log-probabilities of the ratio and the KL reference; they are
+//! recomputed here with the same code path as training, so the first step's ratio is exactly 1.
+
+use burn::module::AutodiffModule;
+use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+use super::transformer::Transformer;
+use crate::stages::synthetic::Rng;
+
+/// PPO settings (from `[reward]` and `[update]`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PpoSettings {
+    pub clip_eps: f64,
+    pub kl_beta: f64,
+    pub log_ratio_clamp: f64,
+    pub lr: f64,
+    pub weight_decay: f64,
+    pub grad_clip: f64,
+    pub steps: u32,
+    pub minibatch: usize,
+}
+
+/// What one optimizer step reports (a row of `update_metrics`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct StepMetrics {
+    pub loss: f64,
+    pub kl: f64,
+    pub clip_frac: f64,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    pub samples: u32,
+    /// Response tokens in the minibatch.
+    pub tokens: u64,
+}
+
+/// Loss, mean k3 KL and clip fraction (scalars) of per-token log-probabilities `[n, len]`.
+/// `valid` is 1 for real tokens and 0 for padding; `adv` is `[n, 1]`.
+pub fn ppo_loss<B: Backend>(
+    new: Tensor<B, 2>,
+    old: Tensor<B, 2>,
+    reference: Tensor<B, 2>,
+    adv: Tensor<B, 2>,
+    valid: Tensor<B, 2>,
+    s: &PpoSettings,
+) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>) {
+    let c = s.log_ratio_clamp;
+    let ratio = (new.clone() - old).clamp(-c, c).exp();
+    let pg1 = -(ratio.clone() * adv.clone());
+    let pg2 = -(ratio.clamp(1.0 - s.clip_eps, 1.0 + s.clip_eps) * adv);
+    let clipped = pg2.clone().greater(pg1.clone()).float();
+    let pg = pg1.max_pair(pg2);
+    let d = (reference - new).clamp(-c, c);
+    let k3 = d.clone().exp() - d - 1.0;
+    let count = valid.clone().sum_dim(1);
+    let token_mean = |x: Tensor<B, 2>| (x * valid.clone()).sum_dim(1).div(count.clone()).mean();
+    let loss = token_mean(pg + k3.clone().mul_scalar(s.kl_beta));
+    (loss, token_mean(k3), token_mean(clipped))
+}
+
+/// Run `s.steps` optimizer steps over minibatches of a seeded shuffle of `n` samples (cycled).
+/// `loss_of(model, indices)` returns the minibatch's (loss, kl, clip_frac, tokens).
+pub fn train<B: AutodiffBackend>(
+    mut model: Transformer<B>,
+    n: usize,
+    s: &PpoSettings,
+    seed: u64,
+    mut loss_of: impl FnMut(
+        &Transformer<B>,
+        &[usize],
+    ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
+) -> (Transformer<B>, Vec<StepMetrics>) {
+    let mut metrics = Vec::new();
+    if n == 0 || s.steps == 0 {
+        return (model, metrics);
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = Rng::new(seed);
+    for i in (1..n).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mut optim = AdamWConfig::new()
+        .with_weight_decay(s.weight_decay as f32)
+        .init::<B, Transformer<B>>();
+    let mb = s.minibatch.clamp(1, n);
+    let mut at = 0usize;
+    for _ in 0..s.steps {
+        let batch: Vec<usize> = (0..mb).map(|k| order[(at + k) % n]).collect();
+        at = (at + mb) % n;
+        let (loss, kl, clip, tokens) = loss_of(&model, &batch);
+        let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
+        let (loss_v, kl_v, clip_v) = (scalar(loss.clone()), scalar(kl), scalar(clip));
+        let grads = loss.backward();
+        let mut sq = 0.0f64;
+        let mut found = Vec::new();
+        for p in model.params() {
+            if let Some(g) = p.grad(&grads) {
+                sq += f64::from(g.clone().powi_scalar(2).sum().into_scalar().elem::<f32>());
+                found.push((p.id, g));
+            }
+        }
+        let norm = sq.sqrt();
+        let scale = if norm > s.grad_clip {
+            s.grad_clip / (norm + 1e-6)
+        } else {
+            1.0
+        };
+        let mut gp = GradientsParams::new();
+        for (id, g) in found {
+            gp.register(id, if scale < 1.0 { g.mul_scalar(scale) } else { g });
+        }
+        model = optim.step(s.lr, model, gp);
+        metrics.push(StepMetrics {
+            loss: loss_v,
+            kl: kl_v,
+            clip_frac: clip_v,
+            grad_norm: norm,
+            samples: mb as u32,
+            tokens,
+        });
+    }
+    (model, metrics)
+}
+
+/// The inner-backend (no autodiff) copy of a model, for the snapshot's log-probabilities.
+pub fn snapshot<B: AutodiffBackend>(model: &Transformer<B>) -> Transformer<B::InnerBackend> {
+    model.valid()
+}
+
+use burn::tensor::ElementConversion as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CpuTrain;
+    use crate::model::transformer::float_tensor;
+
+    fn settings() -> PpoSettings {
+        PpoSettings {
+            clip_eps: 0.2,
+            kl_beta: 0.01,
+            log_ratio_clamp: 10.0,
+            lr: 1e-3,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            steps: 1,
+            minibatch: 8,
+        }
+    }
+
+    /// One token, hand-computed: old = ref = ln 0.5, new = ln 0.6, A = +1.
+    /// ratio 1.2 is at the clip edge (not clipped): pg = −1.2, d(pg)/d(new) = −ratio = −1.2.
+    /// k3 = e^d − d − 1 with d = ln(0.5/0.6): 0.8333… + 0.18232… − 1 = 0.015655…;
+    /// d(k3)/d(new) = 1 − e^d = 0.1666…; total gradient −1.2 + 0.01 × 0.1666… = −1.198333….
+    #[test]
+    fn loss_and_gradient_on_a_hand_computed_case() {
+        let dev = Default::default();
+        let new = float_tensor::<CpuTrain, 2>(vec![0.6f32.ln()], [1, 1], &dev).require_grad();
+        let old = float_tensor::<CpuTrain, 2>(vec![0.5f32.ln()], [1, 1], &dev);
+        let adv = float_tensor::<CpuTrain, 2>(vec![1.0], [1, 1], &dev);
+        let valid = float_tensor::<CpuTrain, 2>(vec![1.0], [1, 1], &dev);
+        let (loss, kl, clip) = ppo_loss(new.clone(), old.clone(), old, adv, valid, &settings());
+        let k3 = (0.5f64 / 0.6).ln();
+        let k3 = k3.exp() - k3 - 1.0;
+        assert!((k3 - 0.015_655).abs() < 1e-5);
+        let lv = f64::from(loss.clone().into_scalar());
+        assert!((lv - (-1.2 + 0.01 * k3)).abs() < 1e-5, "{lv}");
+        assert!((f64::from(kl.into_scalar()) - k3).abs() < 1e-6);
+        assert_eq!(clip.into_scalar(), 0.0);
+        let grads = loss.backward();
+        let g = new.grad(&grads).unwrap().into_scalar();
+        assert!(
+            (f64::from(g) - (-1.2 + 0.01 * (1.0 - 0.5 / 0.6))).abs() < 1e-5,
+            "{g}"
+        );
+    }
+
+    /// Past the clip (ratio 1.5, A > 0) the surrogate is flat: only the KL term has a gradient;
+    /// with A < 0 the unclipped branch is kept. Token mean per sample, then batch mean.
+    #[test]
+    fn clipping_and_token_means() {
+        let dev = Default::default();
+        let new = float_tensor::<CpuTrain, 2>(vec![0.75f32.ln(), 0.75f32.ln()], [2, 1], &dev)
+            .require_grad();
+        let old = float_tensor::<CpuTrain, 2>(vec![0.5f32.ln(), 0.5f32.ln()], [2, 1], &dev);
+        let adv = float_tensor::<CpuTrain, 2>(vec![1.0, -1.0], [2, 1], &dev);
+        let valid = float_tensor::<CpuTrain, 2>(vec![1.0, 1.0], [2, 1], &dev);
+        let mut s = settings();
+        s.kl_beta = 0.0;
+        let (loss, _, clip) = ppo_loss(new.clone(), old.clone(), old, adv, valid, &s);
+        // Sample 1: −min(1.5, 1.2) = −1.2 (clipped); sample 2: −min(−1.5, −1.2) = 1.5.
+        assert!((f64::from(loss.clone().into_scalar()) - (-1.2 + 1.5) / 2.0).abs() < 1e-5);
+        assert!((f64::from(clip.into_scalar()) - 0.5).abs() < 1e-6);
+        let g = new
+            .grad(&loss.backward())
+            .unwrap()
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        assert!(g[0].abs() < 1e-7, "clipped sample has no gradient: {g:?}");
+        assert!((g[1] - 0.75).abs() < 1e-5, "{g:?}");
+        // Two tokens in one sample, one padded away in the other.
+        let new = float_tensor::<CpuTrain, 2>(vec![0.0, -1.0, 0.0, 5.0], [2, 2], &dev);
+        let zero = float_tensor::<CpuTrain, 2>(vec![0.0; 4], [2, 2], &dev);
+        let adv = float_tensor::<CpuTrain, 2>(vec![1.0, 1.0], [2, 1], &dev);
+        let valid = float_tensor::<CpuTrain, 2>(vec![1.0, 1.0, 1.0, 0.0], [2, 2], &dev);
+        let (loss, _, _) = ppo_loss(new, zero.clone(), zero, adv, valid, &s);
+        // Sample 1: tokens −1 and −e^−1 → mean; sample 2: −1 (padding ignored).
+        let want = ((-1.0 - (-1.0f64).exp()) / 2.0 - 1.0) / 2.0;
+        assert!((f64::from(loss.into_scalar()) - want).abs() < 1e-5);
+    }
+}

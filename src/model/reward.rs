@@ -1,0 +1,220 @@
+//! The generative reward model: for a step it writes a short critique (words from
+//! [`CRITIQUE`](super::tokenizer::CRITIQUE)) and then a verdict token, `<good>` (+1) or `<bad>`
+//! (−1); no verdict within `max_tokens` scores 0 (unparsable). Sampling is restricted to those
+//! words, at the RM temperature, m samples per step, each with its own seed; the prompt is
+//! encoded once per step and every sample continues from the key/value cache.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use super::policy::to_host;
+use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
+use super::transformer::{Transformer, bool_tensor, float_tensor, int_tensor};
+use crate::engine::derive_seed;
+use crate::stages::synthetic::Rng;
+
+/// One RM sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Judgement {
+    /// Generated tokens: critique words, then the verdict if one came.
+    pub tokens: Vec<u32>,
+    /// The critique words as text.
+    pub reasoning: String,
+    /// +1 `<good>`, −1 `<bad>`, 0 no verdict.
+    pub score: i8,
+    /// Sum of the sampled tokens' log-probabilities under the sampling distribution.
+    pub logprob: f64,
+}
+
+/// Token ids the RM may generate: the critique words, then `<good>`, `<bad>`.
+pub fn allowed_ids(tok: &Tokenizer) -> Vec<u32> {
+    let mut v = tok.critique_ids();
+    v.push(tok.special(GOOD));
+    v.push(tok.special(BAD));
+    v
+}
+
+/// A `[vocab]` bias: 0 for allowed tokens, −1e9 elsewhere.
+pub fn allowed_bias<B: Backend>(tok: &Tokenizer, vocab: usize, device: &B::Device) -> Tensor<B, 1> {
+    let mut bias = vec![-1e9f32; vocab];
+    for id in allowed_ids(tok) {
+        bias[id as usize] = 0.0;
+    }
+    float_tensor(bias, [vocab], device)
+}
+
+/// The judgement of a response given as tokens (the inverse of generation's bookkeeping).
+pub fn parse(tok: &Tokenizer, tokens: &[u32]) -> (String, i8) {
+    let (good, bad) = (tok.special(GOOD), tok.special(BAD));
+    let mut words = Vec::new();
+    for t in tokens {
+        if *t == good {
+            return (words.join(" "), 1);
+        }
+        if *t == bad {
+            return (words.join(" "), -1);
+        }
+        words.push(tok.token(*t));
+    }
+    (words.join(" "), 0)
+}
+
+/// `m` judgements for each prompt; sample `j` of prompt `p` draws from `derive_seed(seeds[p], j)`.
+#[allow(clippy::too_many_arguments)]
+pub fn generate<B: Backend>(
+    model: &Transformer<B>,
+    tok: &Tokenizer,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    m: usize,
+    max_tokens: usize,
+    temperature: f64,
+    device: &B::Device,
+) -> Vec<Vec<Judgement>> {
+    let allowed = allowed_ids(tok);
+    let (good, bad, pad) = (tok.special(GOOD), tok.special(BAD), tok.special(PAD));
+    let (last, cache, lens) = model.encode(prompts, device);
+    let rows: Vec<usize> = (0..prompts.len())
+        .flat_map(|p| std::iter::repeat_n(p, m))
+        .collect();
+    let n = rows.len();
+    let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let mut cache = cache.select_rows(&rows, device);
+    let row_idx = int_tensor::<B, 1>(rows.iter().map(|r| *r as i64).collect(), [n], device);
+    let mut logits = last.select(0, row_idx);
+    let mut rngs: Vec<Rng> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Rng::new(derive_seed(seeds[*p], &[&(i % m).to_string()])))
+        .collect();
+    let mut out: Vec<(Vec<u32>, f64, bool)> = vec![(Vec::new(), 0.0, false); n];
+    let ctx = model.context();
+    for g in 0..max_tokens {
+        let host = to_host(logits.clone());
+        let mut fed = Vec::with_capacity(n);
+        for (r, row) in host.iter().enumerate() {
+            let (tokens, lp, done) = &mut out[r];
+            if *done {
+                fed.push(pad as i64);
+                continue;
+            }
+            let z: Vec<f64> = allowed
+                .iter()
+                .map(|id| f64::from(row[*id as usize]) / temperature)
+                .collect();
+            let mx = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = mx + z.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
+            let u = rngs[r].unit();
+            let mut acc = 0.0;
+            let mut pick = allowed.len() - 1;
+            for (k, x) in z.iter().enumerate() {
+                acc += (x - lse).exp();
+                if u < acc {
+                    pick = k;
+                    break;
+                }
+            }
+            let t = allowed[pick];
+            tokens.push(t);
+            *lp += z[pick] - lse;
+            *done = t == good || t == bad;
+            fed.push(t as i64);
+        }
+        if g + 1 == max_tokens || out.iter().all(|o| o.2) {
+            break;
+        }
+        let mut pos = Vec::with_capacity(n);
+        let mut mask = Vec::with_capacity(n * (tp + g + 1));
+        for r in 0..n {
+            let plen = lens[rows[r]];
+            pos.push(((plen + g).min(ctx - 1)) as i64);
+            mask.extend((0..tp).map(|k| k >= plen));
+            mask.extend(std::iter::repeat_n(false, g + 1));
+        }
+        let v = model.vocab();
+        logits = model
+            .forward(
+                int_tensor(fed, [n, 1], device),
+                int_tensor(pos, [n, 1], device),
+                bool_tensor(mask, [n, 1, tp + g + 1], device),
+                Some(&mut cache),
+            )
+            .reshape([n, v]);
+    }
+    let mut per_prompt: Vec<Vec<Judgement>> =
+        (0..prompts.len()).map(|_| Vec::with_capacity(m)).collect();
+    for (r, (tokens, lp, _)) in out.into_iter().enumerate() {
+        let (reasoning, score) = parse(tok, &tokens);
+        per_prompt[rows[r]].push(Judgement {
+            tokens,
+            reasoning,
+            score,
+            logprob: lp,
+        });
+    }
+    per_prompt
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Cpu;
+    use crate::model::checkpoint::Checkpoint;
+    use crate::model::transformer::ModelConfig;
+
+    #[test]
+    fn generation_is_seeded_restricted_and_matches_teacher_forcing() {
+        let tok = Tokenizer::words(&["at 1 2 goal north".into()]);
+        let cfg = ModelConfig {
+            vocab: tok.vocab_size(),
+            d_model: 16,
+            layers: 1,
+            heads: 2,
+            context: 32,
+        };
+        let dev = Default::default();
+        let model = Checkpoint::init("rm", &cfg, 9).to_model::<Cpu>(&dev);
+        let prompts = vec![
+            tok.encode("<bos> at 1 2 <critic>"),
+            tok.encode("<bos> goal <critic>"),
+        ];
+        let a = generate(&model, &tok, &prompts, &[1, 2], 3, 4, 0.8, &dev);
+        let b = generate(&model, &tok, &prompts[..1], &[1], 3, 4, 0.8, &dev);
+        assert_eq!(a[0], b[0], "a prompt's samples do not depend on the batch");
+        let allowed = allowed_ids(&tok);
+        for j in a.iter().flatten() {
+            assert!(j.tokens.iter().all(|t| allowed.contains(t)));
+            assert!(!j.tokens.is_empty() && j.tokens.len() <= 4);
+            assert_eq!(parse(&tok, &j.tokens), (j.reasoning.clone(), j.score));
+            assert_eq!(
+                j.score == 0,
+                j.tokens.len() == 4
+                    && !matches!(*j.tokens.last().unwrap(), t if t == tok.special(GOOD) || t == tok.special(BAD))
+            );
+        }
+        // The recorded log-probability is what teacher forcing computes for the same tokens.
+        let (last, cache, lens) = model.encode(&prompts, &dev);
+        let bias = allowed_bias::<Cpu>(&tok, cfg.vocab, &dev);
+        let conts: Vec<Vec<u32>> = a.iter().flatten().map(|j| j.tokens.clone()).collect();
+        let rows: Vec<usize> = vec![0, 0, 0, 1, 1, 1];
+        let (lp, _) = model.continuation_logprobs(
+            &last,
+            &cache,
+            &lens,
+            &rows,
+            &conts,
+            Some(&bias),
+            0.8,
+            &dev,
+        );
+        for (r, row) in to_host(lp).iter().enumerate() {
+            let j = &a[rows[r]][r % 3];
+            let s: f32 = row.iter().sum();
+            assert!(
+                (f64::from(s) - j.logprob).abs() < 1e-3,
+                "{s} vs {}",
+                j.logprob
+            );
+        }
+    }
+}

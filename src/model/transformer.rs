@@ -1,0 +1,388 @@
+//! One small decoder-only transformer family for the policy and the reward model: token and
+//! learned position embeddings, pre-norm blocks (RMSNorm → causal multi-head attention → RMSNorm
+//! → GELU MLP), a final RMSNorm and an untied output head. Generic over the burn backend.
+//!
+//! Every parameter is a 2-D tensor created by [`Transformer::build`] in one fixed order, which
+//! is also the order [`Transformer::params`] lists them in: that is the checkpoint format (see
+//! [`super::checkpoint`]), independent of burn's record ids (which are random).
+//!
+//! Attention takes an explicit boolean mask (`true` = masked out) and an optional key/value
+//! cache, so a batch of right-padded prompts is encoded once and then continued (admissible
+//! actions scored, RM critiques generated) without recomputing the prompt.
+
+use burn::module::{Module, Param};
+use burn::tensor::activation::{gelu, log_softmax, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+/// Shape of a transformer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub vocab: usize,
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    /// Maximum sequence length (learned positions).
+    pub context: usize,
+}
+
+impl ModelConfig {
+    /// Parameter shapes in checkpoint order, with their names.
+    pub fn param_shapes(&self) -> Vec<(String, [usize; 2])> {
+        let (v, d, c) = (self.vocab, self.d_model, self.context);
+        let mut out = vec![
+            ("tok_emb".to_string(), [v, d]),
+            ("pos_emb".to_string(), [c, d]),
+        ];
+        for l in 0..self.layers {
+            for (n, s) in [
+                ("norm1", [1, d]),
+                ("wqkv", [d, 3 * d]),
+                ("wo", [d, d]),
+                ("norm2", [1, d]),
+                ("w1", [d, 4 * d]),
+                ("w2", [4 * d, d]),
+            ] {
+                out.push((format!("blocks.{l}.{n}"), s));
+            }
+        }
+        out.push(("norm_f".to_string(), [1, d]));
+        out.push(("head".to_string(), [d, v]));
+        out
+    }
+
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.d_model == 0 || self.heads == 0 || self.d_model % self.heads != 0 {
+            return Err(format!(
+                "d_model ({}) must be a positive multiple of heads ({})",
+                self.d_model, self.heads
+            ));
+        }
+        if self.layers == 0 || self.context < 8 || self.vocab == 0 {
+            return Err("layers must be ≥ 1 and context ≥ 8".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Module, Debug)]
+pub struct Block<B: Backend> {
+    norm1: Param<Tensor<B, 2>>,
+    wqkv: Param<Tensor<B, 2>>,
+    wo: Param<Tensor<B, 2>>,
+    norm2: Param<Tensor<B, 2>>,
+    w1: Param<Tensor<B, 2>>,
+    w2: Param<Tensor<B, 2>>,
+}
+
+#[derive(Module, Debug)]
+pub struct Transformer<B: Backend> {
+    tok_emb: Param<Tensor<B, 2>>,
+    pos_emb: Param<Tensor<B, 2>>,
+    blocks: Vec<Block<B>>,
+    norm_f: Param<Tensor<B, 2>>,
+    head: Param<Tensor<B, 2>>,
+    heads: usize,
+}
+
+/// Keys and values of every layer for the positions seen so far: `[batch, heads, len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// The cache with its batch rows reordered / repeated: row r of the result is row
+    /// `rows[r]` of this cache.
+    pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
+        let idx = int_tensor::<B, 1>(
+            rows.iter().map(|r| *r as i64).collect(),
+            [rows.len()],
+            device,
+        );
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone().select(0, idx.clone()),
+                        v.clone().select(0, idx.clone()),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An Int tensor from host values.
+pub fn int_tensor<B: Backend, const D: usize>(
+    values: Vec<i64>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Int> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A Bool tensor from host values.
+pub fn bool_tensor<B: Backend, const D: usize>(
+    values: Vec<bool>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Bool> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A Float tensor from host values.
+pub fn float_tensor<B: Backend, const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+fn rms_norm<B: Backend>(x: Tensor<B, 3>, gamma: &Param<Tensor<B, 2>>) -> Tensor<B, 3> {
+    let rms = x.clone().powi_scalar(2).mean_dim(2).add_scalar(1e-6).sqrt();
+    x.div(rms).mul(gamma.val().unsqueeze_dim(0))
+}
+
+fn linear<B: Backend>(x: Tensor<B, 3>, w: &Param<Tensor<B, 2>>) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let w = w.val();
+    let out = w.dims()[1];
+    x.reshape([b * t, d]).matmul(w).reshape([b, t, out])
+}
+
+impl<B: Backend> Transformer<B> {
+    /// Build a model, asking `param(name, shape)` for every parameter in checkpoint order.
+    pub fn build(
+        cfg: &ModelConfig,
+        mut param: impl FnMut(&str, [usize; 2]) -> Tensor<B, 2>,
+    ) -> Transformer<B> {
+        let mut p = |name: &str, shape: [usize; 2]| Param::from_tensor(param(name, shape));
+        let (v, d, c) = (cfg.vocab, cfg.d_model, cfg.context);
+        let tok_emb = p("tok_emb", [v, d]);
+        let pos_emb = p("pos_emb", [c, d]);
+        let blocks = (0..cfg.layers)
+            .map(|l| Block {
+                norm1: p(&format!("blocks.{l}.norm1"), [1, d]),
+                wqkv: p(&format!("blocks.{l}.wqkv"), [d, 3 * d]),
+                wo: p(&format!("blocks.{l}.wo"), [d, d]),
+                norm2: p(&format!("blocks.{l}.norm2"), [1, d]),
+                w1: p(&format!("blocks.{l}.w1"), [d, 4 * d]),
+                w2: p(&format!("blocks.{l}.w2"), [4 * d, d]),
+            })
+            .collect();
+        let norm_f = p("norm_f", [1, d]);
+        let head = p("head", [d, v]);
+        Transformer {
+            tok_emb,
+            pos_emb,
+            blocks,
+            norm_f,
+            head,
+            heads: cfg.heads,
+        }
+    }
+
+    /// Every parameter in checkpoint order.
+    pub fn params(&self) -> Vec<&Param<Tensor<B, 2>>> {
+        let mut out = vec![&self.tok_emb, &self.pos_emb];
+        for b in &self.blocks {
+            out.extend([&b.norm1, &b.wqkv, &b.wo, &b.norm2, &b.w1, &b.w2]);
+        }
+        out.extend([&self.norm_f, &self.head]);
+        out
+    }
+
+    pub fn context(&self) -> usize {
+        self.pos_emb.dims()[0]
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.tok_emb.dims()[0]
+    }
+
+    /// Logits `[batch, len, vocab]` for `tokens` at `positions` (both `[batch, len]`).
+    /// `mask` is `[batch, len, cached + len]`, `true` where a query must not see a key. With a
+    /// cache, the new keys and values are appended to it.
+    pub fn forward(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let [b, t] = tokens.dims();
+        let d = self.tok_emb.dims()[1];
+        let h = self.heads;
+        let hd = d / h;
+        let tok = self.tok_emb.val().select(0, tokens.reshape([b * t]));
+        let pos = self.pos_emb.val().select(0, positions.reshape([b * t]));
+        let mut x = (tok + pos).reshape([b, t, d]);
+        let tk = mask.dims()[2];
+        let mask = mask.unsqueeze_dim::<4>(1).expand([b, h, t, tk]);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let mut fresh = Vec::with_capacity(self.blocks.len());
+        let cached = cache
+            .as_ref()
+            .filter(|c| !c.layers.is_empty())
+            .map(|c| c.layers.clone());
+        for (l, blk) in self.blocks.iter().enumerate() {
+            let qkv = linear(rms_norm(x.clone(), &blk.norm1), &blk.wqkv);
+            let split = |i: usize| {
+                qkv.clone()
+                    .narrow(2, i * d, d)
+                    .reshape([b, t, h, hd])
+                    .swap_dims(1, 2)
+            };
+            let (q, mut k, mut v) = (split(0), split(1), split(2));
+            if let Some(layers) = &cached {
+                let (ck, cv) = &layers[l];
+                k = Tensor::cat(vec![ck.clone(), k], 2);
+                v = Tensor::cat(vec![cv.clone(), v], 2);
+            }
+            fresh.push((k.clone(), v.clone()));
+            let scores = q
+                .matmul(k.swap_dims(2, 3))
+                .mul_scalar(scale)
+                .mask_fill(mask.clone(), -1e9);
+            let att = softmax(scores, 3)
+                .matmul(v)
+                .swap_dims(1, 2)
+                .reshape([b, t, d]);
+            x = x + linear(att, &blk.wo);
+            let hidden = gelu(linear(rms_norm(x.clone(), &blk.norm2), &blk.w1));
+            x = x + linear(hidden, &blk.w2);
+        }
+        if let Some(c) = cache {
+            c.layers = fresh;
+        }
+        linear(rms_norm(x, &self.norm_f), &self.head)
+    }
+
+    /// Encode right-padded prompts: the raw next-token logits after each prompt (`[batch,
+    /// vocab]`, at its last real token), the cache, and the prompt lengths.
+    pub fn encode(
+        &self,
+        prompts: &[Vec<u32>],
+        device: &B::Device,
+    ) -> (Tensor<B, 2>, KvCache<B>, Vec<usize>) {
+        let b = prompts.len();
+        let lens: Vec<usize> = prompts.iter().map(|p| p.len().max(1)).collect();
+        let t = *lens.iter().max().unwrap_or(&1);
+        let mut toks = Vec::with_capacity(b * t);
+        let mut pos = Vec::with_capacity(b * t);
+        let mut mask = Vec::with_capacity(b * t * t);
+        for (p, &len) in prompts.iter().zip(&lens) {
+            for i in 0..t {
+                toks.push(p.get(i).copied().unwrap_or(0) as i64);
+                pos.push(i.min(len - 1) as i64);
+                for k in 0..t {
+                    mask.push(!(k <= i && k < len));
+                }
+            }
+        }
+        let mut cache = KvCache { layers: Vec::new() };
+        let logits = self.forward(
+            int_tensor(toks, [b, t], device),
+            int_tensor(pos, [b, t], device),
+            bool_tensor(mask, [b, t, t], device),
+            Some(&mut cache),
+        );
+        let last = int_tensor::<B, 1>(
+            lens.iter()
+                .enumerate()
+                .map(|(r, l)| (r * t + l - 1) as i64)
+                .collect(),
+            [b],
+            device,
+        );
+        let v = self.vocab();
+        (logits.reshape([b * t, v]).select(0, last), cache, lens)
+    }
+
+    /// Per-token log-probabilities of continuations after encoded prompts.
+    ///
+    /// `rows[r]` names the prompt continuation `r` follows, `conts[r]` its tokens (non-empty).
+    /// `last` are the prompts' raw next-token logits from [`Self::encode`];
+    /// `bias` (`[vocab]`, optional) is added to every logit before `log_softmax` (−∞-like
+    /// entries restrict the vocabulary) and `temperature` divides the logits.
+    /// Returns `[n, max_len]` log-probabilities and the `[n, max_len]` validity mask (host).
+    #[allow(clippy::too_many_arguments)]
+    pub fn continuation_logprobs(
+        &self,
+        last: &Tensor<B, 2>,
+        cache: &KvCache<B>,
+        prompt_lens: &[usize],
+        rows: &[usize],
+        conts: &[Vec<u32>],
+        bias: Option<&Tensor<B, 1>>,
+        temperature: f64,
+        device: &B::Device,
+    ) -> (Tensor<B, 2>, Vec<bool>) {
+        let n = rows.len();
+        let v = self.vocab();
+        let lmax = conts.iter().map(|c| c.len()).max().unwrap_or(1).max(1);
+        let mut valid = vec![false; n * lmax];
+        for (r, c) in conts.iter().enumerate() {
+            for j in 0..c.len() {
+                valid[r * lmax + j] = true;
+            }
+        }
+        let norm = |logits: Tensor<B, 2>| {
+            let mut l = logits;
+            if temperature != 1.0 {
+                l = l.div_scalar(temperature);
+            }
+            if let Some(bias) = bias {
+                l = l + bias.clone().unsqueeze_dim(0);
+            }
+            log_softmax(l, 1)
+        };
+        let row_idx = int_tensor::<B, 1>(rows.iter().map(|r| *r as i64).collect(), [n], device);
+        // First token: from the prompt's last position.
+        let first_lp = norm(last.clone().select(0, row_idx));
+        let first_tok =
+            int_tensor::<B, 2>(conts.iter().map(|c| c[0] as i64).collect(), [n, 1], device);
+        let mut parts = vec![first_lp.gather(1, first_tok)];
+        if lmax > 1 {
+            let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+            let t = lmax - 1;
+            let mut toks = Vec::with_capacity(n * t);
+            let mut pos = Vec::with_capacity(n * t);
+            let mut mask = Vec::with_capacity(n * t * (tp + t));
+            let mut next = Vec::with_capacity(n * t);
+            for (r, c) in conts.iter().enumerate() {
+                let plen = prompt_lens[rows[r]];
+                for j in 0..t {
+                    toks.push(c.get(j).copied().unwrap_or(0) as i64);
+                    next.push(c.get(j + 1).copied().unwrap_or(0) as i64);
+                    pos.push(((plen + j).min(self.context() - 1)) as i64);
+                    for k in 0..tp {
+                        mask.push(k >= plen);
+                    }
+                    for k in 0..t {
+                        mask.push(k > j);
+                    }
+                }
+            }
+            let mut c = cache.select_rows(rows, device);
+            let logits = self.forward(
+                int_tensor(toks, [n, t], device),
+                int_tensor(pos, [n, t], device),
+                bool_tensor(mask, [n, t, tp + t], device),
+                Some(&mut c),
+            );
+            let lp = norm(logits.reshape([n * t, v]));
+            let next = int_tensor::<B, 2>(next, [n * t, 1], device);
+            parts.push(lp.gather(1, next).reshape([n, t]));
+        }
+        let all = Tensor::cat(parts, 1);
+        let mask = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
+        (all.mask_fill(mask, 0.0), valid)
+    }
+}

@@ -1,0 +1,387 @@
+//! Stage 5, `update`: PPO for the policy and the reward model (see [`crate::model::ppo`]).
+//!
+//! Reads the included rows of `policy_advantages` and `rm_advantages` (SQL beside this file),
+//! rebuilds each sample's prompt from `steps`, trains each model for `update.steps` optimizer
+//! steps from the checkpoint its samples came from, and writes `update_metrics` plus both new
+//! checkpoints as artifacts. A model that is not trained this iteration (uniform policy, RM
+//! disabled, no included samples) is written back unchanged, so the next iteration always finds
+//! both checkpoints here.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
+};
+use arrow::datatypes::{Float64Type, UInt32Type};
+use async_trait::async_trait;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::trajectories::{self, Trajectory};
+use super::{query, run_iter_columns};
+use crate::config::Config;
+use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::error::{Error, Result};
+use crate::model::policy::{self, Decision};
+use crate::model::ppo::{self, PpoSettings, StepMetrics};
+use crate::model::reward::allowed_bias;
+use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
+use crate::model::{Checkpoint, ModelSpec, POLICY, RM, prompt};
+use crate::schema;
+
+const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
+const RM_SAMPLES_SQL: &str = include_str!("update_rm_samples.sql");
+
+/// Samples whose snapshot log-probabilities are computed per model call.
+const SNAPSHOT_BATCH: usize = 512;
+
+pub struct Update;
+
+fn settings(cfg: &Config, lr: f64) -> PpoSettings {
+    PpoSettings {
+        clip_eps: cfg.reward.clip_eps,
+        kl_beta: cfg.reward.kl_beta,
+        log_ratio_clamp: cfg.update.log_ratio_clamp,
+        lr,
+        weight_decay: cfg.update.weight_decay,
+        grad_clip: cfg.update.grad_clip,
+        steps: cfg.update.steps,
+        minibatch: cfg.update.minibatch as usize,
+    }
+}
+
+/// The trajectory a sample names, or a clear error.
+fn traj<'a>(
+    trajs: &'a BTreeMap<String, Trajectory>,
+    id: &str,
+    step: u32,
+) -> Result<&'a Trajectory> {
+    trajs
+        .get(id)
+        .filter(|t| (step as usize) < t.steps.len())
+        .ok_or_else(|| {
+            Error::data(format!(
+                "update: sample ({id}, step {step}) has no row in steps"
+            ))
+        })
+}
+
+/// Train the policy: one PPO sample per included step (the chosen action among the admissible).
+#[allow(clippy::too_many_arguments)]
+fn train_policy<B: AutodiffBackend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    ck: &Checkpoint,
+    decisions: &[Decision],
+    chosen: &[usize],
+    adv: &[f64],
+    s: &PpoSettings,
+    seed: u64,
+    temperature: f64,
+) -> Result<(Checkpoint, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device);
+    let snap = ppo::snapshot(&model);
+    let mut old = Vec::with_capacity(decisions.len());
+    for (d, c) in decisions
+        .chunks(SNAPSHOT_BATCH)
+        .zip(chosen.chunks(SNAPSHOT_BATCH))
+    {
+        let lp = policy::to_host(policy::log_probs(&snap, d, temperature, device));
+        old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
+    }
+    let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
+        let b = idx.len();
+        let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
+        let tokens: usize = decs
+            .iter()
+            .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
+            .sum();
+        let pick = int_tensor::<B, 2>(
+            idx.iter().map(|i| chosen[*i] as i64).collect(),
+            [b, 1],
+            device,
+        );
+        let new = policy::log_probs(m, &decs, temperature, device).gather(1, pick);
+        let old_t = float_tensor::<B, 2>(idx.iter().map(|i| old[*i]).collect(), [b, 1], device);
+        let adv_t =
+            float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);
+        let valid = float_tensor::<B, 2>(vec![1.0; b], [b, 1], device);
+        let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
+        (loss, kl, clip, tokens as u64)
+    });
+    Ok((
+        Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),
+        metrics,
+    ))
+}
+
+/// Train the reward model: one PPO sample per included RM sample, over its response tokens.
+#[allow(clippy::too_many_arguments)]
+fn train_rm<B: AutodiffBackend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    ck: &Checkpoint,
+    prompts: &[Vec<u32>],
+    responses: &[Vec<u32>],
+    adv: &[f64],
+    s: &PpoSettings,
+    seed: u64,
+    temperature: f64,
+) -> Result<(Checkpoint, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device);
+    let vocab = spec.config.vocab;
+    let snap = ppo::snapshot(&model);
+    let bias_inner = allowed_bias::<B::InnerBackend>(&spec.tokenizer, vocab, device);
+    let mut old: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
+    for (p, r) in prompts
+        .chunks(SNAPSHOT_BATCH)
+        .zip(responses.chunks(SNAPSHOT_BATCH))
+    {
+        let (last, cache, lens) = snap.encode(p, device);
+        let rows: Vec<usize> = (0..p.len()).collect();
+        let (lp, _) = snap.continuation_logprobs(
+            &last,
+            &cache,
+            &lens,
+            &rows,
+            r,
+            Some(&bias_inner),
+            temperature,
+            device,
+        );
+        old.extend(
+            policy::to_host(lp)
+                .into_iter()
+                .zip(r)
+                .map(|(row, resp)| row[..resp.len()].to_vec()),
+        );
+    }
+    let bias = allowed_bias::<B>(&spec.tokenizer, vocab, device);
+    let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
+        let b = idx.len();
+        let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
+        let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
+        let tokens: usize =
+            p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
+        let (last, cache, lens) = m.encode(&p, device);
+        let rows: Vec<usize> = (0..b).collect();
+        let (new, valid) = m.continuation_logprobs(
+            &last,
+            &cache,
+            &lens,
+            &rows,
+            &r,
+            Some(&bias),
+            temperature,
+            device,
+        );
+        let l = valid.len() / b;
+        let mut old_v = vec![0f32; b * l];
+        for (k, i) in idx.iter().enumerate() {
+            old_v[k * l..k * l + old[*i].len()].copy_from_slice(&old[*i]);
+        }
+        let old_t = float_tensor::<B, 2>(old_v, [b, l], device);
+        let valid_t = bool_tensor::<B, 2>(valid, [b, l], device).float();
+        let adv_t =
+            float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);
+        let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
+        (loss, kl, clip, tokens as u64)
+    });
+    Ok((
+        Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),
+        metrics,
+    ))
+}
+
+#[async_trait]
+impl Stage for Update {
+    fn name(&self) -> &'static str {
+        "update"
+    }
+    fn inputs(&self) -> &'static [&'static str] {
+        &["steps", "rm_samples", "policy_advantages", "rm_advantages"]
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["update_metrics"]
+    }
+    fn config_sections(&self) -> &'static [&'static str] {
+        &["env", "policy", "reward_model", "reward", "update"]
+    }
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[POLICY, RM]
+    }
+    fn checkpoints_out(&self) -> &'static [&'static str] {
+        &[POLICY, RM]
+    }
+    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        let cfg = &ctx.config;
+        let device = cfg.run.device.as_str();
+        let trajs = trajectories::load(ctx).await?;
+        let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
+
+        // Policy.
+        let policy_in = ctx.checkpoint(POLICY)?.clone();
+        let policy_out = if cfg.policy.kind == "uniform" {
+            policy_in
+        } else {
+            let spec = ModelSpec::for_role(cfg, POLICY)?;
+            let ck = spec.load(&policy_in)?;
+            let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+            for b in query(&ctx.session, POLICY_SAMPLES_SQL)
+                .await?
+                .collect()
+                .await?
+            {
+                let ids = b.column(0).as_string::<i32>();
+                let steps = b.column(1).as_primitive::<UInt32Type>();
+                let a = b.column(2).as_primitive::<Float64Type>();
+                for r in 0..b.num_rows() {
+                    let t = traj(&trajs, ids.value(r), steps.value(r))?;
+                    let i = steps.value(r) as usize;
+                    let st = &t.steps[i];
+                    let k = st.admissible.iter().position(|x| *x == st.action).ok_or_else(|| {
+                        Error::data(format!(
+                            "update: trajectory {} step {i}: action {:?} is not among its admissible actions",
+                            t.traj_id, st.action
+                        ))
+                    })?;
+                    let actions: Vec<Vec<u32>> = st
+                        .admissible
+                        .iter()
+                        .map(|x| prompt::action(&spec.tokenizer, x))
+                        .collect();
+                    let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
+                    decisions.push(Decision {
+                        prompt: prompt::policy(
+                            &spec.tokenizer,
+                            spec.history,
+                            spec.config.context.saturating_sub(longest).max(2),
+                            t.task(),
+                            &t.past(i),
+                            &st.observation,
+                        ),
+                        actions,
+                    });
+                    chosen.push(k);
+                    adv.push(a.value(r));
+                }
+            }
+            if decisions.is_empty() {
+                policy_in
+            } else {
+                let s = settings(cfg, cfg.update.policy_lr);
+                let seed = derive_seed(ctx.seed, &[POLICY]);
+                let t = cfg.policy.temperature;
+                let (ck, metrics) = crate::on_backend!(
+                    device,
+                    train,
+                    train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
+                )?;
+                rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
+                ck.encode()
+            }
+        };
+
+        // Reward model.
+        let rm_in = ctx.checkpoint(RM)?.clone();
+        let rm_out = if !cfg.reward_model.enabled {
+            rm_in
+        } else {
+            let spec = ModelSpec::for_role(cfg, RM)?;
+            let ck = spec.load(&rm_in)?;
+            let budget = spec
+                .config
+                .context
+                .saturating_sub(cfg.reward_model.max_tokens)
+                .max(2);
+            let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+            for b in query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await? {
+                let ids = b.column(0).as_string::<i32>();
+                let steps = b.column(1).as_primitive::<UInt32Type>();
+                let a = b.column(3).as_primitive::<Float64Type>();
+                let resp = b.column(4).as_string::<i32>();
+                for r in 0..b.num_rows() {
+                    let t = traj(&trajs, ids.value(r), steps.value(r))?;
+                    let i = steps.value(r) as usize;
+                    let st = &t.steps[i];
+                    let tokens = spec.tokenizer.encode(resp.value(r));
+                    if tokens.is_empty() || tokens.len() > cfg.reward_model.max_tokens {
+                        return Err(Error::data(format!(
+                            "update: rm_samples response {:?} of ({}, step {i}) is not a response of at most {} tokens",
+                            resp.value(r),
+                            t.traj_id,
+                            cfg.reward_model.max_tokens
+                        )));
+                    }
+                    prompts.push(prompt::reward(
+                        &spec.tokenizer,
+                        spec.history,
+                        budget,
+                        t.task(),
+                        &t.past(i),
+                        &st.observation,
+                        &st.action,
+                        &st.next_observation,
+                    ));
+                    responses.push(tokens);
+                    adv.push(a.value(r));
+                }
+            }
+            if prompts.is_empty() {
+                rm_in
+            } else {
+                let s = settings(cfg, cfg.update.rm_lr);
+                let seed = derive_seed(ctx.seed, &[RM]);
+                let t = cfg.reward_model.temperature;
+                let (ck, metrics) = crate::on_backend!(
+                    device,
+                    train,
+                    train_rm(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                )?;
+                rows.extend(metrics.into_iter().map(|m| (RM, m)));
+                ck.encode()
+            }
+        };
+        ctx.emit_artifact(POLICY, policy_out);
+        ctx.emit_artifact(RM, rm_out);
+
+        let def = schema::table_def("update_metrics").expect("known table");
+        let (mut model, mut step) = (StringBuilder::new(), UInt32Builder::new());
+        let (mut loss, mut kl, mut clip, mut norm) = (
+            Float64Builder::new(),
+            Float64Builder::new(),
+            Float64Builder::new(),
+            Float64Builder::new(),
+        );
+        let (mut samples, mut tokens) = (UInt32Builder::new(), UInt64Builder::new());
+        let mut counters: BTreeMap<&str, u32> = BTreeMap::new();
+        for (name, m) in &rows {
+            let k = counters.entry(name).or_default();
+            model.append_value(name);
+            step.append_value(*k);
+            *k += 1;
+            loss.append_value(m.loss);
+            kl.append_value(m.kl);
+            clip.append_value(m.clip_frac);
+            norm.append_value(m.grad_norm);
+            samples.append_value(m.samples);
+            tokens.append_value(m.tokens);
+        }
+        let mut cols = run_iter_columns(ctx, rows.len());
+        cols.extend([
+            Arc::new(model.finish()) as ArrayRef,
+            Arc::new(step.finish()),
+            Arc::new(loss.finish()),
+            Arc::new(kl.finish()),
+            Arc::new(clip.finish()),
+            Arc::new(norm.finish()),
+            Arc::new(samples.finish()),
+            Arc::new(tokens.finish()),
+        ]);
+        let batch = RecordBatch::try_new(def.schema.clone(), cols)?;
+        Ok(vec![(
+            "update_metrics",
+            TableOutput::Frame(ctx.session.read_batch(batch)?),
+        )])
+    }
+}
