@@ -219,9 +219,12 @@ pub struct RewardModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpdateConfig {
-    /// Optimizer steps per iteration and model.
-    #[serde(default = "default_update_steps")]
-    pub steps: u32,
+    /// Policy optimizer steps per iteration.
+    #[serde(default = "default_policy_steps")]
+    pub policy_steps: u32,
+    /// Reward-model optimizer steps per iteration.
+    #[serde(default = "default_rm_steps")]
+    pub rm_steps: u32,
     /// Samples per minibatch (a seeded shuffle of the included samples, cycled).
     #[serde(default = "default_minibatch")]
     pub minibatch: u32,
@@ -395,7 +398,7 @@ fn default_device() -> String {
     "cpu".into()
 }
 fn default_d_model() -> usize {
-    64
+    32
 }
 fn default_layers() -> usize {
     2
@@ -410,19 +413,22 @@ fn default_rm_context() -> usize {
     96
 }
 fn default_history() -> usize {
-    2
+    0
 }
 fn default_rm_history() -> usize {
-    1
+    0
 }
 fn default_rm_max_tokens() -> usize {
     4
 }
-fn default_update_steps() -> u32 {
-    8
+fn default_policy_steps() -> u32 {
+    48
+}
+fn default_rm_steps() -> u32 {
+    16
 }
 fn default_minibatch() -> u32 {
-    512
+    256
 }
 fn default_lr() -> f64 {
     3e-3

@@ -1,8 +1,8 @@
 //! Stage 5, `update`: PPO for the policy and the reward model (see [`crate::model::ppo`]).
 //!
 //! Reads the included rows of `policy_advantages` and `rm_advantages` (SQL beside this file),
-//! rebuilds each sample's prompt from `steps`, trains each model for `update.steps` optimizer
-//! steps from the checkpoint its samples came from, and writes `update_metrics` plus both new
+//! rebuilds each sample's prompt from `steps`, trains each model for `update.policy_steps` /
+//! `update.rm_steps` optimizer steps from the checkpoint its samples came from, and writes `update_metrics` plus both new
 //! checkpoints as artifacts. A model that is not trained this iteration (uniform policy, RM
 //! disabled, no included samples) is written back unchanged, so the next iteration always finds
 //! both checkpoints here.
@@ -37,7 +37,7 @@ const SNAPSHOT_BATCH: usize = 512;
 
 pub struct Update;
 
-fn settings(cfg: &Config, lr: f64) -> PpoSettings {
+fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
     PpoSettings {
         clip_eps: cfg.reward.clip_eps,
         kl_beta: cfg.reward.kl_beta,
@@ -45,7 +45,7 @@ fn settings(cfg: &Config, lr: f64) -> PpoSettings {
         lr,
         weight_decay: cfg.update.weight_decay,
         grad_clip: cfg.update.grad_clip,
-        steps: cfg.update.steps,
+        steps,
         minibatch: cfg.update.minibatch as usize,
     }
 }
@@ -269,7 +269,7 @@ impl Stage for Update {
             if decisions.is_empty() {
                 policy_in
             } else {
-                let s = settings(cfg, cfg.update.policy_lr);
+                let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
                 let seed = derive_seed(ctx.seed, &[POLICY]);
                 let t = cfg.policy.temperature;
                 let (ck, metrics) = crate::on_backend!(
@@ -330,7 +330,7 @@ impl Stage for Update {
             if prompts.is_empty() {
                 rm_in
             } else {
-                let s = settings(cfg, cfg.update.rm_lr);
+                let s = settings(cfg, cfg.update.rm_lr, cfg.update.rm_steps);
                 let seed = derive_seed(ctx.seed, &[RM]);
                 let t = cfg.reward_model.temperature;
                 let (ck, metrics) = crate::on_backend!(

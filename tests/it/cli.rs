@@ -536,6 +536,11 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
             "2",
             "--set",
             "env.initial_tasks=16",
+            // The uniform, outcome-only floor (the models are tested in models.rs).
+            "--set",
+            "policy.kind=uniform",
+            "--set",
+            "reward_model.enabled=false",
         ])
         .ok();
     }
@@ -742,6 +747,10 @@ fn household_pipeline_runs_and_replays() {
         "1",
         "--set",
         "env.initial_tasks=12",
+        "--set",
+        "update.policy_steps=1",
+        "--set",
+        "update.minibatch=32",
     ])
     .ok();
     assert_eq!(

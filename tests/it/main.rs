@@ -2,6 +2,7 @@
 
 mod cli;
 mod commit;
+mod models;
 mod s3;
 
 use std::path::{Path, PathBuf};
