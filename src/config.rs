@@ -1053,12 +1053,29 @@ mod tests {
     }
 
     #[test]
-    fn gridnav_needs_the_outcome_only_reward_for_now() {
-        let text = "[run]\nname = 't'\n[env]\nname = 'gridnav'\n";
-        let e = Config::from_toml(text, "t").unwrap_err().to_string();
-        assert!(e.contains("reward_model.enabled"), "{e}");
-        let ok = "[run]\nname = 't'\n[env]\nname = 'gridnav'\n[reward_model]\nenabled = false\n";
+    fn model_settings_are_validated() {
+        let ok = "[run]\nname = 't'\n[env]\nname = 'gridnav'\n";
         Config::from_toml(ok, "t").unwrap();
+        for (set, key) in [
+            ("policy.heads=3", "policy.d_model"),
+            ("reward_model.layers=0", "reward_model.layers"),
+            ("reward_model.max_tokens=60", "reward_model.max_tokens"),
+            ("policy.kind=lstm", "policy.kind"),
+            ("run.device=tpu", "run.device"),
+            ("update.grad_clip=0", "update.grad_clip"),
+            ("policy.temperature=0", "policy.temperature"),
+        ] {
+            let e = Config::from_toml_with_sets(ok, "t", &[set.into()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(key), "{set}: {e}");
+        }
+        if !cfg!(feature = "cuda") {
+            let e = Config::from_toml_with_sets(ok, "t", &["run.device=cuda".into()])
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("--features cuda"), "{e}");
+        }
         let e = Config::from_toml_with_sets(ok, "t", &["env.gridnav.min_distance=9".into()])
             .unwrap_err()
             .to_string();

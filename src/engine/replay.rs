@@ -107,9 +107,16 @@ pub async fn verify(
             }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;
             if manifest::digest(&bytes) != input.digest {
+                let what = match input.kind.as_str() {
+                    "artifact" => format!(
+                        "checkpoint {}",
+                        input.tables.first().map_or("?", String::as_str)
+                    ),
+                    _ => "manifest".to_string(),
+                };
                 return Err(Error::Mismatch(format!(
-                    "stage {}: input {} {} changed since the stage committed",
-                    c.manifest.stage, input.kind, input.path
+                    "stage {}: input {what} ({}) no longer matches the digest recorded when the stage committed",
+                    c.manifest.stage, input.path
                 )));
             }
         }

@@ -113,6 +113,7 @@ pub(crate) mod testutil {
     }
 
     /// Register `table` from columns given without `run_id` / `iter` (filled with "r" / 0).
+    /// Trailing columns the test does not give (ones its stage does not read) get defaults.
     pub fn register(ctx: &StageContext, table: &str, columns: Vec<ArrayRef>) {
         let def = schema::table_def(table).unwrap();
         let n = columns.first().map_or(0, |c| c.len());
@@ -121,6 +122,16 @@ pub(crate) mod testutil {
             Arc::new(arrow::array::UInt32Array::from(vec![0u32; n])),
         ];
         all.extend(columns);
+        for field in def.schema.fields().iter().skip(all.len()) {
+            let zero = arrow::array::new_null_array(field.data_type(), 1);
+            let zero = arrow::compute::kernels::cast::cast(
+                &arrow::array::StringArray::from(vec!["0"]),
+                field.data_type(),
+            )
+            .unwrap_or(zero);
+            let idx = arrow::array::UInt32Array::from(vec![0u32; n]);
+            all.push(arrow::compute::take(&zero, &idx, None).unwrap());
+        }
         let batch = RecordBatch::try_new(def.schema.clone(), all).unwrap();
         let _ = ctx.session.deregister_table(table);
         ctx.session

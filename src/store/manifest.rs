@@ -182,13 +182,19 @@ mod tests {
             run_id in "[a-z0-9-]{1,20}", iter in any::<u32>(), stage in "[a-z_]{1,16}",
             seed in any::<u64>(), secs in 0.0f64..1e6, outputs in proptest::collection::vec(arb_output(), 0..5),
             tables in proptest::collection::vec("[a-z_]{1,10}", 0..4), det in any::<bool>(),
+            names in proptest::collection::vec("[a-z]{1,8}", 0..3),
         ) {
             let m = StageManifest {
                 format: FORMAT, run_id, iter, stage, code_version: code_version(),
                 config_sections: vec!["reward".into()], config_hash: digest(b"x"),
                 config: [("reward.lambda".to_string(), "1.0".to_string())].into(), seed, deterministic: det,
                 inputs: vec![InputRef { kind: "manifest".into(), tables, path: "p".into(), digest: digest(b"y") }],
-                outputs, started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
+                outputs,
+                artifacts: names.iter().map(|n| ArtifactFile {
+                    name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),
+                    bytes: n.len() as u64, digest: digest(n.as_bytes()),
+                }).collect(),
+                started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
             };
             let bytes = to_bytes(&m);
             let back: StageManifest = parse(&bytes, "m.json").unwrap();
