@@ -425,7 +425,7 @@ fn default_policy_steps() -> u32 {
     48
 }
 fn default_rm_steps() -> u32 {
-    16
+    48
 }
 fn default_minibatch() -> u32 {
     256
