@@ -180,6 +180,10 @@ pub struct PolicyConfig {
     /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
     #[serde(default)]
     pub tokenizer: String,
+    /// An action's logit: `sum` of its token log-likelihoods (DESIGN.md) or their `mean` (length
+    /// normalization: an untrained LM otherwise strongly prefers the shortest commands).
+    #[serde(default = "default_action_score")]
+    pub action_score: String,
 }
 
 /// `[reward_model]`: the generative reward model.
@@ -393,6 +397,9 @@ fn default_n() -> u32 {
 }
 fn default_policy() -> String {
     "transformer".into()
+}
+fn default_action_score() -> String {
+    "sum".into()
 }
 fn default_device() -> String {
     "cpu".into()
@@ -629,6 +636,11 @@ impl Config {
             matches!(self.policy.kind.as_str(), "transformer" | "uniform"),
             "policy.kind",
             "must be \"transformer\" (learned) or \"uniform\"",
+        );
+        check(
+            matches!(self.policy.action_score.as_str(), "sum" | "mean"),
+            "policy.action_score",
+            "must be \"sum\" or \"mean\"",
         );
         check(
             matches!(self.run.device.as_str(), "cpu" | "cuda")
@@ -995,9 +1007,33 @@ mod tests {
         assert_eq!(c.reward_model.samples, 3);
     }
 
+    /// The `init` template writes out every key, each at its default (but the noted run
+    /// length), so it documents the config completely.
     #[test]
-    fn shipped_pipeline_parses() {
-        Config::from_toml(DEFAULT_TOML, "synthetic.toml").unwrap();
+    fn shipped_template_lists_every_key_at_its_default() {
+        let shipped = Config::from_toml(DEFAULT_TOML, "synthetic.toml").unwrap();
+        let mut defaults = Config::from_toml("[run]\nname = \"synthetic\"\n", "t").unwrap();
+        defaults.run.iterations = 3;
+        assert_eq!(shipped.diff(&defaults), Vec::<String>::new());
+        let doc: toml::Table = toml::from_str(DEFAULT_TOML).unwrap();
+        let keys = defaults
+            .hashed_keys()
+            .into_keys()
+            .chain(UNHASHED_KEYS.iter().map(|k| k.to_string()));
+        for key in keys {
+            let mut at = &doc;
+            let parts: Vec<&str> = key.split('.').collect();
+            for p in &parts[..parts.len() - 1] {
+                at = at
+                    .get(*p)
+                    .and_then(|v| v.as_table())
+                    .unwrap_or_else(|| panic!("template lacks [{p}] for {key}"));
+            }
+            assert!(
+                at.contains_key(parts[parts.len() - 1]),
+                "template lacks {key}"
+            );
+        }
     }
 
     #[test]

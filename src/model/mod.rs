@@ -78,6 +78,8 @@ pub struct ModelSpec {
     pub tokenizer: Tokenizer,
     pub config: ModelConfig,
     pub history: usize,
+    /// Policy only: score an action by its mean token log-likelihood (else the sum).
+    pub action_mean: bool,
 }
 
 impl ModelSpec {
@@ -125,6 +127,7 @@ impl ModelSpec {
             tokenizer,
             config,
             history,
+            action_mean: role == POLICY && cfg.policy.action_score == "mean",
         })
     }
 

@@ -19,10 +19,13 @@ pub struct Decision {
 
 /// `log π(a|s)` for every decision and admissible action: `[decisions, max actions]`; entries
 /// past a decision's action count are padding (≈ −1e9 before normalization, never read).
+/// `mean`: an action's logit is its mean token log-likelihood instead of the sum (length
+/// normalization, `policy.action_score = "mean"`).
 pub fn log_probs<B: Backend>(
     model: &Transformer<B>,
     decisions: &[Decision],
     temperature: f64,
+    mean: bool,
     device: &B::Device,
 ) -> Tensor<B, 2> {
     let prompts: Vec<Vec<u32>> = decisions.iter().map(|d| d.prompt.clone()).collect();
@@ -38,7 +41,11 @@ pub fn log_probs<B: Backend>(
     let (lp, _) =
         model.continuation_logprobs(&last, &cache, &lens, &rows, &conts, None, 1.0, device);
     let n = rows.len();
-    let ll = lp.sum_dim(1).reshape([n]);
+    let mut ll = lp.sum_dim(1).reshape([n]);
+    if mean {
+        let lens: Vec<f32> = conts.iter().map(|c| c.len() as f32).collect();
+        ll = ll.div(super::transformer::float_tensor::<B, 1>(lens, [n], device));
+    }
     let amax = decisions
         .iter()
         .map(|d| d.actions.len())
@@ -130,8 +137,15 @@ mod tests {
             prompt: vec![2, 9, 3, 4],
             actions: vec![vec![12], vec![13]],
         };
-        let both = to_host(log_probs(&model, &[a.clone(), b.clone()], 1.0, &dev));
-        let alone = to_host(log_probs(&model, &[a.clone()], 1.0, &dev));
+        let both = to_host(log_probs(&model, &[a.clone(), b.clone()], 1.0, false, &dev));
+        let alone = to_host(log_probs(&model, &[a.clone()], 1.0, false, &dev));
+        let mean = to_host(log_probs(&model, &[a.clone()], 1.0, true, &dev));
+        let total_mean: f64 = mean[0].iter().map(|x| f64::from(*x).exp()).sum();
+        assert!((total_mean - 1.0).abs() < 1e-5);
+        assert!(
+            mean[0] != alone[0],
+            "length normalization changes the distribution"
+        );
         let total: f64 = both[0].iter().map(|x| f64::from(*x).exp()).sum();
         assert!((total - 1.0).abs() < 1e-5, "{total}");
         let total_b: f64 = both[1][..2].iter().map(|x| f64::from(*x).exp()).sum();

@@ -178,7 +178,13 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     actions,
                 });
             }
-            let lp = policy::to_host(policy::log_probs(&model, &decisions, temperature, device));
+            let lp = policy::to_host(policy::log_probs(
+                &model,
+                &decisions,
+                temperature,
+                spec.action_mean,
+                device,
+            ));
             for (k, &i) in chunk.iter().enumerate() {
                 let l = &mut live[i];
                 let obs = l.episode.observation();

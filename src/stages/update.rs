@@ -86,7 +86,13 @@ fn train_policy<B: AutodiffBackend>(
         .chunks(SNAPSHOT_BATCH)
         .zip(chosen.chunks(SNAPSHOT_BATCH))
     {
-        let lp = policy::to_host(policy::log_probs(&snap, d, temperature, device));
+        let lp = policy::to_host(policy::log_probs(
+            &snap,
+            d,
+            temperature,
+            spec.action_mean,
+            device,
+        ));
         old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
     }
     let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
@@ -101,7 +107,8 @@ fn train_policy<B: AutodiffBackend>(
             [b, 1],
             device,
         );
-        let new = policy::log_probs(m, &decs, temperature, device).gather(1, pick);
+        let new =
+            policy::log_probs(m, &decs, temperature, spec.action_mean, device).gather(1, pick);
         let old_t = float_tensor::<B, 2>(idx.iter().map(|i| old[*i]).collect(), [b, 1], device);
         let adv_t =
             float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);

@@ -750,6 +750,8 @@ fn household_pipeline_runs_and_replays() {
         "--set",
         "update.policy_steps=1",
         "--set",
+        "update.rm_steps=1",
+        "--set",
         "update.minibatch=32",
     ])
     .ok();
