@@ -384,7 +384,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                     .iters
                     .values()
                     .flat_map(|i| i.stages.values())
-                    .flat_map(|c| c.manifest.outputs.iter().map(|o| o.path.clone()))
+                    .flat_map(|c| {
+                        let m = &c.manifest;
+                        m.outputs
+                            .iter()
+                            .map(|o| o.path.clone())
+                            .chain(m.artifacts.iter().map(|a| a.path.clone()))
+                    })
                     .collect();
                 let now = std::time::SystemTime::now();
                 for dir in [

@@ -215,6 +215,14 @@ pub async fn verify(
         ctx.checkpoints = checkpoints;
         let outputs = exec::execute(stage.clone(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
         let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
+        for a in &m.artifacts {
+            if !produced.iter().any(|(name, _)| *name == a.name) {
+                return Err(Error::Mismatch(format!(
+                    "stage {}: checkpoint {} was committed but the replay did not produce it",
+                    m.stage, a.name
+                )));
+            }
+        }
         for (name, bytes) in produced {
             let digest = manifest::digest(&bytes);
             let committed = m.artifacts.iter().find(|a| a.name == name);

@@ -197,6 +197,20 @@ fn ablations_keep_the_shape_of_a_run() {
             .1
     };
     assert_eq!(rm(0), rm(1));
+    // gc keeps every committed checkpoint and removes an orphaned one (a write whose manifest
+    // never committed).
+    let orphan = f
+        .store()
+        .join("gridnav/artifacts/iter=000001/policy.0000.ckpt");
+    std::fs::write(&orphan, b"orphan").unwrap();
+    let g = f.rla(&["gc", "--grace-secs", "0"]).ok();
+    assert!(g.stdout.contains("policy.0000.ckpt"), "{}", g.stdout);
+    assert!(!orphan.exists());
+    for (_, _, path) in artifacts(&f, "gridnav", 1, "update") {
+        assert!(f.store().join(path).exists());
+    }
+    f.rla(&["replay", "--run", "gridnav", "--iter", "1", "--verify"])
+        .ok();
     // The uniform policy is never trained, and still commits every stage.
     let store = f.store_arg();
     let mut args = vec![
