@@ -131,6 +131,48 @@ impl ModelSpec {
         })
     }
 
+    /// The policy's decision at a step: its prompt (fitted to leave room for the longest
+    /// admissible action) and the tokens of every admissible action.
+    pub fn decision(
+        &self,
+        task: &str,
+        past: &[(&str, &str)],
+        obs: &str,
+        admissible: &[String],
+    ) -> policy::Decision {
+        let actions: Vec<Vec<u32>> = admissible
+            .iter()
+            .map(|a| prompt::action(&self.tokenizer, a))
+            .collect();
+        let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
+        let budget = self.config.context.saturating_sub(longest).max(2);
+        policy::Decision {
+            prompt: prompt::policy(&self.tokenizer, self.history, budget, task, past, obs),
+            actions,
+        }
+    }
+
+    /// The reward model's prompt for step `i` of a trajectory, leaving room for `max_tokens`.
+    pub fn rm_prompt(
+        &self,
+        max_tokens: usize,
+        t: &crate::stages::trajectories::Trajectory,
+        i: usize,
+    ) -> Vec<u32> {
+        let s = &t.steps[i];
+        let budget = self.config.context.saturating_sub(max_tokens).max(2);
+        prompt::reward(
+            &self.tokenizer,
+            self.history,
+            budget,
+            t.task(),
+            &t.past(i),
+            &s.observation,
+            &s.action,
+            &s.next_observation,
+        )
+    }
+
     /// Load a checkpoint of this spec (its shape must match the config).
     pub fn load(&self, bytes: &[u8]) -> Result<Checkpoint> {
         let ck = Checkpoint::decode(bytes)?;

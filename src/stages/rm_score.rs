@@ -19,7 +19,7 @@ use super::trajectories::{self, Trajectory};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::error::Result;
 use crate::model::reward::{self, Judgement};
-use crate::model::{Checkpoint, ModelSpec, RM, prompt};
+use crate::model::{Checkpoint, ModelSpec, RM};
 use crate::schema;
 
 pub struct RmScore;
@@ -28,24 +28,11 @@ pub struct RmScore;
 const STEP_BATCH: usize = 256;
 
 /// RM prompts of every step of the given trajectories, in key order.
-pub(crate) fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Vec<Vec<u32>> {
-    let budget = spec.config.context.saturating_sub(max_tokens).max(2);
-    let mut out = Vec::new();
-    for t in trajs {
-        for (i, s) in t.steps.iter().enumerate() {
-            out.push(prompt::reward(
-                &spec.tokenizer,
-                spec.history,
-                budget,
-                t.task(),
-                &t.past(i),
-                &s.observation,
-                &s.action,
-                &s.next_observation,
-            ));
-        }
-    }
-    out
+fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Vec<Vec<u32>> {
+    trajs
+        .iter()
+        .flat_map(|t| (0..t.steps.len()).map(move |i| spec.rm_prompt(max_tokens, t, i)))
+        .collect()
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -21,7 +21,7 @@ use super::{query, run_iter_columns};
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
-use crate::model::{Checkpoint, ModelSpec, policy, prompt};
+use crate::model::{Checkpoint, ModelSpec, policy};
 use crate::schema;
 use crate::stages::synthetic::Rng;
 
@@ -123,7 +123,6 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         won: Option<bool>,
     }
     let model = checkpoint.to_model::<B>(device);
-    let tok = &spec.tokenizer;
     let mut live = Vec::with_capacity(jobs.len());
     for (task_id, task_spec, r, seed) in jobs {
         let episode = environment
@@ -155,28 +154,12 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                         l.steps.len()
                     )));
                 }
-                let actions: Vec<Vec<u32>> = obs
-                    .admissible
-                    .iter()
-                    .map(|a| prompt::action(tok, a))
-                    .collect();
-                let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
                 let past: Vec<(&str, &str)> = l
                     .steps
                     .iter()
                     .map(|s| (s.observation.as_str(), s.action.as_str()))
                     .collect();
-                decisions.push(policy::Decision {
-                    prompt: prompt::policy(
-                        tok,
-                        spec.history,
-                        spec.config.context.saturating_sub(longest).max(2),
-                        &l.task,
-                        &past,
-                        &obs.text,
-                    ),
-                    actions,
-                });
+                decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible));
             }
             let lp = policy::to_host(policy::log_probs(
                 &model,
@@ -226,28 +209,6 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         .collect())
 }
 
-fn play_on<B: burn::tensor::backend::Backend>(
-    device: &B::Device,
-    spec: &ModelSpec,
-    checkpoint: &Checkpoint,
-    environment: &dyn Environment,
-    jobs: &[Job<'_>],
-    cap: u32,
-    temperature: f64,
-    greedy: bool,
-) -> Result<Vec<Rolled>> {
-    play::<B>(
-        device,
-        spec,
-        checkpoint,
-        environment,
-        jobs,
-        cap,
-        temperature,
-        greedy,
-    )
-}
-
 /// Play `jobs` with the policy a config names: the learned one from `checkpoint`, or uniform.
 pub(crate) fn play_policy(
     config: &crate::config::Config,
@@ -266,7 +227,7 @@ pub(crate) fn play_policy(
     crate::on_backend!(
         config.run.device.as_str(),
         infer,
-        play_on(
+        play(
             &spec,
             &ck,
             environment.as_ref(),

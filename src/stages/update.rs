@@ -26,7 +26,7 @@ use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
 use crate::model::reward::allowed_bias;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
-use crate::model::{Checkpoint, ModelSpec, POLICY, RM, prompt};
+use crate::model::{Checkpoint, ModelSpec, POLICY, RM};
 use crate::schema;
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
@@ -252,23 +252,12 @@ impl Stage for Update {
                             t.traj_id, st.action
                         ))
                     })?;
-                    let actions: Vec<Vec<u32>> = st
-                        .admissible
-                        .iter()
-                        .map(|x| prompt::action(&spec.tokenizer, x))
-                        .collect();
-                    let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
-                    decisions.push(Decision {
-                        prompt: prompt::policy(
-                            &spec.tokenizer,
-                            spec.history,
-                            spec.config.context.saturating_sub(longest).max(2),
-                            t.task(),
-                            &t.past(i),
-                            &st.observation,
-                        ),
-                        actions,
-                    });
+                    decisions.push(spec.decision(
+                        t.task(),
+                        &t.past(i),
+                        &st.observation,
+                        &st.admissible,
+                    ));
                     chosen.push(k);
                     adv.push(a.value(r));
                 }
@@ -296,11 +285,6 @@ impl Stage for Update {
         } else {
             let spec = ModelSpec::for_role(cfg, RM)?;
             let ck = spec.load(&rm_in)?;
-            let budget = spec
-                .config
-                .context
-                .saturating_sub(cfg.reward_model.max_tokens)
-                .max(2);
             let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
             for b in query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await? {
                 let ids = b.column(0).as_string::<i32>();
@@ -310,7 +294,6 @@ impl Stage for Update {
                 for r in 0..b.num_rows() {
                     let t = traj(&trajs, ids.value(r), steps.value(r))?;
                     let i = steps.value(r) as usize;
-                    let st = &t.steps[i];
                     let tokens = spec.tokenizer.encode(resp.value(r));
                     if tokens.is_empty() || tokens.len() > cfg.reward_model.max_tokens {
                         return Err(Error::data(format!(
@@ -320,16 +303,7 @@ impl Stage for Update {
                             cfg.reward_model.max_tokens
                         )));
                     }
-                    prompts.push(prompt::reward(
-                        &spec.tokenizer,
-                        spec.history,
-                        budget,
-                        t.task(),
-                        &t.past(i),
-                        &st.observation,
-                        &st.action,
-                        &st.next_observation,
-                    ));
+                    prompts.push(spec.rm_prompt(cfg.reward_model.max_tokens, t, i));
                     responses.push(tokens);
                     adv.push(a.value(r));
                 }
