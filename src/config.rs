@@ -321,6 +321,49 @@ pub struct AdaptConfig {
     pub alpha_low: f64,
     #[serde(default = "default_bounds")]
     pub bounds: Bounds,
+    /// Who writes candidates: `procedural` (the environment's mutation operators, chosen with
+    /// the critic summary) or `openai` (an OpenAI-compatible chat-completions endpoint).
+    #[serde(default = "default_adapter")]
+    pub adapter: AdapterKind,
+    /// Most frequent critique words kept in a task's critic summary.
+    #[serde(default = "default_critic_words")]
+    pub critic_words: u32,
+    #[serde(default)]
+    pub openai: OpenAiConfig,
+}
+
+/// The adapter that writes candidate tasks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdapterKind {
+    Procedural,
+    Openai,
+}
+
+/// `[adapt.openai]`: an OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp's server,
+/// ...). The API key is read from the environment variable named here; it never enters the
+/// config, the manifests or the logs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpenAiConfig {
+    /// Base URL; `/chat/completions` is appended.
+    #[serde(default = "default_openai_endpoint")]
+    pub endpoint: String,
+    #[serde(default = "default_openai_model")]
+    pub model: String,
+    /// Name of the environment variable holding the API key; empty: no Authorization header.
+    #[serde(default = "default_openai_key_env")]
+    pub api_key_env: String,
+    #[serde(default = "default_openai_temperature")]
+    pub temperature: f64,
+    /// Requests per task; the first candidate the environment validates is kept.
+    #[serde(default = "default_openai_attempts")]
+    pub attempts: u32,
+    #[serde(default = "default_openai_max_tokens")]
+    pub max_tokens: u32,
+    /// Seconds one request may take.
+    #[serde(default = "default_openai_timeout")]
+    pub timeout_secs: u64,
 }
 
 /// `[eval]`: the held-out task set.
@@ -476,6 +519,33 @@ fn default_beta() -> f64 {
 fn default_bounds() -> Bounds {
     Bounds::Inclusive
 }
+fn default_adapter() -> AdapterKind {
+    AdapterKind::Procedural
+}
+fn default_critic_words() -> u32 {
+    5
+}
+fn default_openai_endpoint() -> String {
+    "http://127.0.0.1:8000/v1".into()
+}
+fn default_openai_model() -> String {
+    "default".into()
+}
+fn default_openai_key_env() -> String {
+    "OPENAI_API_KEY".into()
+}
+fn default_openai_temperature() -> f64 {
+    0.8
+}
+fn default_openai_attempts() -> u32 {
+    3
+}
+fn default_openai_max_tokens() -> u32 {
+    1024
+}
+fn default_openai_timeout() -> u64 {
+    120
+}
 fn default_eval_tasks() -> u32 {
     32
 }
@@ -503,6 +573,7 @@ default_from_empty!(
     RewardConfig,
     UpdateConfig,
     AdaptConfig,
+    OpenAiConfig,
     EvalConfig
 );
 
@@ -513,6 +584,8 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.memory_limit_mib",
     "run.chunk_rows",
     "run.device",
+    "adapt.openai.endpoint",
+    "adapt.openai.timeout_secs",
 ];
 
 /// 1-based line and column of a byte offset.
@@ -849,6 +922,20 @@ impl Config {
             "adapt.alpha_high",
             "must be greater than adapt.alpha_low",
         );
+        let o = &self.adapt.openai;
+        check(
+            o.endpoint.starts_with("http://") || o.endpoint.starts_with("https://"),
+            "adapt.openai.endpoint",
+            "must be an http:// or https:// URL",
+        );
+        check(
+            o.temperature >= 0.0 && o.temperature.is_finite(),
+            "adapt.openai.temperature",
+            "must be ≥ 0",
+        );
+        check(o.attempts >= 1, "adapt.openai.attempts", "must be at least 1");
+        check(o.max_tokens >= 1, "adapt.openai.max_tokens", "must be at least 1");
+        check(o.timeout_secs >= 1, "adapt.openai.timeout_secs", "must be at least 1");
         if errs.is_empty() {
             Ok(())
         } else {

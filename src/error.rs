@@ -33,6 +33,9 @@ pub enum Error {
     /// An environment failure (built-in or external process).
     #[error("environment error: {0}")]
     Environment(String),
+    /// Environment adaptation failed (e.g. the adapter's LLM endpoint is unreachable).
+    #[error("adaptation error: {0}")]
+    Adapt(String),
     /// The run was interrupted (Ctrl-C) before the current stage committed.
     #[error("interrupted: {0}")]
     Interrupted(String),

@@ -11,6 +11,7 @@
 //! - [`sql`]: the read-only query session of `rla-pipe sql`.
 //! - [`cli`]: clap only.
 
+pub mod adapt;
 pub mod cli;
 pub mod config;
 pub mod engine;

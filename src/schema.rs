@@ -166,7 +166,7 @@ pub fn all_tables() -> Vec<TableDef> {
         ),
         table(
             "adaptations",
-            &["task_id", "candidate_task_id"],
+            &["slot", "task_id", "candidate_task_id"],
             vec![
                 f("task_id", Utf8, false),
                 f("candidate_task_id", Utf8, false),
@@ -174,6 +174,10 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("prev_acc", Float64, false),
                 f("candidate_acc", Float64, true),
                 f("decision", Utf8, false),
+                f("slot", UInt32, false),
+                f("candidate_spec", Utf8, false),
+                f("adapter", Utf8, false),
+                f("critic", Utf8, true),
             ],
         ),
         table(

@@ -21,19 +21,40 @@ use crate::store::Store;
 /// Build the query session: one table per data table plus `stage_runs`.
 pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext> {
     let runs = catalog::load_runs(store, run).await?;
+    let ctx = session_over(
+        store,
+        runs.iter()
+            .flat_map(|r| r.iters.values())
+            .flat_map(|it| it.stages.values())
+            .map(|c| &c.manifest),
+    )
+    .await?;
+    let stage_runs = stage_runs_batch(&runs)?;
+    ctx.register_table(
+        "stage_runs",
+        Arc::new(MemTable::try_new(
+            stage_runs.schema(),
+            vec![vec![stage_runs]],
+        )?),
+    )?;
+    Ok(ctx)
+}
+
+/// A session with every data table registered over the outputs of the given stage manifests
+/// (tables no manifest writes are registered empty). No `stage_runs`.
+pub async fn session_over<'a>(
+    store: &Store,
+    manifests: impl Iterator<Item = &'a crate::store::manifest::StageManifest>,
+) -> Result<SessionContext> {
     let ctx = exec::new_session(store, 1024, None)?;
     let mut files: BTreeMap<&str, Vec<crate::store::manifest::OutputFile>> = BTreeMap::new();
-    for r in &runs {
-        for it in r.iters.values() {
-            for c in it.stages.values() {
-                for o in &c.manifest.outputs {
-                    if let Some(t) = schema::data_table_names()
-                        .into_iter()
-                        .find(|t| *t == o.table)
-                    {
-                        files.entry(t).or_default().push(o.clone());
-                    }
-                }
+    for m in manifests {
+        for o in &m.outputs {
+            if let Some(t) = schema::data_table_names()
+                .into_iter()
+                .find(|t| *t == o.table)
+            {
+                files.entry(t).or_default().push(o.clone());
             }
         }
     }
@@ -49,14 +70,6 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
             &fs.into_iter().map(|f| f.path).collect::<Vec<_>>(),
         )?;
     }
-    let stage_runs = stage_runs_batch(&runs)?;
-    ctx.register_table(
-        "stage_runs",
-        Arc::new(MemTable::try_new(
-            stage_runs.schema(),
-            vec![vec![stage_runs]],
-        )?),
-    )?;
     Ok(ctx)
 }
 

@@ -8,6 +8,7 @@ pub mod catalog;
 pub mod exec;
 pub mod replay;
 pub mod runner;
+pub mod summary;
 
 use std::sync::Arc;
 
@@ -205,6 +206,9 @@ impl Dag {
         }
         dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
         if cfg.env.name != "synthetic" {
+            dag.push(Arc::new(stages::adapt::Adapt {
+                deterministic: cfg.adapt.adapter == crate::config::AdapterKind::Procedural,
+            }));
             dag.push(Arc::new(stages::evaluate::Evaluate));
         }
         Dag::new(dag)

@@ -159,17 +159,20 @@ impl Engine {
                 Ok(()) | Err(Error::CommitConflict(_)) => {}
                 Err(e) => return Err(e),
             }
-            let rows: Vec<String> = it
-                .stages
-                .iter()
-                .flat_map(|s| done[&(iter, s.stage.clone())].manifest.outputs.iter())
-                .map(|o| format!("{} {}", o.table, o.rows))
-                .collect();
-            self.say(format!(
-                "iter {iter:>3}  committed in {:.1}s · {}",
-                started.elapsed().as_secs_f64(),
-                rows.join(" · ")
-            ));
+            if self.verbose {
+                let manifests = it
+                    .stages
+                    .iter()
+                    .map(|s| &done[&(iter, s.stage.clone())].manifest);
+                let summary = match super::summary::of_iteration(&self.store, manifests).await {
+                    Ok(s) => s.to_string(),
+                    Err(e) => format!("(no summary: {e})"),
+                };
+                self.say(format!(
+                    "iter {iter:>3}  committed in {:.1}s · {summary}",
+                    started.elapsed().as_secs_f64(),
+                ));
+            }
         }
         Ok(())
     }

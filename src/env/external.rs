@@ -7,7 +7,7 @@
 //! | `{"op":"generate","seed":S,"count":N}` | `{"tasks":[SPEC, ...]}` |
 //! | `{"op":"reset","task":SPEC}` | `{"observation":"...","admissible":["..."],"max_steps":N}` |
 //! | `{"op":"step","action":"..."}` | `{"observation":"...","admissible":[...],"done":B,"won":B,"oracle_progress":1\|-1\|null}` |
-//! | `{"op":"mutate","task":SPEC,"direction":"harder"\|"easier","high_risk_steps":[...],"seed":S}` | `{"tasks":[SPEC, ...]}` |
+//! | `{"op":"mutate","task":SPEC,"direction":"harder"\|"easier","high_risk_steps":[...],"critic":{...},"seed":S}` | `{"tasks":[SPEC, ...]}` |
 //! | `{"op":"vocabulary"}` | `{"words":["..."]}` |
 //!
 //! Any reply may instead be `{"error":"message"}`. A process serves one episode at a time
@@ -281,7 +281,7 @@ impl Environment for External {
             Direction::Harder => "harder",
             Direction::Easier => "easier",
         };
-        let request = json!({"op": "mutate", "task": spec, "direction": direction, "high_risk_steps": critic.high_risk_steps, "seed": seed});
+        let request = json!({"op": "mutate", "task": spec, "direction": direction, "high_risk_steps": critic.high_risk_steps, "critic": critic, "seed": seed});
         specs(&self.call(request)?, "mutate")
     }
 

@@ -17,6 +17,15 @@ use crate::engine::derive_seed;
 use crate::error::{Error, Result};
 use crate::stages::synthetic::Rng;
 
+/// The cell of an observation (`at X Y ...`).
+fn parse_position(observation: &str) -> Option<[u32; 2]> {
+    let mut words = observation.split_whitespace();
+    if words.next()? != "at" {
+        return None;
+    }
+    Some([words.next()?.parse().ok()?, words.next()?.parse().ok()?])
+}
+
 pub const ACTIONS: [&str; 4] = ["north", "south", "east", "west"];
 const MOVES: [(i32, i32); 4] = [(0, -1), (0, 1), (1, 0), (-1, 0)];
 
@@ -209,6 +218,20 @@ impl Environment for GridNav {
             .collect()
     }
 
+    fn validate(&self, spec: &Value) -> Result<()> {
+        let s = Spec::parse(spec)?;
+        match s.shortest_path() {
+            None => Err(Error::Environment(
+                "gridnav: the goal cannot be reached from the start".into(),
+            )),
+            Some(d) if d > s.budget => Err(Error::Environment(format!(
+                "gridnav: the shortest path ({d} steps) exceeds the budget ({})",
+                s.budget
+            ))),
+            Some(_) => Ok(()),
+        }
+    }
+
     fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
         let spec = Spec::parse(spec)?;
         let dist = spec.distances();
@@ -237,7 +260,7 @@ impl Environment for GridNav {
         &self,
         spec: &Value,
         direction: Direction,
-        _critic: &CriticSummary,
+        critic: &CriticSummary,
         seed: u64,
     ) -> Result<Vec<Value>> {
         let base = Spec::parse(spec)?;
@@ -245,19 +268,38 @@ impl Environment for GridNav {
             .shortest_path()
             .ok_or_else(|| Error::Environment("gridnav: unsolvable task".into()))?;
         let mut rng = Rng::new(seed);
+        // Where the reward model judged every sample of a step bad: the cells the policy stood
+        // on (parsed from the observations it saw there). Wall edits go next to them first:
+        // easier removes a wall beside a risky cell, harder adds one there.
+        let risky: Vec<[u32; 2]> = critic
+            .high_risk_observations
+            .iter()
+            .filter_map(|o| parse_position(o))
+            .filter(|p| p[0] < base.width && p[1] < base.height)
+            .collect();
+        let near_risk = |p: &[u32; 2]| {
+            risky
+                .iter()
+                .any(|r| r[0].abs_diff(p[0]) <= 1 && r[1].abs_diff(p[1]) <= 1)
+        };
         let mut out = Vec::new();
-        for _ in 0..64 {
+        for attempt in 0..64 {
             if out.len() >= 4 {
                 break;
             }
             let mut s = base.clone();
-            match (direction, rng.next_u64() % 3) {
+            // The first attempts use the critic's cells when there are any.
+            let guided = attempt < 4 && !risky.is_empty();
+            let op = if guided { 0 } else { rng.next_u64() % 3 };
+            match (direction, op) {
                 // Harder: more walls, a farther start, or a tighter budget.
                 (Direction::Harder, 0) => {
-                    let free: Vec<[u32; 2]> = (0..s.height)
+                    let all: Vec<[u32; 2]> = (0..s.height)
                         .flat_map(|y| (0..s.width).map(move |x| [x, y]))
                         .filter(|p| !s.walls.contains(p) && *p != s.start && *p != s.goal)
                         .collect();
+                    let near: Vec<[u32; 2]> = all.iter().copied().filter(near_risk).collect();
+                    let free = if guided && !near.is_empty() { near } else { all };
                     if free.is_empty() {
                         continue;
                     }
@@ -284,10 +326,18 @@ impl Environment for GridNav {
                 (Direction::Harder, _) => s.budget = (s.budget - 1).max(d0),
                 // Easier: fewer walls, a nearer start, or a looser budget.
                 (Direction::Easier, 0) => {
-                    if s.walls.is_empty() {
+                    let near: Vec<usize> = (0..s.walls.len())
+                        .filter(|i| near_risk(&s.walls[*i]))
+                        .collect();
+                    let pick_from: Vec<usize> = if guided && !near.is_empty() {
+                        near
+                    } else {
+                        (0..s.walls.len()).collect()
+                    };
+                    if pick_from.is_empty() {
                         continue;
                     }
-                    let i = (rng.next_u64() % s.walls.len() as u64) as usize;
+                    let i = pick_from[(rng.next_u64() % pick_from.len() as u64) as usize];
                     s.walls.remove(i);
                 }
                 (Direction::Easier, 1) => {
@@ -522,6 +572,38 @@ mod tests {
             easier < 0,
             "easier mutations should shorten paths or add slack: {easier}"
         );
+    }
+
+    /// The critic's high-risk cells steer wall edits: easier removes a wall next to one,
+    /// harder adds one next to one.
+    #[test]
+    fn critic_guides_wall_edits() {
+        let e = env();
+        let spec = serde_json::json!({
+            "width": 6, "height": 6, "start": [0, 0], "goal": [5, 5], "budget": 30,
+            "walls": [[1, 3], [4, 1], [4, 4]]
+        });
+        let critic = CriticSummary {
+            high_risk_observations: vec!["at 3 3 goal south east blocked none".into()],
+            ..Default::default()
+        };
+        let easier = e.mutate(&spec, Direction::Easier, &critic, 5).unwrap();
+        let first = Spec::parse(&easier[0]).unwrap();
+        assert_eq!(first.walls, vec![[1, 3], [4, 1]], "removes the wall beside (3, 3)");
+        let harder = e.mutate(&spec, Direction::Harder, &critic, 5).unwrap();
+        let first = Spec::parse(&harder[0]).unwrap();
+        let added: Vec<_> = first.walls.iter().filter(|w| !Spec::parse(&spec).unwrap().walls.contains(w)).collect();
+        assert_eq!(added.len(), 1);
+        assert!(added[0][0].abs_diff(3) <= 1 && added[0][1].abs_diff(3) <= 1, "{added:?}");
+        assert!(e.validate(&easier[0]).is_ok());
+        let unsolvable = serde_json::json!({
+            "width": 3, "height": 1, "start": [0, 0], "goal": [2, 0], "budget": 5, "walls": [[1, 0]]
+        });
+        assert!(e.validate(&unsolvable).is_err());
+        let tight = serde_json::json!({
+            "width": 3, "height": 1, "start": [0, 0], "goal": [2, 0], "budget": 1, "walls": []
+        });
+        assert!(e.validate(&tight).unwrap_err().to_string().contains("exceeds the budget"));
     }
 
     #[test]

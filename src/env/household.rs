@@ -1595,6 +1595,39 @@ impl Household {
     }
 }
 
+/// The mutation operators (see `Household::mutation`) to try first, read from the critic
+/// summary. Where the reward model sees the policy fail decides the edit: trouble in the first
+/// steps (finding the object) → hide or expose the goal object, add or remove a container;
+/// trouble late in the episode, or critique of wasted / repeated moves → the budget and the
+/// distractors. Without any high-risk step the critic has nothing to say: no preference.
+fn preferred_ops(critic: &CriticSummary, direction: Direction, plan: u32) -> Vec<u64> {
+    if critic.high_risk_steps.is_empty() {
+        return Vec::new();
+    }
+    let early = critic
+        .high_risk_steps
+        .iter()
+        .filter(|s| **s < plan.div_ceil(2))
+        .count();
+    let late = critic.high_risk_steps.len() - early;
+    let wasteful = critic.word_count("wasted")
+        + critic.word_count("repeat")
+        + critic.word_count("stuck")
+        + critic.word_count("detour");
+    let searching = critic.word_count("farther") + critic.word_count("blocked");
+    let late_trouble = late > early || wasteful > searching;
+    match (direction, late_trouble) {
+        // Hide the object / a closed container to search; or the goal itself gets harder.
+        (Direction::Harder, false) => vec![4, 5, 0],
+        // Less slack, more distractors to waste moves on.
+        (Direction::Harder, true) => vec![6, 3, 2],
+        // Bring the object out, remove a container to search.
+        (Direction::Easier, false) => vec![4, 5, 1],
+        // More budget, fewer distractors.
+        (Direction::Easier, true) => vec![6, 3, 0],
+    }
+}
+
 /// Difficulty order of mutations: plan length minus slack, then clutter (branching).
 fn difficulty_key(t: &Task, plan: u32, budget: u32) -> (i64, usize) {
     let s = &t.spec;
@@ -1625,7 +1658,7 @@ impl Environment for Household {
         &self,
         spec: &Value,
         direction: Direction,
-        _critic: &CriticSummary,
+        critic: &CriticSummary,
         seed: u64,
     ) -> Result<Vec<Value>> {
         let goals = self.cfg.validate()?;
@@ -1634,12 +1667,17 @@ impl Environment for Household {
         let slack0 = base.spec.budget - plan0;
         let key0 = difficulty_key(&base, plan0, base.spec.budget);
         let mut rng = Rng::new(derive_seed(seed, &["household", "mutate"]));
+        let preferred = preferred_ops(critic, direction, plan0);
         let mut out: Vec<Spec> = Vec::new();
-        for _ in 0..64 {
+        for attempt in 0..64 {
             if out.len() >= 4 {
                 break;
             }
-            let op = rng.next_u64() % 7;
+            // The critic's operators first (a few tries each), then any.
+            let op = match preferred.get(attempt / 3) {
+                Some(op) => *op,
+                None => rng.next_u64() % 7,
+            };
             let Some((mut s, keep_slack)) =
                 self.mutation(&base.spec, direction, op, plan0, &goals, &mut rng)
             else {
@@ -2178,6 +2216,29 @@ mod tests {
             let msg = r.unwrap();
             assert!(msg.contains("household"), "{what}: {msg}");
         }
+    }
+
+    /// Late high-risk steps and critique of wasted moves: "easier" first loosens the budget.
+    #[test]
+    fn critic_picks_the_operator() {
+        let e = env();
+        let late = CriticSummary {
+            high_risk_steps: vec![6, 7, 8],
+            critique_words: vec![("wasted".into(), 9), ("goal".into(), 2)],
+            ..Default::default()
+        };
+        assert_eq!(preferred_ops(&late, Direction::Easier, 4), vec![6, 3, 0]);
+        let early = CriticSummary {
+            high_risk_steps: vec![0, 1],
+            ..Default::default()
+        };
+        assert_eq!(preferred_ops(&early, Direction::Harder, 6), vec![4, 5, 0]);
+        assert!(preferred_ops(&CriticSummary::default(), Direction::Harder, 6).is_empty());
+        let v = &e.generate(3, 1).unwrap()[0];
+        let first = &e.mutate(v, Direction::Easier, &late, 1).unwrap()[0];
+        let (a, b) = (Task::parse(v).unwrap().spec, Task::parse(first).unwrap().spec);
+        assert!(b.budget > a.budget, "{v} → {first}");
+        assert_eq!(Spec { budget: a.budget, ..b }, a, "only the budget changed");
     }
 
     #[test]

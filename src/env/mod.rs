@@ -43,11 +43,42 @@ pub enum Direction {
     Easier,
 }
 
-/// What the adapter knows about a task's rollouts, from the reward model only (never the oracle).
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What the adapter knows about a task's rollouts: the reward model's outputs and the task's
+/// accuracy, never the environment's oracle. Built by the `adapt` stage (`adapt_critic.sql`).
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CriticSummary {
-    /// Step indices where every RM verdict was −1.
+    /// acc(q): success rate of the task's rollouts this iteration.
+    pub accuracy: f64,
+    /// Rollouts behind the summary.
+    pub rollouts: u32,
+    /// Step indices where, in at least one rollout, every RM verdict was −1 (sorted).
     pub high_risk_steps: Vec<u32>,
+    /// The observations the policy faced at those high-risk steps, most frequent first.
+    pub high_risk_observations: Vec<String>,
+    /// Verdict rates per step index, over all rollouts and samples.
+    pub step_verdicts: Vec<StepVerdicts>,
+    /// The most frequent critique words of the RM's reasoning, with their counts.
+    pub critique_words: Vec<(String, u32)>,
+}
+
+/// The RM's verdicts at one step index of a task's rollouts.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct StepVerdicts {
+    pub step_idx: u32,
+    pub samples: u32,
+    /// Share of samples judging the step good (+1) / bad (−1); the rest were unparsable.
+    pub good: f64,
+    pub bad: f64,
+}
+
+impl CriticSummary {
+    /// How many times `word` was among the frequent critique words.
+    pub fn word_count(&self, word: &str) -> u32 {
+        self.critique_words
+            .iter()
+            .find(|(w, _)| w == word)
+            .map_or(0, |(_, n)| *n)
+    }
 }
 
 /// One running episode.
@@ -68,7 +99,13 @@ pub trait Environment: Send + Sync {
     fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>>;
     /// Start an episode of a task.
     fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>>;
-    /// Candidate rewrites of a task in a direction (each valid and solvable).
+    /// Whether a spec is a valid, solvable task of this environment (what an LLM adapter's
+    /// candidates must pass). Default: an episode can be started from it.
+    fn validate(&self, spec: &Value) -> Result<()> {
+        self.reset(spec).map(|_| ())
+    }
+    /// Candidate rewrites of a task in a direction (each valid and solvable), most preferred
+    /// first: operators are picked using the critic summary where the environment can.
     fn mutate(
         &self,
         spec: &Value,

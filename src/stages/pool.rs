@@ -1,18 +1,22 @@
 //! Stage `pool`: this iteration's `tasks`. Iteration 0 draws `env.initial_tasks` seed tasks from
-//! the environment's difficulty distribution (seeded by the run seed); later iterations carry the
-//! previous iteration's active tasks over (the adaptation stage will take this job over).
+//! the environment's difficulty distribution (seeded by the run seed), one per slot. A later
+//! iteration applies the previous iteration's `adaptations` to the previous pool
+//! (`pool_next.sql`): accepted candidates take over their parent's slot, new candidates join as
+//! `pending` (rolled out like every other task, judged by this iteration's `adapt`).
 
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array};
 use async_trait::async_trait;
 
-use super::{query, run_iter_columns};
+use super::{query, render, run_iter_columns};
 use crate::config::canonical;
 use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::schema;
+
+const POOL_NEXT: &str = include_str!("pool_next.sql");
 
 pub struct Pool;
 
@@ -21,9 +25,9 @@ impl Stage for Pool {
     fn name(&self) -> &'static str {
         "pool"
     }
-    /// The previous iteration's `tasks` (empty at iteration 0).
+    /// The previous iteration's `tasks` and `adaptations` (empty at iteration 0).
     fn inputs(&self) -> &'static [&'static str] {
-        &["tasks"]
+        &["tasks", "adaptations"]
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["tasks"]
@@ -32,17 +36,12 @@ impl Stage for Pool {
         &["env"]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let previous = query(
-            &ctx.session,
-            &format!(
-                "SELECT run_id, CAST({} AS INT UNSIGNED) AS iter, task_id, slot, status, spec, parent_task_id \
-                 FROM tasks WHERE status = 'active'",
-                ctx.iter
-            ),
-        )
-        .await?;
         if ctx.iter > 0 {
-            return Ok(vec![("tasks", TableOutput::Frame(previous))]);
+            let sql = render(POOL_NEXT, &[("iter", ctx.iter.to_string())])?;
+            return Ok(vec![(
+                "tasks",
+                TableOutput::Frame(query(&ctx.session, &sql).await?),
+            )]);
         }
         let environment = env::from_config(&ctx.config)?;
         let specs = distinct_tasks(

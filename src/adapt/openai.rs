@@ -1,0 +1,238 @@
+//! An adapter backed by any OpenAI-compatible chat-completions endpoint (vLLM, llama.cpp's
+//! server, a hosted API). The model gets the task's spec, the direction and the critic summary
+//! and replies with a new spec; the environment validates it (parseable, solvable, new). An
+//! invalid reply is answered with the validation error and the model tries again, up to
+//! `adapt.openai.attempts` requests per task. Transport failures (unreachable endpoint, HTTP
+//! errors, timeouts) fail the stage with a message naming the endpoint; the run resumes from
+//! there once the endpoint is back.
+//!
+//! The API key is read from the environment variable `adapt.openai.api_key_env` names, sent
+//! only in the `Authorization` header, and never written to manifests, tables or logs.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::{Adapter, Request, direction_name};
+use crate::config::OpenAiConfig;
+use crate::env;
+use crate::error::{Error, Result};
+
+pub struct OpenAi {
+    cfg: OpenAiConfig,
+    client: reqwest::Client,
+}
+
+impl OpenAi {
+    pub fn new(cfg: OpenAiConfig) -> Result<OpenAi> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_secs(cfg.timeout_secs))
+            .build()
+            .map_err(|e| Error::Adapt(format!("adapt.openai: cannot build an HTTP client: {e}")))?;
+        Ok(OpenAi { cfg, client })
+    }
+
+    fn url(&self) -> String {
+        format!("{}/chat/completions", self.cfg.endpoint.trim_end_matches('/'))
+    }
+
+    /// The API key, if one is configured. A named variable that is unset is an error (a run
+    /// that silently sends no key would only fail later, less clearly).
+    fn api_key(&self) -> Result<Option<String>> {
+        if self.cfg.api_key_env.is_empty() {
+            return Ok(None);
+        }
+        match std::env::var(&self.cfg.api_key_env) {
+            Ok(k) if !k.is_empty() => Ok(Some(k)),
+            _ => Err(Error::Adapt(format!(
+                "adapt.openai.api_key_env names the environment variable {:?}, which is not set; set it, or set api_key_env = \"\" for an endpoint without a key",
+                self.cfg.api_key_env
+            ))),
+        }
+    }
+
+    /// One chat-completions request: the reply's text.
+    async fn complete(&self, messages: &[Value], key: Option<&str>) -> Result<String> {
+        let body = json!({
+            "model": self.cfg.model,
+            "messages": messages,
+            "temperature": self.cfg.temperature,
+            "max_tokens": self.cfg.max_tokens,
+        });
+        let mut req = self
+            .client
+            .post(self.url())
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).expect("request serializes"));
+        if let Some(k) = key {
+            req = req.bearer_auth(k);
+        }
+        let endpoint = &self.cfg.endpoint;
+        let resp = req.send().await.map_err(|e| {
+            Error::Adapt(format!(
+                "adapt.openai: request to {endpoint} failed: {}",
+                describe(&e)
+            ))
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await.map_err(|e| {
+            Error::Adapt(format!(
+                "adapt.openai: reading the reply of {endpoint} failed: {}",
+                describe(&e)
+            ))
+        })?;
+        if !status.is_success() {
+            let text = String::from_utf8_lossy(&bytes);
+            return Err(Error::Adapt(format!(
+                "adapt.openai: {endpoint} answered HTTP {status}: {}",
+                text.chars().take(300).collect::<String>()
+            )));
+        }
+        let reply: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            Error::Adapt(format!(
+                "adapt.openai: {endpoint} did not answer with JSON: {e}"
+            ))
+        })?;
+        reply
+            .pointer("/choices/0/message/content")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .ok_or_else(|| {
+                Error::Adapt(format!(
+                    "adapt.openai: the reply of {endpoint} has no choices[0].message.content"
+                ))
+            })
+    }
+}
+
+/// A transport error without the request's headers (reqwest's Display never prints them, but
+/// keep the message short: kind and source).
+fn describe(e: &reqwest::Error) -> String {
+    let kind = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else {
+        "failed"
+    };
+    let mut msg = kind.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg = format!("{msg}: {s}");
+        source = s.source();
+    }
+    msg
+}
+
+/// The messages that ask for a rewrite.
+pub fn prompt(r: &Request<'_>) -> Vec<Value> {
+    let goal = match r.direction {
+        crate::env::Direction::Harder => {
+            "The policy solves this task too often. Write a HARDER variant: it should still be solvable, but fail more often."
+        }
+        crate::env::Direction::Easier => {
+            "The policy rarely solves this task. Write an EASIER variant: same kind of task, but solved more often."
+        }
+    };
+    let critic = serde_json::to_string_pretty(r.critic).expect("critic serializes");
+    vec![
+        json!({
+            "role": "system",
+            "content": format!(
+                "You rewrite tasks of the reinforcement-learning environment `{}`. A task is a JSON object; keep exactly the same format and keys. Reply with the new task's JSON object only, no explanation.",
+                r.env.name()
+            ),
+        }),
+        json!({
+            "role": "user",
+            "content": format!(
+                "Task:\n{}\n\n{goal}\n\nWhat the reward model said about the policy's rollouts of this task (accuracy = success rate; high-risk steps = steps where every verdict was bad; step_verdicts = share of good/bad verdicts per step; critique_words = most frequent words of its reasoning):\n{critic}\n\nDirection: {}. Reply with the JSON object of the new task.",
+                crate::config::canonical(r.spec),
+                direction_name(r.direction),
+            ),
+        }),
+    ]
+}
+
+/// The JSON object in a reply: the whole text, a fenced block, or the outermost `{...}`.
+pub fn extract_json(text: &str) -> std::result::Result<Value, String> {
+    let t = text.trim();
+    if let Ok(v @ Value::Object(_)) = serde_json::from_str::<Value>(t) {
+        return Ok(v);
+    }
+    let (Some(a), Some(b)) = (t.find('{'), t.rfind('}')) else {
+        return Err("the reply contains no JSON object".into());
+    };
+    if b < a {
+        return Err("the reply contains no JSON object".into());
+    }
+    match serde_json::from_str::<Value>(&t[a..=b]) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("the reply's JSON is not an object".into()),
+        Err(e) => Err(format!("the reply's JSON does not parse: {e}")),
+    }
+}
+
+#[async_trait]
+impl Adapter for OpenAi {
+    fn name(&self) -> &'static str {
+        "openai"
+    }
+
+    fn deterministic(&self) -> bool {
+        false
+    }
+
+    async fn propose(&self, r: &Request<'_>) -> Result<Option<Value>> {
+        let key = self.api_key()?;
+        let mut messages = prompt(r);
+        for attempt in 1..=self.cfg.attempts {
+            let reply = self.complete(&messages, key.as_deref()).await?;
+            let verdict = extract_json(&reply).and_then(|spec| {
+                r.env.validate(&spec).map_err(|e| e.to_string())?;
+                let id = env::task_id(r.env.name(), &spec);
+                if spec == *r.spec || id == r.task_id {
+                    return Err("the task is unchanged".into());
+                }
+                if r.exclude.contains(&id) {
+                    return Err("that task is already in the pool".into());
+                }
+                Ok(spec)
+            });
+            match verdict {
+                Ok(spec) => return Ok(Some(spec)),
+                Err(why) => {
+                    tracing::warn!(task = r.task_id, attempt, "adapt.openai: candidate rejected: {why}");
+                    messages.push(json!({"role": "assistant", "content": reply}));
+                    messages.push(json!({
+                        "role": "user",
+                        "content": format!("That is not a valid task: {why}. Reply with a corrected JSON object only."),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_is_found_in_replies() {
+        let want = json!({"a": 1});
+        for text in [
+            "{\"a\": 1}",
+            "  {\"a\":1}\n",
+            "```json\n{\"a\": 1}\n```",
+            "Here is the task: {\"a\": 1} Hope it helps.",
+        ] {
+            assert_eq!(extract_json(text).unwrap(), want, "{text}");
+        }
+        assert!(extract_json("no json").unwrap_err().contains("no JSON object"));
+        assert!(extract_json("{oops}").unwrap_err().contains("does not parse"));
+        assert!(extract_json("} {").is_err());
+    }
+}

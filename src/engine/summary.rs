@@ -1,0 +1,63 @@
+//! The one-line summary of a committed iteration (`summary.sql` over its tables).
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{Float64Type, Int64Type};
+
+use crate::error::Result;
+use crate::store::Store;
+use crate::store::manifest::StageManifest;
+
+const SQL: &str = include_str!("summary.sql");
+
+/// What one iteration achieved.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Summary {
+    pub train_success: Option<f64>,
+    pub held_out_success: Option<f64>,
+    pub rm_process_acc: Option<f64>,
+    pub accepted: i64,
+    pub rejected: i64,
+    pub pending: i64,
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.3}"));
+        write!(
+            f,
+            "train {} · held-out {} · RM process {} · tasks {} accepted, {} rejected, {} pending",
+            p(self.train_success),
+            p(self.held_out_success),
+            p(self.rm_process_acc),
+            self.accepted,
+            self.rejected,
+            self.pending
+        )
+    }
+}
+
+/// The summary of an iteration from the manifests of its stages.
+pub async fn of_iteration<'a>(
+    store: &Store,
+    manifests: impl Iterator<Item = &'a StageManifest>,
+) -> Result<Summary> {
+    let ctx = crate::sql::session_over(store, manifests).await?;
+    let batches = ctx.sql(SQL).await?.collect().await?;
+    let mut s = Summary::default();
+    if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
+        let f = |i: usize| {
+            let c = b.column(i).as_primitive::<Float64Type>();
+            (!c.is_null(0)).then(|| c.value(0))
+        };
+        let n = |i: usize| b.column(i).as_primitive::<Int64Type>().value(0);
+        s = Summary {
+            train_success: f(0),
+            held_out_success: f(1),
+            rm_process_acc: f(2),
+            accepted: n(3),
+            rejected: n(4),
+            pending: n(5),
+        };
+    }
+    Ok(s)
+}

@@ -1,0 +1,19 @@
+-- adapt (critic): the reward model's verdicts per (task, step index) over all rollouts and
+-- samples: sample count, shares judged good / bad, and how many rollouts had the step judged
+-- bad by every sample ("high-risk"). Only RM outputs: never the environment's oracle.
+WITH per_step AS (
+    SELECT task_id, traj_id, step_idx,
+           COUNT(*) AS samples,
+           SUM(CASE WHEN score > 0 THEN 1 ELSE 0 END) AS good,
+           SUM(CASE WHEN score < 0 THEN 1 ELSE 0 END) AS bad
+    FROM rm_samples
+    GROUP BY task_id, traj_id, step_idx
+)
+SELECT task_id, step_idx,
+       CAST(SUM(samples) AS INT UNSIGNED) AS samples,
+       CAST(SUM(good) AS DOUBLE) / CAST(SUM(samples) AS DOUBLE) AS good,
+       CAST(SUM(bad) AS DOUBLE) / CAST(SUM(samples) AS DOUBLE) AS bad,
+       CAST(SUM(CASE WHEN bad = samples THEN 1 ELSE 0 END) AS INT UNSIGNED) AS high_risk
+FROM per_step
+GROUP BY task_id, step_idx
+ORDER BY task_id, step_idx
