@@ -73,8 +73,12 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         /// Write the result as Parquet to this file instead of printing it.
         #[arg(long, value_name = "FILE.parquet")]
         out: Option<PathBuf>,
+        /// Read the query from this file (e.g. pipelines/sql/accepted_growth.sql) instead.
+        #[arg(long, short = 'f', value_name = "FILE.sql", conflicts_with = "query")]
+        file: Option<PathBuf>,
         /// The query, e.g. "SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter".
-        query: String,
+        #[arg(required_unless_present = "file")]
+        query: Option<String>,
     },
     /// Re-execute a committed iteration from its committed inputs and compare digests.
     Replay {
@@ -228,8 +232,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             run,
             format,
             out,
+            file,
             query,
         } => {
+            let query = match (query, file) {
+                (Some(q), _) => q,
+                (None, Some(path)) => std::fs::read_to_string(&path)
+                    .with_context(|| format!("cannot read the query file {}", path.display()))?,
+                (None, None) => bail!("give a query, or --file FILE.sql"),
+            };
             let store = Store::open(&store)?;
             if let Some(r) = &run {
                 layout::validate_run_id(r)?;

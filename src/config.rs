@@ -933,9 +933,21 @@ impl Config {
             "adapt.openai.temperature",
             "must be ≥ 0",
         );
-        check(o.attempts >= 1, "adapt.openai.attempts", "must be at least 1");
-        check(o.max_tokens >= 1, "adapt.openai.max_tokens", "must be at least 1");
-        check(o.timeout_secs >= 1, "adapt.openai.timeout_secs", "must be at least 1");
+        check(
+            o.attempts >= 1,
+            "adapt.openai.attempts",
+            "must be at least 1",
+        );
+        check(
+            o.max_tokens >= 1,
+            "adapt.openai.max_tokens",
+            "must be at least 1",
+        );
+        check(
+            o.timeout_secs >= 1,
+            "adapt.openai.timeout_secs",
+            "must be at least 1",
+        );
         if errs.is_empty() {
             Ok(())
         } else {

@@ -119,12 +119,12 @@ mod tests {
         // (direction, acc(q), acc(q′), inclusive, strict)
         let table: &[(Direction, f64, f64, bool, bool)] = &[
             // harder: must land in [α_low, acc(q)) and above 0
-            (Harder, 1.0, 0.5, true, true),   // in the band
-            (Harder, 1.0, 0.2, true, false),  // on α_low: inclusive only
-            (Harder, 1.0, 0.125, false, false), // too hard
-            (Harder, 1.0, 0.0, false, false), // unsolved: never
+            (Harder, 1.0, 0.5, true, true),       // in the band
+            (Harder, 1.0, 0.2, true, false),      // on α_low: inclusive only
+            (Harder, 1.0, 0.125, false, false),   // too hard
+            (Harder, 1.0, 0.0, false, false),     // unsolved: never
             (Harder, 0.875, 0.875, false, false), // not harder
-            (Harder, 0.875, 1.0, false, false), // easier than q
+            (Harder, 0.875, 1.0, false, false),   // easier than q
             (Harder, 0.875, 0.75, true, true),
             (Harder, 0.8, 0.8, false, false), // equal to acc(q) on α_high
             (Harder, 0.25, 0.2, true, false), // α_low < acc(q): on α_low is inclusive only

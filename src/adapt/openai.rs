@@ -34,7 +34,10 @@ impl OpenAi {
     }
 
     fn url(&self) -> String {
-        format!("{}/chat/completions", self.cfg.endpoint.trim_end_matches('/'))
+        format!(
+            "{}/chat/completions",
+            self.cfg.endpoint.trim_end_matches('/')
+        )
     }
 
     /// The API key, if one is configured. A named variable that is unset is an error (a run
@@ -203,7 +206,11 @@ impl Adapter for OpenAi {
             match verdict {
                 Ok(spec) => return Ok(Some(spec)),
                 Err(why) => {
-                    tracing::warn!(task = r.task_id, attempt, "adapt.openai: candidate rejected: {why}");
+                    tracing::warn!(
+                        task = r.task_id,
+                        attempt,
+                        "adapt.openai: candidate rejected: {why}"
+                    );
                     messages.push(json!({"role": "assistant", "content": reply}));
                     messages.push(json!({
                         "role": "user",
@@ -231,8 +238,16 @@ mod tests {
         ] {
             assert_eq!(extract_json(text).unwrap(), want, "{text}");
         }
-        assert!(extract_json("no json").unwrap_err().contains("no JSON object"));
-        assert!(extract_json("{oops}").unwrap_err().contains("does not parse"));
+        assert!(
+            extract_json("no json")
+                .unwrap_err()
+                .contains("no JSON object")
+        );
+        assert!(
+            extract_json("{oops}")
+                .unwrap_err()
+                .contains("does not parse")
+        );
         assert!(extract_json("} {").is_err());
     }
 }

@@ -299,7 +299,11 @@ impl Environment for GridNav {
                         .filter(|p| !s.walls.contains(p) && *p != s.start && *p != s.goal)
                         .collect();
                     let near: Vec<[u32; 2]> = all.iter().copied().filter(near_risk).collect();
-                    let free = if guided && !near.is_empty() { near } else { all };
+                    let free = if guided && !near.is_empty() {
+                        near
+                    } else {
+                        all
+                    };
                     if free.is_empty() {
                         continue;
                     }
@@ -589,12 +593,23 @@ mod tests {
         };
         let easier = e.mutate(&spec, Direction::Easier, &critic, 5).unwrap();
         let first = Spec::parse(&easier[0]).unwrap();
-        assert_eq!(first.walls, vec![[1, 3], [4, 1]], "removes the wall beside (3, 3)");
+        assert_eq!(
+            first.walls,
+            vec![[1, 3], [4, 1]],
+            "removes the wall beside (3, 3)"
+        );
         let harder = e.mutate(&spec, Direction::Harder, &critic, 5).unwrap();
         let first = Spec::parse(&harder[0]).unwrap();
-        let added: Vec<_> = first.walls.iter().filter(|w| !Spec::parse(&spec).unwrap().walls.contains(w)).collect();
+        let added: Vec<_> = first
+            .walls
+            .iter()
+            .filter(|w| !Spec::parse(&spec).unwrap().walls.contains(w))
+            .collect();
         assert_eq!(added.len(), 1);
-        assert!(added[0][0].abs_diff(3) <= 1 && added[0][1].abs_diff(3) <= 1, "{added:?}");
+        assert!(
+            added[0][0].abs_diff(3) <= 1 && added[0][1].abs_diff(3) <= 1,
+            "{added:?}"
+        );
         assert!(e.validate(&easier[0]).is_ok());
         let unsolvable = serde_json::json!({
             "width": 3, "height": 1, "start": [0, 0], "goal": [2, 0], "budget": 5, "walls": [[1, 0]]
@@ -603,7 +618,12 @@ mod tests {
         let tight = serde_json::json!({
             "width": 3, "height": 1, "start": [0, 0], "goal": [2, 0], "budget": 1, "walls": []
         });
-        assert!(e.validate(&tight).unwrap_err().to_string().contains("exceeds the budget"));
+        assert!(
+            e.validate(&tight)
+                .unwrap_err()
+                .to_string()
+                .contains("exceeds the budget")
+        );
     }
 
     #[test]

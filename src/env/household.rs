@@ -2236,9 +2236,19 @@ mod tests {
         assert!(preferred_ops(&CriticSummary::default(), Direction::Harder, 6).is_empty());
         let v = &e.generate(3, 1).unwrap()[0];
         let first = &e.mutate(v, Direction::Easier, &late, 1).unwrap()[0];
-        let (a, b) = (Task::parse(v).unwrap().spec, Task::parse(first).unwrap().spec);
+        let (a, b) = (
+            Task::parse(v).unwrap().spec,
+            Task::parse(first).unwrap().spec,
+        );
         assert!(b.budget > a.budget, "{v} → {first}");
-        assert_eq!(Spec { budget: a.budget, ..b }, a, "only the budget changed");
+        assert_eq!(
+            Spec {
+                budget: a.budget,
+                ..b
+            },
+            a,
+            "only the budget changed"
+        );
     }
 
     #[test]

@@ -15,9 +15,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder, UInt32Builder,
-};
+use arrow::array::{ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder, UInt32Builder};
 use arrow::datatypes::{Float64Type, UInt32Type};
 use async_trait::async_trait;
 use serde_json::Value;
@@ -99,7 +97,11 @@ impl Stage for Adapt {
 }
 
 async fn collect(ctx: &StageContext, sql: &str) -> Result<Vec<RecordBatch>> {
-    query(&ctx.session, sql).await?.collect().await.map_err(Error::from)
+    query(&ctx.session, sql)
+        .await?
+        .collect()
+        .await
+        .map_err(Error::from)
 }
 
 /// A pool task with its accuracy this iteration.
@@ -262,7 +264,10 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     }
     let top = |sql: &str, n: u32| render(sql, &[("top", n.to_string())]);
     for b in collect(ctx, &top(CRITIC_OBSERVATIONS, OBSERVATIONS)?).await? {
-        let (id, obs) = (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>());
+        let (id, obs) = (
+            b.column(0).as_string::<i32>(),
+            b.column(1).as_string::<i32>(),
+        );
         for i in 0..b.num_rows() {
             let text: String = obs.value(i).chars().take(OBSERVATION_CHARS).collect();
             out.entry(id.value(i).to_string())
@@ -274,7 +279,10 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     let words = ctx.config.adapt.critic_words;
     if words > 0 {
         for b in collect(ctx, &top(CRITIC_WORDS, words)?).await? {
-            let (id, word) = (b.column(0).as_string::<i32>(), b.column(1).as_string::<i32>());
+            let (id, word) = (
+                b.column(0).as_string::<i32>(),
+                b.column(1).as_string::<i32>(),
+            );
             let n = b.column(2).as_primitive::<UInt32Type>();
             for i in 0..b.num_rows() {
                 out.entry(id.value(i).to_string())
@@ -433,7 +441,14 @@ mod tests {
             "task_accuracy",
             vec![s(&ids), u(&vec![8; ids.len()]), u(&succ), f(&accs)],
         );
-        output(&Adapt { deterministic: true }, &c, "adaptations").await
+        output(
+            &Adapt {
+                deterministic: true,
+            },
+            &c,
+            "adaptations",
+        )
+        .await
     }
 
     async fn pool_at(iter: u32, tasks: &RecordBatch, adaptations: &RecordBatch) -> RecordBatch {
@@ -478,7 +493,11 @@ mod tests {
         for (i, d) in d0.iter().enumerate() {
             let spec: Value = serde_json::from_str(specs.value(i)).unwrap();
             env.validate(&spec).unwrap();
-            assert_eq!(env::task_id("gridnav", &spec), d.2, "candidate id is its content hash");
+            assert_eq!(
+                env::task_id("gridnav", &spec),
+                d.2,
+                "candidate id is its content hash"
+            );
             assert!(!p0.iter().any(|t| t.1 == d.2), "candidates are new tasks");
         }
         let critic: CriticSummary =
@@ -526,7 +545,11 @@ mod tests {
         let fresh: Vec<_> = d1.iter().filter(|d| d.6 == "pending").collect();
         assert_eq!(fresh.len(), 1);
         assert_eq!((fresh[0].0, &fresh[0].1), (1, &id(1)));
-        assert_ne!(fresh[0].2, cand(1), "a rejected candidate is not proposed again");
+        assert_ne!(
+            fresh[0].2,
+            cand(1),
+            "a rejected candidate is not proposed again"
+        );
 
         // Iteration 2's pool: slot 0 is the accepted candidate (parent recorded), slot 1 keeps
         // its task plus the new pending candidate, slots 2 and 3 are unchanged.
@@ -552,7 +575,14 @@ mod tests {
         for t in ["adaptations", "rm_samples", "steps", "task_accuracy"] {
             input(&c, t, &empty(t));
         }
-        let out = output(&Adapt { deterministic: true }, &c, "adaptations").await;
+        let out = output(
+            &Adapt {
+                deterministic: true,
+            },
+            &c,
+            "adaptations",
+        )
+        .await;
         assert_eq!(out.num_rows(), 0);
     }
 
@@ -569,7 +599,14 @@ mod tests {
                 s(&["A-0", "A-0", "A-0", "A-0", "A-1", "A-1"]),
                 u(&[0, 0, 1, 1, 0, 0]),
                 u(&[0, 1, 0, 1, 0, 1]),
-                s(&["stuck wasted", "stuck", "progress", "progress closer", "", "stuck"]),
+                s(&[
+                    "stuck wasted",
+                    "stuck",
+                    "progress",
+                    "progress closer",
+                    "",
+                    "stuck",
+                ]),
                 i8s(&[-1, -1, 1, 1, 1, -1]),
             ],
         );
@@ -586,12 +623,25 @@ mod tests {
         let summaries = critic_summaries(&c).await.unwrap();
         let a = &summaries["A"];
         assert_eq!(a.high_risk_steps, vec![0]);
-        assert_eq!(a.high_risk_observations, vec!["at 1 1 goal east".to_string()]);
+        assert_eq!(
+            a.high_risk_observations,
+            vec!["at 1 1 goal east".to_string()]
+        );
         assert_eq!(
             a.step_verdicts,
             vec![
-                StepVerdicts { step_idx: 0, samples: 4, good: 0.25, bad: 0.75 },
-                StepVerdicts { step_idx: 1, samples: 2, good: 1.0, bad: 0.0 },
+                StepVerdicts {
+                    step_idx: 0,
+                    samples: 4,
+                    good: 0.25,
+                    bad: 0.75
+                },
+                StepVerdicts {
+                    step_idx: 1,
+                    samples: 2,
+                    good: 1.0,
+                    bad: 0.0
+                },
             ]
         );
         assert_eq!(

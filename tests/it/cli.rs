@@ -541,6 +541,9 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
             "policy.kind=uniform",
             "--set",
             "reward_model.enabled=false",
+            // Static tasks (adaptation is tested in adapt.rs).
+            "--set",
+            "adapt.enabled=false",
         ])
         .ok();
     }
@@ -633,9 +636,18 @@ fn external_environment_runs_over_json_lines() {
     let cfg = external_config(&f, 10.0);
     let store = f.store_arg();
     f.rla(&["run", &cfg, "--store", &store]).ok();
+    // n = 4 rollouts of every pool task, active or pending (adaptation goes through the
+    // process's `mutate`).
+    let pool: u64 = f
+        .sql("SELECT count(*) FROM tasks")
+        .ok()
+        .scalar()
+        .parse()
+        .unwrap();
+    assert!(pool > 2 * 6, "candidates joined the pool: {pool}");
     assert_eq!(
         f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
-        (2 * 6 * 4).to_string()
+        (4 * pool).to_string()
     );
     assert_eq!(
         f.sql("SELECT count(*) FROM steps WHERE oracle_progress IS NULL")

@@ -1,5 +1,6 @@
 //! Integration tests: drive the real `rla-pipe` binary on temporary stores.
 
+mod adapt;
 mod cli;
 mod commit;
 mod models;

@@ -245,7 +245,7 @@ fn ablations_keep_the_shape_of_a_run() {
         f.rla(&["sql", "--run", "uniform", "--format", "csv", q])
             .ok()
             .scalar(),
-        "8"
+        "9"
     );
 }
 

@@ -1,0 +1,549 @@
+//! Environment adaptation and the full loop: pool bookkeeping over real runs, the ablation
+//! switches, the OpenAI-compatible adapter against a local server, and kill / resume.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use crate::Fixture;
+
+const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+const HOUSEHOLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/household.toml");
+
+/// The accepted-task growth query of the README.
+const GROWTH: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/accepted_growth.sql"
+);
+
+/// A small, quick gridnav loop (learned policy and RM, few optimizer steps).
+fn small_gridnav<'a>(f: &Fixture, store: &'a str, iterations: &'a str) -> Vec<&'a str> {
+    let _ = f;
+    vec![
+        "run",
+        GRIDNAV,
+        "--store",
+        store,
+        "--iterations",
+        iterations,
+        "--set",
+        "env.initial_tasks=16",
+        "--set",
+        "update.policy_steps=4",
+        "--set",
+        "update.rm_steps=4",
+    ]
+}
+
+#[test]
+fn gridnav_loop_rewrites_and_judges_tasks() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    let r = f.rla(&small_gridnav(&f, &store, "3")).ok();
+    // One summary line per iteration.
+    for i in 0..3 {
+        let line = r
+            .stderr
+            .lines()
+            .find(|l| l.starts_with(&format!("iter {i:>3}  committed in")))
+            .unwrap_or_else(|| panic!("no summary for iteration {i}:\n{}", r.stderr));
+        for part in [
+            "train ",
+            "held-out ",
+            "RM process ",
+            " accepted, ",
+            " pending",
+        ] {
+            assert!(line.contains(part), "{line}");
+        }
+    }
+    // Iteration 0 writes candidates for out-of-band tasks; each joins iteration 1's pool as
+    // pending in its parent's slot...
+    let pending0: u64 = f
+        .sql("SELECT count(*) FROM adaptations WHERE iter = 0 AND decision = 'pending'")
+        .ok()
+        .scalar()
+        .parse()
+        .unwrap();
+    assert!(
+        pending0 > 0,
+        "an untrained policy leaves tasks outside the band"
+    );
+    let q = "SELECT count(*) FROM adaptations a JOIN tasks t ON t.iter = a.iter + 1 \
+             AND t.task_id = a.candidate_task_id AND t.slot = a.slot AND t.status = 'pending' \
+             AND t.parent_task_id = a.task_id WHERE a.decision = 'pending'";
+    let pending_all = f
+        .sql("SELECT count(*) FROM adaptations WHERE decision = 'pending' AND iter < 2")
+        .ok()
+        .scalar();
+    assert_eq!(f.sql(q).ok().scalar(), pending_all);
+    // ... gets the same n = 8 rollouts as every active task ...
+    let q = "SELECT count(*) FROM tasks t LEFT JOIN \
+             (SELECT iter, task_id, count(*) AS n FROM trajectories GROUP BY iter, task_id) r \
+             ON r.iter = t.iter AND r.task_id = t.task_id WHERE COALESCE(r.n, 0) <> 8";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    // ... and is judged in the next iteration with the accuracy it reached there.
+    let q = "SELECT count(*) FROM adaptations p JOIN adaptations j \
+             ON j.iter = p.iter + 1 AND j.candidate_task_id = p.candidate_task_id \
+             JOIN task_accuracy ta ON ta.iter = j.iter AND ta.task_id = j.candidate_task_id \
+             WHERE p.decision = 'pending' AND j.decision IN ('accepted', 'rejected') \
+             AND j.candidate_acc = ta.acc AND j.prev_acc = p.prev_acc AND j.direction = p.direction";
+    assert_eq!(f.sql(q).ok().scalar(), pending_all);
+    // The rule holds on every judged row (inclusive bounds, α = 0.2 / 0.8).
+    let q = "SELECT count(*) FROM adaptations WHERE decision IN ('accepted', 'rejected') AND \
+             (decision = 'accepted') <> (candidate_acc > 0 AND CASE WHEN direction = 'harder' \
+             THEN candidate_acc >= 0.2 AND candidate_acc < prev_acc \
+             ELSE candidate_acc > prev_acc AND candidate_acc <= 0.8 END)";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    // An accepted candidate holds its parent's slot as an active task one iteration later.
+    let q = "SELECT count(*) FROM adaptations a LEFT JOIN tasks t ON t.iter = a.iter + 1 \
+             AND t.task_id = a.candidate_task_id AND t.slot = a.slot AND t.status = 'active' \
+             WHERE a.decision = 'accepted' AND a.iter < 2 AND t.task_id IS NULL";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    // Every slot has exactly one active task, every iteration.
+    let q = "SELECT count(*) FROM (SELECT iter, slot FROM tasks WHERE status = 'active' \
+             GROUP BY iter, slot HAVING count(*) <> 1)";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    assert_eq!(
+        f.sql("SELECT count(*) FROM tasks WHERE status = 'active'")
+            .ok()
+            .scalar(),
+        "48"
+    );
+    // The critic the adapter saw is recorded on each new candidate; judged rows have none.
+    let q = "SELECT count(*) FROM adaptations WHERE (decision = 'pending') <> (critic IS NOT NULL)";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    let critic = f
+        .rla(&[
+            "sql",
+            "--format",
+            "json",
+            "SELECT critic FROM adaptations WHERE decision = 'pending' ORDER BY iter, slot LIMIT 1",
+        ])
+        .ok()
+        .stdout;
+    for key in [
+        "accuracy",
+        "high_risk_steps",
+        "step_verdicts",
+        "critique_words",
+    ] {
+        assert!(critic.contains(key), "{critic}");
+    }
+    // The growth query: one row per iteration.
+    let growth = f
+        .rla(&["sql", "--format", "csv", "--file", GROWTH])
+        .ok()
+        .csv();
+    assert_eq!(growth.len(), 3);
+    // run_id, iter, accepted, cumulative: the running total adds up.
+    let mut total = 0;
+    for (i, row) in growth.iter().enumerate() {
+        assert_eq!(row[1], i.to_string());
+        total += row[2].parse::<u64>().unwrap();
+        assert_eq!(row[3], total.to_string());
+    }
+    // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
+    let r = f
+        .rla(&["replay", "--run", "gridnav", "--iter", "1", "--verify"])
+        .ok();
+    assert!(
+        r.stdout.contains("ok  adapt") && r.stdout.contains("ok  pool"),
+        "{}",
+        r.stdout
+    );
+}
+
+/// The paper's ablations: every run has the same stages and tables, disabled ones empty.
+#[test]
+fn ablation_switches_keep_the_run_shape() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    for (run, sets) in [
+        ("full", vec![]),
+        (
+            "policy-only",
+            vec!["reward_model.enabled=false", "adapt.enabled=false"],
+        ),
+    ] {
+        let mut args = small_gridnav(&f, &store, "2");
+        args.extend(["--run-id", run]);
+        for s in &sets {
+            args.extend(["--set", s]);
+        }
+        f.rla(&args).ok();
+    }
+    let stages = |run: &str| {
+        f.sql(&format!(
+            "SELECT iter, stage FROM stage_runs WHERE run_id = '{run}' ORDER BY iter, stage"
+        ))
+        .ok()
+        .stdout
+    };
+    assert_eq!(stages("full"), stages("policy-only"));
+    let count = |table: &str, run: &str| {
+        f.sql(&format!(
+            "SELECT count(*) FROM {table} WHERE run_id = '{run}'"
+        ))
+        .ok()
+        .scalar()
+    };
+    for table in ["rm_samples", "rm_advantages", "adaptations"] {
+        assert_eq!(count(table, "policy-only"), "0", "{table}");
+        assert_ne!(count(table, "full"), "0", "{table}");
+    }
+    // Outcome-only: R = O; static tasks: the same pool every iteration.
+    let q = "SELECT count(*) FROM step_rewards WHERE run_id = 'policy-only' AND reward <> CAST(outcome AS DOUBLE)";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    let q = "SELECT count(DISTINCT task_id) FROM tasks WHERE run_id = 'policy-only'";
+    assert_eq!(f.sql(q).ok().scalar(), "16");
+    // The same SQL works on both: the growth query gives one row per iteration each.
+    for run in ["full", "policy-only"] {
+        let g = f
+            .rla(&["sql", "--run", run, "--format", "csv", "--file", GROWTH])
+            .ok();
+        assert_eq!(g.csv().len(), 2, "{run}: {}", g.stdout);
+    }
+}
+
+/// What the test server saw.
+#[derive(Default)]
+struct Seen {
+    authorization: Vec<String>,
+    bodies: Vec<serde_json::Value>,
+}
+
+/// A minimal OpenAI-compatible chat-completions server for gridnav tasks. The first reply of a
+/// conversation is not a task (the adapter must ask again); the second is a valid rewrite in a
+/// fenced block: easier adds budget, harder widens the grid.
+fn chat_server() -> (String, Arc<Mutex<Seen>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let (mut length, mut auth) = (0usize, String::new());
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                let lower = h.to_ascii_lowercase();
+                if let Some(v) = lower.strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+                if lower.starts_with("authorization:") {
+                    auth = h["authorization:".len()..].trim().to_string();
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let messages = body["messages"].as_array().unwrap().clone();
+            let user = messages[1]["content"].as_str().unwrap().to_string();
+            {
+                let mut s = log.lock().unwrap();
+                s.authorization.push(auth);
+                s.bodies.push(body);
+            }
+            let content = if messages.len() == 2 {
+                "I would make the task more interesting.".to_string()
+            } else {
+                let spec_line = user.lines().nth(1).unwrap();
+                let mut spec: serde_json::Value = serde_json::from_str(spec_line).unwrap();
+                if user.contains("Direction: easier") {
+                    spec["budget"] = (spec["budget"].as_u64().unwrap() + 5).into();
+                } else {
+                    spec["width"] = (spec["width"].as_u64().unwrap() + 1).into();
+                }
+                format!("Here it is:\n```json\n{spec}\n```")
+            };
+            let reply = serde_json::json!({
+                "id": "x", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+            })
+            .to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+#[test]
+fn openai_adapter_against_a_local_server() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    let (url, seen) = chat_server();
+    let endpoint = format!("adapt.openai.endpoint=\"{url}\"");
+    let base = |run: &str| -> Vec<String> {
+        [
+            "run",
+            GRIDNAV,
+            "--store",
+            &store,
+            "--run-id",
+            run,
+            "--iterations",
+            "2",
+            "--set",
+            "env.initial_tasks=12",
+            "--set",
+            "policy.kind=uniform",
+            "--set",
+            "update.rm_steps=2",
+            "--set",
+            "adapt.adapter=\"openai\"",
+            "--set",
+            "adapt.openai.model=\"test-model\"",
+            "--set",
+            "adapt.openai.api_key_env=\"RLA_TEST_API_KEY\"",
+            "--set",
+            &endpoint,
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let secret = "sk-test-5ecret-do-not-log";
+    let run = |args: Vec<String>, key: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+        cmd.current_dir(f.dir.path())
+            .env_remove("RUST_LOG")
+            .args(&args);
+        match key {
+            Some(k) => cmd.env("RLA_TEST_API_KEY", k),
+            None => cmd.env_remove("RLA_TEST_API_KEY"),
+        };
+        crate::Run::from(cmd.output().unwrap())
+    };
+    let mut args = base("llm");
+    args.push("--verbose".into());
+    let r = run(args, Some(secret)).ok();
+    assert!(
+        !r.stderr.contains(secret) && !r.stdout.contains(secret),
+        "the key leaked into the output"
+    );
+    for file in f.files() {
+        let bytes = std::fs::read(f.store().join(&file)).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(secret),
+            "the key leaked into {file}"
+        );
+    }
+    // Every out-of-band task got a candidate on the second request (the first reply was not
+    // a task), with the key in the Authorization header and the model's name in the body.
+    let written: u64 = f
+        .sql("SELECT count(*) FROM adaptations WHERE decision = 'pending' AND adapter = 'openai'")
+        .ok()
+        .scalar()
+        .parse()
+        .unwrap();
+    assert!(written > 0);
+    {
+        let s = seen.lock().unwrap();
+        // A conversation starts with 2 messages; each retry adds the reply and a correction.
+        let conversations = s
+            .bodies
+            .iter()
+            .filter(|b| b["messages"].as_array().unwrap().len() == 2)
+            .count() as u64;
+        assert!(conversations >= written, "{conversations} < {written}");
+        assert!(
+            s.bodies.len() as u64 >= 2 * written,
+            "the first reply never validates"
+        );
+        assert!(
+            s.authorization
+                .iter()
+                .all(|a| *a == format!("Bearer {secret}"))
+        );
+        for b in &s.bodies {
+            assert_eq!(b["model"], "test-model");
+            assert_eq!(b["temperature"], 0.8);
+            let user = b["messages"][1]["content"].as_str().unwrap();
+            assert!(
+                user.contains("high_risk_steps") && user.contains("accuracy"),
+                "{user}"
+            );
+        }
+        let retry = s
+            .bodies
+            .iter()
+            .find(|b| b["messages"].as_array().unwrap().len() == 4);
+        let retry = retry.expect("an invalid reply is answered and retried");
+        let why = retry["messages"][3]["content"].as_str().unwrap();
+        assert!(why.contains("no JSON object"), "{why}");
+    }
+    // The candidates are the server's rewrites, judged in iteration 1.
+    let q =
+        "SELECT count(*) FROM adaptations WHERE iter = 1 AND decision IN ('accepted', 'rejected')";
+    let judged = f.sql(q).ok().scalar();
+    let q = "SELECT count(*) FROM adaptations WHERE iter = 0 AND decision = 'pending'";
+    assert_eq!(judged, f.sql(q).ok().scalar());
+    // An LLM is not deterministic: replay checks the committed files instead of re-asking.
+    let r = f
+        .rla(&["replay", "--run", "llm", "--iter", "0", "--verify"])
+        .ok();
+    assert!(r.stdout.contains("adapt"), "{}", r.stdout);
+
+    // A missing key and an unreachable endpoint are clear errors; adapt commits nothing.
+    run(base("nokey"), None).fails(1, &["RLA_TEST_API_KEY", "not set"]);
+    let closed = TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead = format!("http://{}/v1", closed.local_addr().unwrap());
+    drop(closed);
+    let mut args = base("dead");
+    let last = args.len() - 1;
+    args[last] = format!("adapt.openai.endpoint=\"{dead}\"");
+    let r = run(args, Some(secret)).fails(1, &["adapt.openai", &dead, "cannot connect"]);
+    assert!(!r.stderr.contains(secret));
+    assert!(
+        !f.store()
+            .join("dead/_commits/iter=000000/adapt.json")
+            .exists()
+    );
+    assert!(
+        f.store()
+            .join("dead/_commits/iter=000000/task_accuracy.json")
+            .exists(),
+        "the stages before adapt are committed: fixing the endpoint resumes from adapt"
+    );
+}
+
+/// Household's full loop, small: 3 iterations uninterrupted, and the same run interrupted with
+/// Ctrl-C in the middle of iteration 1 then resumed with the same command: the same tables,
+/// byte for byte.
+#[test]
+fn household_kill_and_resume_gives_the_same_tables() {
+    let f = Fixture::new();
+    // The same run id in two stores (`run_id` is a column of every table).
+    let store = |run: &str| f.dir.path().join(run).display().to_string();
+    let args = |run: &str| -> Vec<String> {
+        [
+            "run",
+            HOUSEHOLD,
+            "--store",
+            &store(run),
+            "--iterations",
+            "3",
+            "--set",
+            "env.initial_tasks=8",
+            "--set",
+            "update.policy_steps=2",
+            "--set",
+            "update.rm_steps=2",
+            "--set",
+            "update.minibatch=32",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+    };
+    f.rla(
+        &args("straight")
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .ok();
+
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        .current_dir(f.dir.path())
+        .env_remove("RUST_LOG")
+        .args(args("resumed"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let marker = f
+        .dir
+        .path()
+        .join("resumed/household/_commits/iter=000001/rollout.json");
+    let started = std::time::Instant::now();
+    while !marker.exists() {
+        assert!(
+            started.elapsed().as_secs() < 600,
+            "iteration 1's rollout never committed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    let code = child.wait().unwrap().code();
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("Run the same command to resume"),
+        "{stderr}"
+    );
+    assert!(
+        !f.dir
+            .path()
+            .join("resumed/household/_commits/iter=000001/_iteration.json")
+            .exists()
+    );
+    let r = f
+        .rla(
+            &args("resumed")
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )
+        .ok();
+    assert!(
+        r.stderr.contains("committed earlier, skipped"),
+        "{}",
+        r.stderr
+    );
+    f.rla(&["gc", "--store", &store("resumed"), "--grace-secs", "0"])
+        .ok();
+    // Same bytes in every committed file of both runs (attempt names differ).
+    let digests = |run: &str| {
+        let root = f.dir.path().join(run);
+        let mut files = Vec::new();
+        crate::walk(&root, &root, &mut files);
+        let mut out: Vec<(String, String)> = files
+            .into_iter()
+            .filter(|p| p.starts_with("household/data/") || p.starts_with("household/artifacts/"))
+            .map(|p| {
+                let dir = p.rsplit_once('/').unwrap().0.to_string();
+                let bytes = std::fs::read(root.join(&p)).unwrap();
+                (dir, blake3::hash(&bytes).to_hex().to_string())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let (a, b) = (digests("straight"), digests("resumed"));
+    assert!(a.len() > 30, "{a:?}");
+    assert_eq!(a, b);
+    let adapted = f
+        .rla(&[
+            "sql",
+            "--store",
+            &store("straight"),
+            "--format",
+            "csv",
+            "SELECT count(*) FROM adaptations",
+        ])
+        .ok()
+        .scalar();
+    assert_ne!(adapted, "0", "the run adapted tasks");
+}
