@@ -45,4 +45,4 @@ SELECT e.iter,
   round(sum(e.successes) * 1.0 / sum(e.rollouts), 3) AS held_out_success,
   (SELECT round(avg(acc), 3) FROM task_accuracy a WHERE a.iter = e.iter) AS train_success,
   (SELECT round(sum(rm_process_acc * judged_steps) / sum(judged_steps), 3) FROM task_accuracy a WHERE a.iter = e.iter) AS rm_process_acc
-FROM evaluations e GROUP BY e.iter ORDER BY e.iter"
+FROM evaluations e WHERE e.split = 'held_out' GROUP BY e.iter ORDER BY e.iter"

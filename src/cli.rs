@@ -134,6 +134,22 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(long = "set", value_name = "KEY=VALUE")]
         sets: Vec<String>,
     },
+    /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
+    /// reward-model accuracy, adaptation (with the accepted-task growth fit), stage times, and
+    /// update metrics. Several runs overlay their curves.
+    Report {
+        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Run ids (at least one).
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<String>,
+        /// The HTML file to write.
+        #[arg(long, value_name = "FILE.html", default_value = "report.html")]
+        out: PathBuf,
+        /// Also write every chart as a standalone SVG file into this directory.
+        #[arg(long, value_name = "DIR")]
+        svg_dir: Option<PathBuf>,
+    },
     /// Write a commented iteration.toml with every key at its default.
     Init {
         /// Directory to write iteration.toml into.
@@ -281,6 +297,34 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 "iteration {iter} of run {run}: verified ({} tables)",
                 report.len()
             );
+        }
+        Command::Report {
+            store,
+            runs,
+            out,
+            svg_dir,
+        } => {
+            let store = Store::open(&store)?;
+            let report = crate::report::build(&store, &runs).await?;
+            std::fs::write(&out, &report.html)
+                .with_context(|| format!("cannot write {}", out.display()))?;
+            if let Some(dir) = svg_dir {
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("cannot create {}", dir.display()))?;
+                for (name, svg) in &report.charts {
+                    let path = dir.join(format!("{name}.svg"));
+                    std::fs::write(&path, svg)
+                        .with_context(|| format!("cannot write {}", path.display()))?;
+                }
+            }
+            if !quiet {
+                eprintln!(
+                    "wrote {} ({} charts, {} runs)",
+                    out.display(),
+                    report.charts.len(),
+                    runs.len()
+                );
+            }
         }
         Command::Runs { store } => {
             let store = Store::open(&store)?;

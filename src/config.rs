@@ -127,6 +127,20 @@ pub struct GridNavConfig {
     pub budget_factor: f64,
 }
 
+impl GridNavConfig {
+    /// One difficulty level harder (the out-of-distribution evaluation set): shortest paths two
+    /// steps longer, 5 points more walls, a budget factor × 0.75 (at least 1).
+    pub fn harder(&self) -> GridNavConfig {
+        GridNavConfig {
+            size: self.size,
+            wall_density: (self.wall_density + 0.05).min(0.5),
+            min_distance: self.min_distance + 2,
+            max_distance: self.max_distance + 2,
+            budget_factor: (self.budget_factor * 0.75).max(1.0),
+        }
+    }
+}
+
 /// `[env.synthetic]`: a seeded generator of trajectories, oracle labels and RM verdicts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -379,6 +393,10 @@ pub struct EvalConfig {
     /// Rollouts per held-out task.
     #[serde(default = "default_n")]
     pub rollouts: u32,
+    /// Tasks of the out-of-distribution set: drawn like the held-out set but from the
+    /// environment one difficulty level harder than training (0: no such set).
+    #[serde(default = "default_eval_tasks")]
+    pub ood_tasks: u32,
 }
 
 fn default_store() -> String {

@@ -18,6 +18,7 @@ pub mod engine;
 pub mod env;
 pub mod error;
 pub mod model;
+pub mod report;
 pub mod schema;
 pub mod sql;
 pub mod stages;

@@ -182,11 +182,12 @@ pub fn all_tables() -> Vec<TableDef> {
         ),
         table(
             "evaluations",
-            &["task_id"],
+            &["split", "task_id"],
             vec![
                 f("task_id", Utf8, false),
                 f("rollouts", UInt32, false),
                 f("successes", UInt32, false),
+                f("split", Utf8, false),
             ],
         ),
         table(

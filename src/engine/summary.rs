@@ -14,6 +14,7 @@ const SQL: &str = include_str!("summary.sql");
 pub struct Summary {
     pub train_success: Option<f64>,
     pub held_out_success: Option<f64>,
+    pub ood_success: Option<f64>,
     pub rm_process_acc: Option<f64>,
     pub accepted: i64,
     pub rejected: i64,
@@ -25,9 +26,10 @@ impl std::fmt::Display for Summary {
         let p = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.3}"));
         write!(
             f,
-            "train {} · held-out {} · RM process {} · tasks {} accepted, {} rejected, {} pending",
+            "train {} · held-out {} · OOD {} · RM process {} · tasks {} accepted, {} rejected, {} pending",
             p(self.train_success),
             p(self.held_out_success),
+            p(self.ood_success),
             p(self.rm_process_acc),
             self.accepted,
             self.rejected,
@@ -53,10 +55,11 @@ pub async fn of_iteration<'a>(
         s = Summary {
             train_success: f(0),
             held_out_success: f(1),
-            rm_process_acc: f(2),
-            accepted: n(3),
-            rejected: n(4),
-            pending: n(5),
+            ood_success: f(2),
+            rm_process_acc: f(3),
+            accepted: n(4),
+            rejected: n(5),
+            pending: n(6),
         };
     }
     Ok(s)

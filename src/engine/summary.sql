@@ -1,5 +1,6 @@
 -- The line `rla-pipe run` prints after each iteration, over that iteration's committed tables:
--- train success (mean acc of the active tasks), held-out success (greedy, after the update),
+-- train success (mean acc of the active tasks), held-out and out-of-distribution success
+-- (greedy, after the update),
 -- RM process accuracy (over all judged steps), and the adaptation decisions.
 -- NULL where a table is empty (synthetic environment, RM or adaptation disabled).
 WITH train AS (
@@ -8,7 +9,10 @@ WITH train AS (
     JOIN tasks t ON t.task_id = ta.task_id AND t.status = 'active'
 ),
 held_out AS (
-    SELECT CAST(SUM(successes) AS DOUBLE) / CAST(SUM(rollouts) AS DOUBLE) AS held_out_success
+    SELECT CAST(SUM(CASE WHEN split = 'held_out' THEN successes END) AS DOUBLE)
+             / CAST(SUM(CASE WHEN split = 'held_out' THEN rollouts END) AS DOUBLE) AS held_out_success,
+           CAST(SUM(CASE WHEN split = 'ood' THEN successes END) AS DOUBLE)
+             / CAST(SUM(CASE WHEN split = 'ood' THEN rollouts END) AS DOUBLE) AS ood_success
     FROM evaluations
 ),
 rm AS (
@@ -22,5 +26,5 @@ adapt AS (
            CAST(COALESCE(SUM(CASE WHEN decision = 'pending' THEN 1 ELSE 0 END), 0) AS BIGINT) AS pending
     FROM adaptations
 )
-SELECT train_success, held_out_success, rm_process_acc, accepted, rejected, pending
+SELECT train_success, held_out_success, ood_success, rm_process_acc, accepted, rejected, pending
 FROM train, held_out, rm, adapt

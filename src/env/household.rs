@@ -406,6 +406,20 @@ impl Default for HouseholdConfig {
 }
 
 impl HouseholdConfig {
+    /// One difficulty level harder (the out-of-distribution evaluation set): one more
+    /// receptacle and distractor, a quarter more closed containers and hidden goal objects, a
+    /// budget factor × 0.75 (at least 1). The goal types stay.
+    pub fn harder(&self) -> HouseholdConfig {
+        HouseholdConfig {
+            receptacles: self.receptacles + 1,
+            distractors: self.distractors + 1,
+            closed_fraction: (self.closed_fraction + 0.25).min(1.0),
+            goal_types: self.goal_types.clone(),
+            hidden_prob: (self.hidden_prob + 0.25).min(1.0),
+            budget_factor: (self.budget_factor * 0.75).max(1.0),
+        }
+    }
+
     pub fn validate(&self) -> Result<Vec<GoalType>> {
         if self.goal_types.is_empty() {
             return Err(err("config `goal_types` is empty"));

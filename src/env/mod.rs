@@ -131,6 +131,18 @@ pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> 
     }
 }
 
+/// The environment one difficulty level harder than the config's (for the out-of-distribution
+/// evaluation set), where the environment has difficulty knobs: gridnav and household.
+pub fn harder_from_config(cfg: &crate::config::Config) -> Result<Option<Box<dyn Environment>>> {
+    Ok(match cfg.env.name.as_str() {
+        "gridnav" => Some(Box::new(gridnav::GridNav::new(cfg.env.gridnav.harder()))),
+        "household" => Some(Box::new(household::Household::new(
+            cfg.env.household.harder(),
+        ))),
+        _ => None,
+    })
+}
+
 /// Uniform random play on one thread until `steps` steps are taken (episodes restart as they
 /// end): (steps taken, seconds). The environment's own cost, for `rla-pipe bench-env`.
 pub fn throughput(

@@ -3,6 +3,10 @@
 //! every iteration of a run), minus any task that is also in this iteration's training pool.
 //! The learned policy plays each once, greedily (its most likely action every step: a single
 //! deterministic rollout); the uniform policy plays `eval.rollouts` seeded rollouts.
+//!
+//! A second, out-of-distribution set (`split = 'ood'`, `eval.ood_tasks` tasks) is drawn the same
+//! way from the environment one difficulty level harder than training
+//! ([`env::harder_from_config`]: gridnav and household); the paper's OOD check.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -50,63 +54,81 @@ impl Stage for Evaluate {
                 .expect("Utf8 task_id");
             training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
         }
-        let environment = env::from_config(&ctx.config)?;
         let eval = &ctx.config.eval;
-        let mut held_out: Vec<(String, serde_json::Value)> = environment
-            .generate(derive_seed(eval.seed, &["held-out"]), eval.tasks)?
-            .into_iter()
-            .map(|spec| (env::task_id(environment.name(), &spec), spec))
-            .filter(|(id, _)| !training.contains(id))
-            .collect();
-        held_out.sort_by(|a, b| a.0.cmp(&b.0));
-        held_out.dedup_by(|a, b| a.0 == b.0);
-        let (mut ids, mut rollouts, mut successes) = (
-            StringBuilder::new(),
-            UInt32Builder::new(),
-            UInt32Builder::new(),
-        );
+        let mut sets: Vec<(&str, Box<dyn env::Environment>, u32)> =
+            vec![("held_out", env::from_config(&ctx.config)?, eval.tasks)];
+        if eval.ood_tasks > 0
+            && let Some(harder) = env::harder_from_config(&ctx.config)?
+        {
+            sets.push(("ood", harder, eval.ood_tasks));
+        }
         let per_task = if ctx.config.policy.kind == "uniform" {
             eval.rollouts
         } else {
             1
         };
-        let seeds: Vec<(usize, u32, u64)> = (0..held_out.len())
-            .flat_map(|t| (0..per_task).map(move |r| (t, r)))
-            .map(|(t, r)| {
-                (
-                    t,
-                    r,
-                    derive_seed(ctx.seed, &[&held_out[t].0, &r.to_string()]),
-                )
-            })
-            .collect();
-        let jobs: Vec<Job<'_>> = seeds
-            .iter()
-            .map(|(t, r, seed)| (held_out[*t].0.as_str(), &held_out[*t].1, *r, *seed))
-            .collect();
         let policy_ck = if ctx.config.policy.kind == "uniform" {
             &[][..]
         } else {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
-        let environment: Arc<dyn env::Environment> = Arc::from(environment);
-        let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, true)?;
-        for (t, (task_id, _)) in held_out.iter().enumerate() {
-            let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+        let (mut ids, mut rollouts, mut successes, mut splits) = (
+            StringBuilder::new(),
+            UInt32Builder::new(),
+            UInt32Builder::new(),
+            StringBuilder::new(),
+        );
+        for (split, environment, count) in sets {
+            // The held-out set keeps its historical seed label; the OOD set has its own.
+            let label = if split == "held_out" {
+                "held-out"
+            } else {
+                split
+            };
+            let mut tasks: Vec<(String, serde_json::Value)> = environment
+                .generate(derive_seed(eval.seed, &[label]), count)?
+                .into_iter()
+                .map(|spec| (env::task_id(environment.name(), &spec), spec))
+                .filter(|(id, _)| !training.contains(id))
+                .collect();
+            tasks.sort_by(|a, b| a.0.cmp(&b.0));
+            tasks.dedup_by(|a, b| a.0 == b.0);
+            let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
+                .flat_map(|t| (0..per_task).map(move |r| (t, r)))
+                .map(|(t, r)| {
+                    let (id, r_s) = (tasks[t].0.as_str(), r.to_string());
+                    let seed = match split {
+                        "held_out" => derive_seed(ctx.seed, &[id, &r_s]),
+                        _ => derive_seed(ctx.seed, &[id, &r_s, split]),
+                    };
+                    (t, r, seed)
+                })
+                .collect();
+            let jobs: Vec<Job<'_>> = seeds
                 .iter()
-                .filter(|r| r.outcome > 0)
-                .count() as u32;
-            ids.append_value(task_id);
-            rollouts.append_value(per_task);
-            successes.append_value(won);
+                .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
+                .collect();
+            let environment: Arc<dyn env::Environment> = Arc::from(environment);
+            let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, true)?;
+            for (t, (task_id, _)) in tasks.iter().enumerate() {
+                let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+                    .iter()
+                    .filter(|r| r.outcome > 0)
+                    .count() as u32;
+                ids.append_value(task_id);
+                rollouts.append_value(per_task);
+                successes.append_value(won);
+                splits.append_value(split);
+            }
         }
-        let n = held_out.len();
+        let n = arrow::array::ArrayBuilder::len(&ids);
         let def = schema::table_def("evaluations").expect("known table");
         let mut columns = run_iter_columns(ctx, n);
         columns.extend([
             Arc::new(ids.finish()) as ArrayRef,
             Arc::new(rollouts.finish()),
             Arc::new(successes.finish()),
+            Arc::new(splits.finish()),
         ]);
         let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
         Ok(vec![(

@@ -589,7 +589,7 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
     );
     // Held-out evaluation: a fixed set, disjoint from the training pool, the same every iteration.
     let per_iter = a
-        .sql("SELECT count(*) FROM evaluations WHERE iter = 0")
+        .sql("SELECT count(*) FROM evaluations WHERE iter = 0 AND split = 'held_out'")
         .ok()
         .scalar();
     let n: u64 = per_iter.parse().unwrap();
@@ -605,6 +605,22 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
     assert_eq!(a.sql(q).ok().scalar(), per_iter);
     let q = "SELECT min(rollouts) = 8 AND max(successes) <= 8 FROM evaluations";
     assert_eq!(a.sql(q).ok().scalar(), "true");
+    // The out-of-distribution set: as many tasks, one difficulty level harder, so the uniform
+    // policy wins less often there.
+    let q = "SELECT split, count(*), sum(successes) * 1.0 / sum(rollouts) FROM evaluations \
+             WHERE iter = 0 GROUP BY split ORDER BY split";
+    let rows = a.sql(q).ok().csv();
+    assert_eq!(
+        (rows[0][0].as_str(), rows[1][0].as_str()),
+        ("held_out", "ood")
+    );
+    let n_ood: u64 = rows[1][1].parse().unwrap();
+    assert!(n_ood > 20 && n_ood <= 32, "{n_ood} OOD tasks");
+    let (held, ood): (f64, f64) = (rows[0][2].parse().unwrap(), rows[1][2].parse().unwrap());
+    assert!(
+        ood < held,
+        "OOD {ood} should be harder than held-out {held}"
+    );
     for iter in ["0", "1"] {
         let r = a
             .rla(&["replay", "--run", "gridnav", "--iter", iter, "--verify"])

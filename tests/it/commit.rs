@@ -112,7 +112,7 @@ impl rla_pipe::engine::Stage for BadStage {
         let sql = if self.nulls {
             // task_id is declared non-nullable.
             "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, CAST(NULL AS VARCHAR) AS task_id, \
-             CAST(1 AS INT UNSIGNED) AS rollouts, CAST(1 AS INT UNSIGNED) AS successes"
+             CAST(1 AS INT UNSIGNED) AS rollouts, CAST(1 AS INT UNSIGNED) AS successes, 'held_out' AS split"
         } else {
             "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, 'x' AS task_id, 1.5 AS rollouts"
         };

@@ -270,7 +270,7 @@ fn policy_learns_easy_gridnav() {
     run_gridnav(&f, "5", &sets, &[]).ok();
     let success = |iter: u32| -> f64 {
         f.sql(&format!(
-            "SELECT sum(successes) * 1.0 / sum(rollouts) FROM evaluations WHERE iter = {iter}"
+            "SELECT sum(successes) * 1.0 / sum(rollouts) FROM evaluations WHERE iter = {iter} AND split = 'held_out'"
         ))
         .ok()
         .scalar()
