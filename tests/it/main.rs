@@ -4,6 +4,7 @@ mod adapt;
 mod cli;
 mod commit;
 mod models;
+mod report;
 mod s3;
 
 use std::path::{Path, PathBuf};

@@ -1,0 +1,184 @@
+//! `rla-pipe report` on small committed runs: every section, and the numbers it prints checked
+//! against independent queries.
+
+use crate::Fixture;
+
+const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+
+/// The `<tr>` of a report table whose first two cells are `run` and `iter`.
+fn row<'a>(html: &'a str, section: &str, run: &str, iter: &str) -> Vec<&'a str> {
+    let start = html
+        .find(&format!("<section id=\"{section}\">"))
+        .unwrap_or_else(|| panic!("no section {section}"));
+    let body = &html[start..start + html[start..].find("</section>").unwrap()];
+    let prefix = format!("<tr><td>{run}</td><td>{iter}</td>");
+    let line = body
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("no row {run} {iter} in {section}"));
+    line.trim_start_matches("<tr><td>")
+        .trim_end_matches("</td></tr>")
+        .split("</td><td>")
+        .collect()
+}
+
+fn num(f: &Fixture, q: &str) -> f64 {
+    f.sql(q).ok().scalar().parse().unwrap()
+}
+
+#[test]
+fn report_has_every_section_and_the_right_numbers() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    for (run, extra) in [("full", None), ("static", Some("adapt.enabled=false"))] {
+        let mut args = vec![
+            "run",
+            GRIDNAV,
+            "--store",
+            &store,
+            "--run-id",
+            run,
+            "--iterations",
+            "3",
+            "--set",
+            "env.initial_tasks=16",
+            "--set",
+            "update.policy_steps=4",
+            "--set",
+            "update.rm_steps=4",
+        ];
+        if let Some(e) = extra {
+            args.extend(["--set", e]);
+        }
+        f.rla(&args).ok();
+    }
+    let out = f.dir.path().join("report.html");
+    let svgs = f.dir.path().join("svg");
+    let out_s = out.display().to_string();
+    let svgs_s = svgs.display().to_string();
+    f.rla(&["report", "full", "static", "--out", &out_s, "--svg-dir", &svgs_s])
+        .ok();
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
+    for id in [
+        "success",
+        "rm-accuracy",
+        "adaptation",
+        "stage-times",
+        "update-metrics",
+    ] {
+        assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
+    }
+    // Self-contained: 8 inline charts, nothing fetched.
+    assert_eq!(html.matches("<svg").count(), 8);
+    assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 8);
+    // Both runs are overlaid in the charts' legends.
+    assert!(html.contains("full · train") && html.contains("static · held-out"));
+
+    let fmt = |x: f64| format!("{x:.3}");
+    for run in ["full", "static"] {
+        for iter in 0..3 {
+            let held = num(
+                &f,
+                &format!(
+                    "SELECT sum(successes) * 1.0 / sum(rollouts) FROM evaluations \
+                     WHERE run_id = '{run}' AND iter = {iter} AND split = 'held_out'"
+                ),
+            );
+            let ood = num(
+                &f,
+                &format!(
+                    "SELECT sum(successes) * 1.0 / sum(rollouts) FROM evaluations \
+                     WHERE run_id = '{run}' AND iter = {iter} AND split = 'ood'"
+                ),
+            );
+            let train = num(
+                &f,
+                &format!(
+                    "SELECT avg(a.acc) FROM task_accuracy a JOIN tasks t ON t.run_id = a.run_id \
+                     AND t.iter = a.iter AND t.task_id = a.task_id \
+                     WHERE a.run_id = '{run}' AND a.iter = {iter} AND t.status = 'active'"
+                ),
+            );
+            let i = iter.to_string();
+            assert_eq!(
+                row(&html, "success", run, &i)[2..],
+                [fmt(train), fmt(held), fmt(ood)],
+                "{run} {iter}"
+            );
+            let process = num(
+                &f,
+                &format!(
+                    "SELECT sum(rm_process_acc * judged_steps) / sum(judged_steps) FROM task_accuracy \
+                     WHERE run_id = '{run}' AND iter = {iter} AND judged_steps > 0"
+                ),
+            );
+            assert_eq!(row(&html, "rm-accuracy", run, &i)[2], fmt(process));
+            let loss = num(
+                &f,
+                &format!(
+                    "SELECT avg(loss) FROM update_metrics WHERE run_id = '{run}' AND iter = {iter} AND model = 'policy'"
+                ),
+            );
+            let r = row(&html, "update-metrics", run, &i);
+            assert_eq!((r[2], r[3].to_string()), ("policy", fmt(loss)));
+        }
+    }
+    // Adaptation: the counts per iteration and the linear fit of the cumulative curve, checked
+    // against a least-squares fit computed here.
+    let mut cumulative = Vec::new();
+    let mut total = 0.0;
+    for iter in 0..3 {
+        let i = iter.to_string();
+        let r = row(&html, "adaptation", "full", &i);
+        let accepted = f
+            .sql(&format!(
+                "SELECT count(*) FROM adaptations WHERE run_id = 'full' AND iter = {iter} AND decision = 'accepted'"
+            ))
+            .ok()
+            .scalar();
+        assert_eq!(r[2], accepted);
+        total += accepted.parse::<f64>().unwrap();
+        assert_eq!(r[5], format!("{total}"));
+        cumulative.push(total);
+        assert_eq!(row(&html, "adaptation", "static", &i)[2..], ["0", "0", "0", "0"]);
+    }
+    let n = cumulative.len() as f64;
+    let mx = (0..3).map(|x| x as f64).sum::<f64>() / n;
+    let my = cumulative.iter().sum::<f64>() / n;
+    let sxy: f64 = cumulative
+        .iter()
+        .enumerate()
+        .map(|(x, y)| (x as f64 - mx) * (y - my))
+        .sum();
+    let sxx: f64 = (0..3).map(|x| (x as f64 - mx).powi(2)).sum();
+    let slope = sxy / sxx;
+    let fit_start = html.find("<h3>Cumulative accepted tasks").unwrap();
+    let fit_row = html[fit_start..]
+        .lines()
+        .find(|l| l.starts_with("<tr><td>full</td>"))
+        .unwrap();
+    assert!(
+        fit_row.starts_with(&format!("<tr><td>full</td><td>{}</td>", fmt(slope))),
+        "{fit_row} (slope {slope})"
+    );
+    // Stage times: every committed stage of every iteration, with its manifest's seconds.
+    let secs = num(
+        &f,
+        "SELECT seconds FROM stage_runs WHERE run_id = 'full' AND iter = 1 AND stage = 'update'",
+    );
+    let times_start = html.find("<section id=\"stage-times\">").unwrap();
+    assert!(
+        html[times_start..].contains(&format!(
+            "<tr><td>full</td><td>1</td><td>update</td><td>{}</td></tr>",
+            fmt(secs)
+        )),
+        "update seconds {secs}"
+    );
+
+    // Unknown runs are named; no run is a usage error.
+    f.rla(&["report", "full", "nope", "--out", &out_s])
+        .fails(1, &["nope"]);
+    f.rla(&["report", "--out", &out_s]).fails(2, &["RUN"]);
+}
