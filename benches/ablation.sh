@@ -6,14 +6,20 @@
 # continues where it stopped.
 #
 #   benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR]
-#   benches/ablation.sh                      # 6 iterations into ./runs-ablation, report in docs/ablation/
+#   benches/ablation.sh                      # 5 iterations into ./runs-ablation, report in docs/ablation/
 set -euo pipefail
 cd "$(dirname "$0")/.."
-iters=${1:-6}
+iters=${1:-5}
 store=${2:-./runs-ablation}
 out=${3:-docs/ablation}
-cargo build --quiet
-bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
+# RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
+# versions between runs).
+if [ -n "${RLA_PIPE_BIN:-}" ]; then
+  bin=$RLA_PIPE_BIN
+else
+  cargo build --quiet
+  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
+fi
 pipeline=pipelines/ablation/household.toml
 runs=()
 for seed in 0 1 2; do

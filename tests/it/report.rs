@@ -56,8 +56,16 @@ fn report_has_every_section_and_the_right_numbers() {
     let svgs = f.dir.path().join("svg");
     let out_s = out.display().to_string();
     let svgs_s = svgs.display().to_string();
-    f.rla(&["report", "full", "static", "--out", &out_s, "--svg-dir", &svgs_s])
-        .ok();
+    f.rla(&[
+        "report",
+        "full",
+        "static",
+        "--out",
+        &out_s,
+        "--svg-dir",
+        &svgs_s,
+    ])
+    .ok();
     let html = std::fs::read_to_string(&out).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
     for id in [
@@ -142,7 +150,10 @@ fn report_has_every_section_and_the_right_numbers() {
         total += accepted.parse::<f64>().unwrap();
         assert_eq!(r[5], format!("{total}"));
         cumulative.push(total);
-        assert_eq!(row(&html, "adaptation", "static", &i)[2..], ["0", "0", "0", "0"]);
+        assert_eq!(
+            row(&html, "adaptation", "static", &i)[2..],
+            ["0", "0", "0", "0"]
+        );
     }
     let n = cumulative.len() as f64;
     let mx = (0..3).map(|x| x as f64).sum::<f64>() / n;
