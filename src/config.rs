@@ -129,13 +129,16 @@ pub struct GridNavConfig {
 
 impl GridNavConfig {
     /// One difficulty level harder (the out-of-distribution evaluation set): shortest paths two
-    /// steps longer, 5 points more walls, a budget factor × 0.75 (at least 1).
+    /// steps longer (as far as the grid allows: at most 2·(size − 1)), 5 points more walls, a
+    /// budget factor × 0.75 (at least 1).
     pub fn harder(&self) -> GridNavConfig {
+        let cap = (2 * self.size.saturating_sub(1)).max(self.max_distance);
+        let max_distance = (self.max_distance + 2).min(cap);
         GridNavConfig {
             size: self.size,
             wall_density: (self.wall_density + 0.05).min(0.5),
-            min_distance: self.min_distance + 2,
-            max_distance: self.max_distance + 2,
+            min_distance: (self.min_distance + 2).min(max_distance),
+            max_distance,
             budget_factor: (self.budget_factor * 0.75).max(1.0),
         }
     }

@@ -578,6 +578,32 @@ mod tests {
         );
     }
 
+    /// The out-of-distribution level generates tasks on every grid size, with paths as long as
+    /// the grid allows, never shorter than the training level's.
+    #[test]
+    fn one_level_harder_generates_everywhere() {
+        for size in 2..=8 {
+            let base = GridNavConfig {
+                size,
+                wall_density: 0.2,
+                min_distance: 1,
+                max_distance: (2 * (size - 1)).min(4),
+                budget_factor: 4.0,
+            };
+            let h = base.harder();
+            assert!(h.min_distance >= base.min_distance && h.max_distance >= base.max_distance);
+            assert!(h.min_distance <= h.max_distance);
+            let tasks = GridNav::new(h.clone()).generate(3, 10).unwrap();
+            for t in &tasks {
+                let d = Spec::parse(t).unwrap().shortest_path().unwrap();
+                assert!(
+                    d >= h.min_distance && d <= h.max_distance,
+                    "size {size}: {d}"
+                );
+            }
+        }
+    }
+
     /// The critic's high-risk cells steer wall edits: easier removes a wall next to one,
     /// harder adds one next to one.
     #[test]

@@ -600,8 +600,8 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
         "0",
         "held-out tasks are never trained on"
     );
-    let q = "SELECT count(*) FROM (SELECT task_id FROM evaluations WHERE iter = 0 \
-             INTERSECT SELECT task_id FROM evaluations WHERE iter = 1)";
+    let q = "SELECT count(*) FROM (SELECT task_id FROM evaluations WHERE iter = 0 AND split = 'held_out' \
+             INTERSECT SELECT task_id FROM evaluations WHERE iter = 1 AND split = 'held_out')";
     assert_eq!(a.sql(q).ok().scalar(), per_iter);
     let q = "SELECT min(rollouts) = 8 AND max(successes) <= 8 FROM evaluations";
     assert_eq!(a.sql(q).ok().scalar(), "true");
