@@ -188,6 +188,22 @@ fn report_has_every_section_and_the_right_numbers() {
         "update seconds {secs}"
     );
 
+    // Any run: a synthetic run has no evaluations, updates or adaptations; its report still has
+    // every section, with empty charts where there is nothing to draw.
+    f.run_small(&["--iterations", "2"]).ok();
+    let small = f.dir.path().join("small.html").display().to_string();
+    f.rla(&["report", "small", "--out", &small]).ok();
+    let html = std::fs::read_to_string(&small).unwrap();
+    assert_eq!(html.matches("<svg").count(), 8);
+    let train = num(
+        &f,
+        "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
+    );
+    assert_eq!(
+        row(&html, "success", "small", "1")[2..],
+        [fmt(train), "–".into(), "–".into()]
+    );
+
     // Unknown runs are named; no run is a usage error.
     f.rla(&["report", "full", "nope", "--out", &out_s])
         .fails(1, &["nope"]);
