@@ -17,29 +17,16 @@ const GROWTH: &str = concat!(
 );
 
 /// A small, quick gridnav loop (learned policy and RM, few optimizer steps).
-fn small_gridnav<'a>(f: &Fixture, store: &'a str, iterations: &'a str) -> Vec<&'a str> {
-    let _ = f;
-    vec![
-        "run",
-        GRIDNAV,
-        "--store",
-        store,
-        "--iterations",
-        iterations,
-        "--set",
-        "env.initial_tasks=16",
-        "--set",
-        "update.policy_steps=4",
-        "--set",
-        "update.rm_steps=4",
-    ]
-}
+const SMALL_GRIDNAV: [&str; 3] = [
+    "env.initial_tasks=16",
+    "update.policy_steps=4",
+    "update.rm_steps=4",
+];
 
 #[test]
 fn gridnav_loop_rewrites_and_judges_tasks() {
     let f = Fixture::new();
-    let store = f.store_arg();
-    let r = f.rla(&small_gridnav(&f, &store, "3")).ok();
+    let r = f.run_pipeline(GRIDNAV, "gridnav", 3, &SMALL_GRIDNAV).ok();
     // One summary line per iteration.
     for i in 0..3 {
         let line = r
@@ -158,20 +145,15 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
 #[test]
 fn ablation_switches_keep_the_run_shape() {
     let f = Fixture::new();
-    let store = f.store_arg();
-    for (run, sets) in [
+    for (run, extra) in [
         ("full", vec![]),
         (
             "policy-only",
             vec!["reward_model.enabled=false", "adapt.enabled=false"],
         ),
     ] {
-        let mut args = small_gridnav(&f, &store, "2");
-        args.extend(["--run-id", run]);
-        for s in &sets {
-            args.extend(["--set", s]);
-        }
-        f.rla(&args).ok();
+        let sets: Vec<&str> = SMALL_GRIDNAV.iter().copied().chain(extra).collect();
+        f.run_pipeline(GRIDNAV, run, 2, &sets).ok();
     }
     let stages = |run: &str| {
         f.sql(&format!(

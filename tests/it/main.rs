@@ -63,6 +63,31 @@ impl Fixture {
         args.extend_from_slice(extra);
         self.rla(&args)
     }
+    /// `rla-pipe run PIPELINE` into this fixture's store as run `run_id`, with `--set`s.
+    pub fn run_pipeline(
+        &self,
+        pipeline: &str,
+        run_id: &str,
+        iterations: u32,
+        sets: &[&str],
+    ) -> Run {
+        let store = self.store_arg();
+        let iterations = iterations.to_string();
+        let mut args = vec![
+            "run",
+            pipeline,
+            "--store",
+            &store,
+            "--run-id",
+            run_id,
+            "--iterations",
+            &iterations,
+        ];
+        for s in sets {
+            args.extend(["--set", s]);
+        }
+        self.rla(&args)
+    }
     pub fn sql(&self, query: &str) -> Run {
         self.rla(&["sql", "--format", "csv", query])
     }

@@ -29,29 +29,14 @@ fn num(f: &Fixture, q: &str) -> f64 {
 #[test]
 fn report_has_every_section_and_the_right_numbers() {
     let f = Fixture::new();
-    let store = f.store_arg();
-    for (run, extra) in [("full", None), ("static", Some("adapt.enabled=false"))] {
-        let mut args = vec![
-            "run",
-            GRIDNAV,
-            "--store",
-            &store,
-            "--run-id",
-            run,
-            "--iterations",
-            "3",
-            "--set",
-            "env.initial_tasks=16",
-            "--set",
-            "update.policy_steps=4",
-            "--set",
-            "update.rm_steps=4",
-        ];
-        if let Some(e) = extra {
-            args.extend(["--set", e]);
-        }
-        f.rla(&args).ok();
-    }
+    let small = [
+        "env.initial_tasks=16",
+        "update.policy_steps=4",
+        "update.rm_steps=4",
+    ];
+    f.run_pipeline(GRIDNAV, "full", 3, &small).ok();
+    let static_sets: Vec<&str> = small.into_iter().chain(["adapt.enabled=false"]).collect();
+    f.run_pipeline(GRIDNAV, "static", 3, &static_sets).ok();
     let out = f.dir.path().join("report.html");
     let svgs = f.dir.path().join("svg");
     let out_s = out.display().to_string();
