@@ -223,13 +223,24 @@ fn chart(
             .y_label_area_size(56)
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(|e| draw_err(e.to_string()))?;
-        c.configure_mesh()
-            .x_desc("iteration")
+        // Counts (every value of the solid lines whole, a range of a few units) get whole-number
+        // labels.
+        let integral = y1 - y0 >= 3.0
+            && lines
+                .iter()
+                .filter(|l| l.style == 0)
+                .all(|l| l.points.iter().all(|p| p.1.fract() == 0.0));
+        let whole = |y: &f64| format!("{y:.0}");
+        let mut mesh = c.configure_mesh();
+        mesh.x_desc("iteration")
             .y_desc(y_label)
             .x_labels(((x1 - x0) as usize + 1).min(12))
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .light_line_style(WHITE.mix(0.0))
-            .draw()
+            .x_label_formatter(&whole)
+            .light_line_style(WHITE.mix(0.0));
+        if integral {
+            mesh.y_label_formatter(&whole);
+        }
+        mesh.draw()
             .map_err(|e| draw_err(e.to_string()))?;
         for l in lines {
             let color = Palette99::pick(l.run).to_rgba();
