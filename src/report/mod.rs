@@ -184,6 +184,24 @@ struct Line {
     points: Vec<(f64, f64)>,
 }
 
+/// Line colours by run (the "tab10" palette: distinct and readable on white).
+fn colour(i: usize) -> RGBColor {
+    const TAB10: [(u8, u8, u8); 10] = [
+        (31, 119, 180),
+        (214, 39, 40),
+        (44, 160, 44),
+        (255, 127, 14),
+        (148, 103, 189),
+        (140, 86, 75),
+        (227, 119, 194),
+        (127, 127, 127),
+        (188, 189, 34),
+        (23, 190, 207),
+    ];
+    let (r, g, b) = TAB10[i % TAB10.len()];
+    RGBColor(r, g, b)
+}
+
 /// A chart: title, y axis label and lines, rendered as an SVG string.
 fn chart(
     title: &str,
@@ -243,7 +261,7 @@ fn chart(
         mesh.draw()
             .map_err(|e| draw_err(e.to_string()))?;
         for l in lines {
-            let color = Palette99::pick(l.run).to_rgba();
+            let color = colour(l.run).to_rgba();
             let style = ShapeStyle {
                 color,
                 filled: true,
