@@ -258,8 +258,7 @@ fn chart(
         if integral {
             mesh.y_label_formatter(&whole);
         }
-        mesh.draw()
-            .map_err(|e| draw_err(e.to_string()))?;
+        mesh.draw().map_err(|e| draw_err(e.to_string()))?;
         for l in lines {
             let color = colour(l.run).to_rgba();
             let style = ShapeStyle {
