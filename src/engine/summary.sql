@@ -1,7 +1,7 @@
 -- The line `rla-pipe run` prints after each iteration, over that iteration's committed tables:
 -- train success (mean acc of the active tasks), held-out and out-of-distribution success
--- (greedy, after the update),
--- RM process accuracy (over all judged steps), and the adaptation decisions.
+-- (greedy, after the update), RM process accuracy (over all judged steps), and the adaptation
+-- decisions.
 -- NULL where a table is empty (synthetic environment, RM or adaptation disabled).
 WITH train AS (
     SELECT AVG(ta.acc) AS train_success
