@@ -20,7 +20,20 @@ use crate::store::Store;
 
 /// Build the query session: one table per data table plus `stage_runs`.
 pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext> {
-    let runs = catalog::load_runs(store, run).await?;
+    session_of(store, &catalog::load_runs(store, run).await?).await
+}
+
+/// The query session over some runs only (each must exist: a missing one is named).
+pub async fn session_of_runs(store: &Store, runs: &[String]) -> Result<SessionContext> {
+    let mut states = Vec::new();
+    for r in runs {
+        crate::store::layout::validate_run_id(r)?;
+        states.push(catalog::load_run(store, r).await?);
+    }
+    session_of(store, &states).await
+}
+
+async fn session_of(store: &Store, runs: &[RunState]) -> Result<SessionContext> {
     let ctx = session_over(
         store,
         runs.iter()
@@ -29,7 +42,7 @@ pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext>
             .map(|c| &c.manifest),
     )
     .await?;
-    let stage_runs = stage_runs_batch(&runs)?;
+    let stage_runs = stage_runs_batch(runs)?;
     ctx.register_table(
         "stage_runs",
         Arc::new(MemTable::try_new(

@@ -338,11 +338,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
     if runs.is_empty() {
         return Err(Error::config("report: name at least one run"));
     }
-    for r in runs {
-        crate::store::layout::validate_run_id(r)?;
-        crate::engine::catalog::load_run(store, r).await?;
-    }
-    let ctx = crate::sql::session(store, None).await?;
+    let ctx = crate::sql::session_of_runs(store, runs).await?;
     let list = runs
         .iter()
         .map(|r| str_lit(r))
