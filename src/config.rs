@@ -381,6 +381,9 @@ pub struct OpenAiConfig {
     /// Seconds one request may take.
     #[serde(default = "default_openai_timeout")]
     pub timeout_secs: u64,
+    /// Requests in flight at once (tasks are asked in slot order, this many at a time).
+    #[serde(default = "default_openai_concurrency")]
+    pub concurrency: u32,
 }
 
 /// `[eval]`: the held-out task set.
@@ -567,6 +570,9 @@ fn default_openai_max_tokens() -> u32 {
 fn default_openai_timeout() -> u64 {
     120
 }
+fn default_openai_concurrency() -> u32 {
+    4
+}
 fn default_eval_tasks() -> u32 {
     32
 }
@@ -607,6 +613,7 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.device",
     "adapt.openai.endpoint",
     "adapt.openai.timeout_secs",
+    "adapt.openai.concurrency",
 ];
 
 /// 1-based line and column of a byte offset.
@@ -968,6 +975,11 @@ impl Config {
             o.timeout_secs >= 1,
             "adapt.openai.timeout_secs",
             "must be at least 1",
+        );
+        check(
+            (1..=64).contains(&o.concurrency),
+            "adapt.openai.concurrency",
+            "must be in 1..=64",
         );
         if errs.is_empty() {
             Ok(())

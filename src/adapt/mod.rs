@@ -45,6 +45,11 @@ pub trait Adapter: Send + Sync {
     fn deterministic(&self) -> bool {
         true
     }
+    /// How many requests may be in flight at once (an LLM endpoint serves several; the
+    /// procedural adapter is CPU work and goes one by one).
+    fn concurrency(&self) -> usize {
+        1
+    }
     /// A candidate spec (valid, solvable, not excluded), or `None` when the adapter found none.
     async fn propose(&self, request: &Request<'_>) -> Result<Option<Value>>;
 }

@@ -187,6 +187,10 @@ impl Adapter for OpenAi {
         false
     }
 
+    fn concurrency(&self) -> usize {
+        self.cfg.concurrency as usize
+    }
+
     async fn propose(&self, r: &Request<'_>) -> Result<Option<Value>> {
         let key = self.api_key()?;
         let mut messages = prompt(r);

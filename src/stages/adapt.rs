@@ -199,6 +199,8 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
     let mut critics = critic_summaries(ctx).await?;
     let environment = env::from_config(&ctx.config)?;
     let adapter = adapt::from_config(cfg)?;
+    // (task, direction, spec, critic, seed) of every request, in slot order.
+    let mut asks = Vec::new();
     for (task, direction) in wanted {
         let mut critic = critics.remove(&task.task_id).unwrap_or_default();
         critic.accuracy = task.acc;
@@ -206,33 +208,51 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
         let spec: Value = serde_json::from_str(&task.spec).map_err(|e| {
             Error::data(format!("tasks: spec of {} is not JSON: {e}", task.task_id))
         })?;
-        let request = Request {
-            env: environment.as_ref(),
-            task_id: &task.task_id,
-            spec: &spec,
-            direction,
-            critic: &critic,
-            seed: derive_seed(ctx.seed, &[&task.task_id]),
-            exclude: &exclude,
-        };
-        let Some(candidate) = adapter.propose(&request).await? else {
-            tracing::info!(task = %task.task_id, "adapt: no new candidate");
-            continue;
-        };
-        let candidate_id = env::task_id(environment.name(), &candidate);
-        exclude.insert(candidate_id.clone());
-        rows.push(Row {
-            slot: task.slot,
-            task_id: task.task_id.clone(),
-            candidate_task_id: candidate_id,
-            direction: direction_name(direction).to_string(),
-            prev_acc: task.acc,
-            candidate_acc: None,
-            decision: "pending",
-            candidate_spec: crate::config::canonical(&candidate),
-            adapter: adapter.name().to_string(),
-            critic: Some(serde_json::to_string(&critic).expect("critic serializes")),
-        });
+        let seed = derive_seed(ctx.seed, &[&task.task_id]);
+        asks.push((task, direction, spec, critic, seed));
+    }
+    // Requests run `adapter.concurrency()` at a time, each chunk against the pool and the
+    // candidates of the chunks before it; within a chunk a candidate another slot (earlier in
+    // slot order) already took is dropped. With concurrency 1 (the procedural adapter) every
+    // request sees every earlier candidate.
+    for chunk in asks.chunks(adapter.concurrency().max(1)) {
+        let requests: Vec<Request<'_>> = chunk
+            .iter()
+            .map(|(task, direction, spec, critic, seed)| Request {
+                env: environment.as_ref(),
+                task_id: &task.task_id,
+                spec,
+                direction: *direction,
+                critic,
+                seed: *seed,
+                exclude: &exclude,
+            })
+            .collect();
+        let answers = futures::future::join_all(requests.iter().map(|r| adapter.propose(r))).await;
+        drop(requests);
+        for ((task, direction, _, critic, _), answer) in chunk.iter().zip(answers) {
+            let Some(candidate) = answer? else {
+                tracing::info!(task = %task.task_id, "adapt: no new candidate");
+                continue;
+            };
+            let candidate_id = env::task_id(environment.name(), &candidate);
+            if !exclude.insert(candidate_id.clone()) {
+                tracing::info!(task = %task.task_id, "adapt: candidate taken by another slot");
+                continue;
+            }
+            rows.push(Row {
+                slot: task.slot,
+                task_id: task.task_id.clone(),
+                candidate_task_id: candidate_id,
+                direction: direction_name(*direction).to_string(),
+                prev_acc: task.acc,
+                candidate_acc: None,
+                decision: "pending",
+                candidate_spec: crate::config::canonical(&candidate),
+                adapter: adapter.name().to_string(),
+                critic: Some(serde_json::to_string(critic).expect("critic serializes")),
+            });
+        }
     }
     Ok(rows)
 }

@@ -193,11 +193,14 @@ fn ablation_switches_keep_the_run_shape() {
 struct Seen {
     authorization: Vec<String>,
     bodies: Vec<serde_json::Value>,
+    in_flight: usize,
+    max_in_flight: usize,
 }
 
 /// A minimal OpenAI-compatible chat-completions server for gridnav tasks. The first reply of a
 /// conversation is not a task (the adapter must ask again); the second is a valid rewrite in a
-/// fenced block: easier adds budget, harder widens the grid.
+/// fenced block: easier adds budget, harder widens the grid. A thread per connection; each reply
+/// waits 50 ms so that concurrent requests overlap.
 fn chat_server() -> (String, Arc<Mutex<Seen>>) {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}/v1", listener.local_addr().unwrap());
@@ -205,59 +208,68 @@ fn chat_server() -> (String, Arc<Mutex<Seen>>) {
     let log = seen.clone();
     std::thread::spawn(move || {
         for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let (mut length, mut auth) = (0usize, String::new());
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                    break;
-                }
-                let lower = h.to_ascii_lowercase();
-                if let Some(v) = lower.strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-                if lower.starts_with("authorization:") {
-                    auth = h["authorization:".len()..].trim().to_string();
-                }
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let messages = body["messages"].as_array().unwrap().clone();
-            let user = messages[1]["content"].as_str().unwrap().to_string();
-            {
-                let mut s = log.lock().unwrap();
-                s.authorization.push(auth);
-                s.bodies.push(body);
-            }
-            let content = if messages.len() == 2 {
-                "I would make the task more interesting.".to_string()
-            } else {
-                let spec_line = user.lines().nth(1).unwrap();
-                let mut spec: serde_json::Value = serde_json::from_str(spec_line).unwrap();
-                if user.contains("Direction: easier") {
-                    spec["budget"] = (spec["budget"].as_u64().unwrap() + 5).into();
-                } else {
-                    spec["width"] = (spec["width"].as_u64().unwrap() + 1).into();
-                }
-                format!("Here it is:\n```json\n{spec}\n```")
-            };
-            let reply = serde_json::json!({
-                "id": "x", "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
-            })
-            .to_string();
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
+            let Ok(stream) = stream else { continue };
+            let log = log.clone();
+            std::thread::spawn(move || serve(stream, &log));
         }
     });
     (url, seen)
+}
+
+fn serve(mut stream: std::net::TcpStream, log: &Mutex<Seen>) {
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let (mut length, mut auth) = (0usize, String::new());
+    let mut line = String::new();
+    let _ = reader.read_line(&mut line);
+    loop {
+        let mut h = String::new();
+        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+            break;
+        }
+        let lower = h.to_ascii_lowercase();
+        if let Some(v) = lower.strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap();
+        }
+        if lower.starts_with("authorization:") {
+            auth = h["authorization:".len()..].trim().to_string();
+        }
+    }
+    let mut body = vec![0; length];
+    reader.read_exact(&mut body).unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let messages = body["messages"].as_array().unwrap().clone();
+    let user = messages[1]["content"].as_str().unwrap().to_string();
+    {
+        let mut s = log.lock().unwrap();
+        s.authorization.push(auth);
+        s.bodies.push(body);
+        s.in_flight += 1;
+        s.max_in_flight = s.max_in_flight.max(s.in_flight);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    log.lock().unwrap().in_flight -= 1;
+    let content = if messages.len() == 2 {
+        "I would make the task more interesting.".to_string()
+    } else {
+        let spec_line = user.lines().nth(1).unwrap();
+        let mut spec: serde_json::Value = serde_json::from_str(spec_line).unwrap();
+        if user.contains("Direction: easier") {
+            spec["budget"] = (spec["budget"].as_u64().unwrap() + 5).into();
+        } else {
+            spec["width"] = (spec["width"].as_u64().unwrap() + 1).into();
+        }
+        format!("Here it is:\n```json\n{spec}\n```")
+    };
+    let reply = serde_json::json!({
+        "id": "x", "object": "chat.completion",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+    })
+    .to_string();
+    let _ = write!(
+        stream,
+        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+        reply.len()
+    );
 }
 
 #[test]
@@ -342,6 +354,11 @@ fn openai_adapter_against_a_local_server() {
         assert!(
             s.bodies.len() as u64 >= 2 * written,
             "the first reply never validates"
+        );
+        assert!(
+            s.max_in_flight >= 2,
+            "adapt.openai.concurrency: requests overlap ({} at most)",
+            s.max_in_flight
         );
         assert!(
             s.authorization
