@@ -1,19 +1,17 @@
 //! The command line: clap definitions and thin dispatch onto the library. `anyhow` lives here only.
 
-use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use clap::{Parser, Subcommand, ValueEnum};
-use object_store::path::Path;
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::config::{self, Config};
-use crate::engine::{Dag, Engine, catalog, replay};
+use crate::engine::{Engine, replay};
 use crate::error::Error;
-use crate::store::{Store, layout};
+use crate::store::{Store, catalog, gc, layout};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -39,7 +37,8 @@ enum Command {
     Run {
         /// The iteration config (TOML), e.g. pipelines/synthetic.toml.
         pipeline: PathBuf,
-        /// Store URL; defaults to the config's run.store.
+        /// Store URL (a path, file://, memory://, s3://, gs://, az://); defaults to the
+        /// config's run.store.
         #[arg(long)]
         store: Option<String>,
         /// Run id; defaults to the config's run.name.
@@ -63,8 +62,8 @@ of every run; columns in schemas/*.md), and stage_runs (one row per committed st
 Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter\""
     )]
     Sql {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Only this run's tables (default: all runs of the store).
         #[arg(long)]
         run: Option<String>,
@@ -82,8 +81,8 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
     },
     /// Re-execute a committed iteration from its committed inputs and compare digests.
     Replay {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         #[arg(long)]
         run: String,
         #[arg(long)]
@@ -97,13 +96,13 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
     },
     /// List the runs of a store.
     Runs {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
     },
     /// Show a run: config, iterations and stages (or one iteration's files with --iter).
     Show {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Run id.
         id: String,
         #[arg(long)]
@@ -111,8 +110,8 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
     },
     /// Delete data files no committed manifest names (interrupted attempts, lost races).
     Gc {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Only this run.
         #[arg(long)]
         run: Option<String>,
@@ -138,8 +137,8 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
     /// reward-model accuracy, adaptation (with the accepted-task growth fit), stage times, and
     /// update metrics. Several runs overlay their curves.
     Report {
-        #[arg(long, env = "RLA_PIPE_STORE", default_value = "./runs")]
-        store: String,
+        #[command(flatten)]
+        store: StoreArgs,
         /// Run ids (at least one).
         #[arg(required = true, value_name = "RUN")]
         runs: Vec<String>,
@@ -156,6 +155,20 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(default_value = ".")]
         dir: PathBuf,
     },
+}
+
+/// The store a read command opens (declared once, flattened into each command).
+#[derive(Args, Debug)]
+struct StoreArgs {
+    /// Store URL: a path, file://PATH, memory://, s3://bucket/prefix, gs://, az://.
+    #[arg(long = "store", env = "RLA_PIPE_STORE", default_value = "./runs")]
+    url: String,
+}
+
+impl StoreArgs {
+    fn open(&self) -> Result<Store> {
+        Ok(Store::open(&self.url)?)
+    }
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -190,7 +203,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             let interrupted = matches!(e.downcast_ref::<Error>(), Some(Error::Interrupted(_)));
             ExitCode::from(if interrupted { 130 } else { 1 })
         }
@@ -208,6 +221,19 @@ fn init_tracing(verbose: bool) {
         .try_init();
 }
 
+/// The error's message: the CLI's own context, then the library error, whose message already
+/// includes the text of its sources (so they are not repeated).
+fn message(e: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in e.chain() {
+        parts.push(cause.to_string());
+        if cause.is::<Error>() {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
 async fn dispatch(cli: Cli) -> Result<ExitCode> {
     let quiet = cli.quiet;
     match cli.command {
@@ -219,29 +245,16 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             sets,
             until,
         } => {
-            let mut cfg = Config::load(&pipeline, &sets)?;
-            if let Some(s) = store {
-                cfg.run.store = s;
-            }
-            if let Some(n) = iterations {
-                if n == 0 {
-                    bail!("--iterations must be at least 1");
-                }
-                cfg.run.iterations = n;
-            }
-            let run_id = run_id.unwrap_or_else(|| cfg.run.name.clone());
-            let store = Store::open(&cfg.run.store)?;
-            let dag = Dag::for_config(&cfg)?;
-            let iterations = cfg.run.iterations;
-            let mut engine = Engine::open(store, &run_id, cfg, dag).await?;
-            engine.verbose = !quiet;
-            engine.run(iterations, until.as_deref()).await?;
-            if !quiet {
-                eprintln!(
-                    "run {run_id}: done. Query it with: rla-pipe sql --store {} --run {run_id} \"SELECT * FROM stage_runs\"",
-                    engine.store().url()
-                );
-            }
+            run(
+                &pipeline,
+                store,
+                run_id,
+                iterations,
+                &sets,
+                until.as_deref(),
+                quiet,
+            )
+            .await?
         }
         Command::Sql {
             store,
@@ -250,267 +263,300 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             out,
             file,
             query,
-        } => {
-            let query = match (query, file) {
-                (Some(q), _) => q,
-                (None, Some(path)) => std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read the query file {}", path.display()))?,
-                (None, None) => bail!("give a query, or --file FILE.sql"),
-            };
-            let store = Store::open(&store)?;
-            if let Some(r) = &run {
-                layout::validate_run_id(r)?;
-            }
-            let ctx = crate::sql::session(&store, run.as_deref()).await?;
-            let (schema, batches) = crate::sql::query(&ctx, &query).await?;
-            match out {
-                Some(path) => {
-                    let rows = write_parquet(&path, schema, &batches)?;
-                    if !quiet {
-                        eprintln!("wrote {rows} rows to {}", path.display());
-                    }
-                }
-                None => print_batches(format, &batches)?,
-            }
-        }
+        } => sql(&store, run.as_deref(), format, out, file, query, quiet).await?,
         Command::Replay {
             store,
             run,
             iter,
             stage,
             verify: _,
-        } => {
-            let store = Store::open(&store)?;
-            layout::validate_run_id(&run)?;
-            let report = replay::verify(&store, &run, iter, stage.as_deref()).await?;
-            for v in &report {
-                println!(
-                    "ok  {:<14} {:<18} {:>10} rows  blake3 {}  ({})",
-                    v.stage,
-                    v.table,
-                    v.rows,
-                    &v.digest[..16],
-                    v.how
-                );
-            }
-            println!(
-                "iteration {iter} of run {run}: verified ({} tables)",
-                report.len()
-            );
-        }
+        } => replay_verify(&store, &run, iter, stage.as_deref()).await?,
         Command::Report {
             store,
             runs,
             out,
             svg_dir,
-        } => {
-            let store = Store::open(&store)?;
-            let report = crate::report::build(&store, &runs).await?;
-            std::fs::write(&out, &report.html)
-                .with_context(|| format!("cannot write {}", out.display()))?;
-            if let Some(dir) = svg_dir {
-                std::fs::create_dir_all(&dir)
-                    .with_context(|| format!("cannot create {}", dir.display()))?;
-                for (name, svg) in &report.charts {
-                    let path = dir.join(format!("{name}.svg"));
-                    std::fs::write(&path, svg)
-                        .with_context(|| format!("cannot write {}", path.display()))?;
-                }
-            }
-            if !quiet {
-                eprintln!(
-                    "wrote {} ({} charts, {} runs)",
-                    out.display(),
-                    report.charts.len(),
-                    runs.len()
-                );
-            }
-        }
-        Command::Runs { store } => {
-            let store = Store::open(&store)?;
-            let runs = catalog::load_runs(&store, None).await?;
-            if runs.is_empty() {
-                println!("no runs in {}", store.url());
-            } else {
-                println!(
-                    "{:<24} {:>10} {:>8}  {:<12}  {:<20}  code",
-                    "run", "iterations", "stages", "config", "created"
-                );
-            }
-            for r in runs {
-                let complete = r.iters.values().filter(|i| i.complete.is_some()).count();
-                let stages: usize = r.iters.values().map(|i| i.stages.len()).sum();
-                println!(
-                    "{:<24} {:>10} {:>8}  {:<12}  {:<20}  {}",
-                    r.run.run_id,
-                    complete,
-                    stages,
-                    &r.run.config_hash[..12],
-                    r.run.created_at,
-                    r.run.code_version
-                );
-            }
-        }
-        Command::Show { store, id, iter } => {
-            let store = Store::open(&store)?;
-            let r = catalog::load_run(&store, &id).await?;
-            println!("run        {}", r.run.run_id);
-            println!("created    {}", r.run.created_at);
-            println!("code       {}", r.run.code_version);
-            println!("config     {}", r.run.config_hash);
-            match iter {
-                None => {
-                    println!("config:\n{}", serde_json::to_string_pretty(&r.run.config)?);
-                    println!(
-                        "\n{:>5}  {:<16} {:>12} {:>9}  status",
-                        "iter", "stage", "rows", "seconds"
-                    );
-                    for (i, it) in &r.iters {
-                        for c in it.stages.values() {
-                            let rows: u64 = c.manifest.outputs.iter().map(|o| o.rows).sum();
-                            println!(
-                                "{i:>5}  {:<16} {rows:>12} {:>9.2}  {}",
-                                c.manifest.stage, c.manifest.seconds, c.manifest.status
-                            );
-                        }
-                        println!(
-                            "{i:>5}  {:<16} {}",
-                            "_iteration",
-                            if it.complete.is_some() {
-                                "complete"
-                            } else {
-                                "incomplete"
-                            }
-                        );
-                    }
-                }
-                Some(n) => {
-                    let it = r
-                        .iters
-                        .get(&n)
-                        .with_context(|| format!("run {id:?} has no committed iteration {n}"))?;
-                    for c in it.stages.values() {
-                        println!(
-                            "\nstage {}  (seed {}, config {}, {:.2}s, manifest blake3 {})",
-                            c.manifest.stage,
-                            c.manifest.seed,
-                            &c.manifest.config_hash[..12],
-                            c.manifest.seconds,
-                            &c.digest[..16]
-                        );
-                        for input in &c.manifest.inputs {
-                            println!("  in   {:<30} {}", input.tables.join(","), input.path);
-                        }
-                        for o in &c.manifest.outputs {
-                            println!(
-                                "  out  {:<18} {:>10} rows {:>12} bytes  blake3 {}  {}",
-                                o.table,
-                                o.rows,
-                                o.bytes,
-                                &o.digest[..16],
-                                o.path
-                            );
-                        }
-                    }
-                    println!(
-                        "\niteration {n}: {}",
-                        if it.complete.is_some() {
-                            "complete"
-                        } else {
-                            "incomplete"
-                        }
-                    );
-                }
-            }
-        }
+        } => report(&store, &runs, &out, svg_dir, quiet).await?,
+        Command::Runs { store } => list_runs(&store).await?,
+        Command::Show { store, id, iter } => show(&store, &id, iter).await?,
         Command::Gc {
             store,
             run,
             dry_run,
             grace_secs,
-        } => {
-            let store = Store::open(&store)?;
-            if let Some(r) = &run {
-                layout::validate_run_id(r)?;
-            }
-            let (mut removed, mut bytes) = (0u64, 0u64);
-            for r in catalog::load_runs(&store, run.as_deref()).await? {
-                let referenced: BTreeSet<String> = r
-                    .iters
-                    .values()
-                    .flat_map(|i| i.stages.values())
-                    .flat_map(|c| {
-                        let m = &c.manifest;
-                        m.outputs
-                            .iter()
-                            .map(|o| o.path.clone())
-                            .chain(m.artifacts.iter().map(|a| a.path.clone()))
-                    })
-                    .collect();
-                let now = std::time::SystemTime::now();
-                for dir in [
-                    layout::data_dir(&r.run.run_id),
-                    Path::from(format!("{}/artifacts", r.run.run_id)),
-                ] {
-                    for meta in store.list(&dir).await? {
-                        let age = now
-                            .duration_since(meta.last_modified.into())
-                            .map(|d| d.as_secs())
-                            .unwrap_or(0);
-                        if referenced.contains(meta.location.as_ref()) || age < grace_secs {
-                            continue;
-                        }
-                        println!(
-                            "{} {}  ({} bytes)",
-                            if dry_run { "would remove" } else { "removed" },
-                            meta.location,
-                            meta.size
-                        );
-                        if !dry_run {
-                            store.delete(&meta.location).await?;
-                        }
-                        removed += 1;
-                        bytes += meta.size;
-                    }
-                }
-            }
-            println!(
-                "{} {removed} unreferenced files ({bytes} bytes)",
-                if dry_run { "would remove" } else { "removed" }
-            );
-        }
+        } => collect_garbage(&store, run.as_deref(), dry_run, grace_secs).await?,
         Command::BenchEnv {
             pipeline,
             steps,
             sets,
-        } => {
-            let cfg = Config::load(&pipeline, &sets)?;
-            let env = crate::env::from_config(&cfg)?;
-            let tasks = env.generate(cfg.run.seed, cfg.env.initial_tasks)?;
-            let (n, secs) = crate::env::throughput(env.as_ref(), &tasks, steps, cfg.run.seed)?;
-            println!(
-                "{}: {n} steps in {secs:.3} s on one core = {:.0} steps/s ({} tasks, uniform random play)",
-                env.name(),
-                n as f64 / secs,
-                tasks.len()
-            );
+        } => bench_env(&pipeline, steps, &sets)?,
+        Command::Init { dir } => init(&dir)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn run(
+    pipeline: &std::path::Path,
+    store: Option<String>,
+    run_id: Option<String>,
+    iterations: Option<u32>,
+    sets: &[String],
+    until: Option<&str>,
+    quiet: bool,
+) -> Result<()> {
+    let mut cfg = Config::load(pipeline, sets)?;
+    if let Some(s) = store {
+        cfg.run.store = s;
+    }
+    if let Some(n) = iterations {
+        if n == 0 {
+            bail!("--iterations must be at least 1");
         }
-        Command::Init { dir } => {
-            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-            let path = dir.join("iteration.toml");
-            if path.exists() {
-                bail!("{} already exists; not overwriting it", path.display());
+        cfg.run.iterations = n;
+    }
+    let run_id = run_id.unwrap_or_else(|| cfg.run.name.clone());
+    let store = Store::open(&cfg.run.store)?;
+    let dag = crate::pipeline::dag(&cfg)?;
+    let iterations = cfg.run.iterations;
+    let mut engine = Engine::open(store, &run_id, cfg, dag).await?;
+    engine.verbose = !quiet;
+    engine.run(iterations, until).await?;
+    if !quiet {
+        eprintln!(
+            "run {run_id}: done. Query it with: rla-pipe sql --store {} --run {run_id} \"SELECT * FROM stage_runs\"",
+            engine.store().url()
+        );
+    }
+    Ok(())
+}
+
+async fn sql(
+    store: &StoreArgs,
+    run: Option<&str>,
+    format: Format,
+    out: Option<PathBuf>,
+    file: Option<PathBuf>,
+    query: Option<String>,
+    quiet: bool,
+) -> Result<()> {
+    let query = match (query, file) {
+        (Some(q), _) => q,
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read the query file {}", path.display()))?,
+        (None, None) => bail!("give a query, or --file FILE.sql"),
+    };
+    let store = store.open()?;
+    if let Some(r) = run {
+        layout::validate_run_id(r)?;
+    }
+    let ctx = crate::sql::session(&store, run).await?;
+    let (schema, batches) = crate::sql::query(&ctx, &query).await?;
+    match out {
+        Some(path) => {
+            let rows = write_parquet(&path, schema, &batches)?;
+            if !quiet {
+                eprintln!("wrote {rows} rows to {}", path.display());
             }
-            std::fs::write(&path, config::DEFAULT_TOML)
-                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        None => print_batches(format, &batches)?,
+    }
+    Ok(())
+}
+
+async fn replay_verify(
+    store: &StoreArgs,
+    run: &str,
+    iter: u32,
+    stage: Option<&str>,
+) -> Result<()> {
+    let store = store.open()?;
+    layout::validate_run_id(run)?;
+    let report = replay::verify(&store, run, iter, stage, crate::pipeline::dag).await?;
+    for v in &report {
+        println!(
+            "ok  {:<14} {:<18} {:>10} rows  blake3 {}  ({})",
+            v.stage,
+            v.table,
+            v.rows,
+            &v.digest[..16],
+            v.how
+        );
+    }
+    println!(
+        "iteration {iter} of run {run}: verified ({} tables)",
+        report.len()
+    );
+    Ok(())
+}
+
+async fn report(
+    store: &StoreArgs,
+    runs: &[String],
+    out: &std::path::Path,
+    svg_dir: Option<PathBuf>,
+    quiet: bool,
+) -> Result<()> {
+    let store = store.open()?;
+    let report = crate::report::build(&store, runs).await?;
+    std::fs::write(out, &report.html).with_context(|| format!("cannot write {}", out.display()))?;
+    if let Some(dir) = svg_dir {
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create {}", dir.display()))?;
+        for (name, svg) in &report.charts {
+            let path = dir.join(format!("{name}.svg"));
+            std::fs::write(&path, svg)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+        }
+    }
+    if !quiet {
+        eprintln!(
+            "wrote {} ({} charts, {} runs)",
+            out.display(),
+            report.charts.len(),
+            runs.len()
+        );
+    }
+    Ok(())
+}
+
+async fn list_runs(store: &StoreArgs) -> Result<()> {
+    let store = store.open()?;
+    let runs = catalog::load_runs(&store, None).await?;
+    if runs.is_empty() {
+        println!("no runs in {}", store.url());
+    } else {
+        println!(
+            "{:<24} {:>10} {:>8}  {:<12}  {:<20}  code",
+            "run", "iterations", "stages", "config", "created"
+        );
+    }
+    for r in runs {
+        let complete = r.iters.values().filter(|i| i.complete.is_some()).count();
+        let stages: usize = r.iters.values().map(|i| i.stages.len()).sum();
+        println!(
+            "{:<24} {:>10} {:>8}  {:<12}  {:<20}  {}",
+            r.run.run_id,
+            complete,
+            stages,
+            &r.run.config_hash[..12],
+            r.run.created_at,
+            r.run.code_version
+        );
+    }
+    Ok(())
+}
+
+async fn show(store: &StoreArgs, id: &str, iter: Option<u32>) -> Result<()> {
+    let store = store.open()?;
+    let r = catalog::load_run(&store, id).await?;
+    println!("run        {}", r.run.run_id);
+    println!("created    {}", r.run.created_at);
+    println!("code       {}", r.run.code_version);
+    println!("config     {}", r.run.config_hash);
+    let status = |it: &catalog::IterState| {
+        if it.complete.is_some() {
+            "complete"
+        } else {
+            "incomplete"
+        }
+    };
+    let Some(n) = iter else {
+        println!("config:\n{}", serde_json::to_string_pretty(&r.run.config)?);
+        println!(
+            "\n{:>5}  {:<16} {:>12} {:>9}  status",
+            "iter", "stage", "rows", "seconds"
+        );
+        for (i, it) in &r.iters {
+            for c in it.stages.values() {
+                let rows: u64 = c.manifest.outputs.iter().map(|o| o.rows).sum();
+                println!(
+                    "{i:>5}  {:<16} {rows:>12} {:>9.2}  {}",
+                    c.manifest.stage, c.manifest.seconds, c.manifest.status
+                );
+            }
+            println!("{i:>5}  {:<16} {}", "_iteration", status(it));
+        }
+        return Ok(());
+    };
+    let it = r
+        .iters
+        .get(&n)
+        .with_context(|| format!("run {id:?} has no committed iteration {n}"))?;
+    for c in it.stages.values() {
+        println!(
+            "\nstage {}  (seed {}, config {}, {:.2}s, manifest blake3 {})",
+            c.manifest.stage,
+            c.manifest.seed,
+            &c.manifest.config_hash[..12],
+            c.manifest.seconds,
+            &c.digest[..16]
+        );
+        for input in &c.manifest.inputs {
+            println!("  in   {:<30} {}", input.tables.join(","), input.path);
+        }
+        for o in &c.manifest.outputs {
             println!(
-                "wrote {}; run it with: rla-pipe run {}",
-                path.display(),
-                path.display()
+                "  out  {:<18} {:>10} rows {:>12} bytes  blake3 {}  {}",
+                o.table,
+                o.rows,
+                o.bytes,
+                &o.digest[..16],
+                o.path
             );
         }
     }
-    Ok(ExitCode::SUCCESS)
+    println!("\niteration {n}: {}", status(it));
+    Ok(())
+}
+
+async fn collect_garbage(
+    store: &StoreArgs,
+    run: Option<&str>,
+    dry_run: bool,
+    grace_secs: u64,
+) -> Result<()> {
+    let store = store.open()?;
+    let verb = if dry_run { "would remove" } else { "removed" };
+    let orphans = gc::collect(&store, run, grace_secs, dry_run, |o| {
+        println!("{verb} {}  ({} bytes)", o.path, o.bytes)
+    })
+    .await?;
+    println!(
+        "{verb} {} unreferenced files ({} bytes)",
+        orphans.len(),
+        orphans.iter().map(|o| o.bytes).sum::<u64>()
+    );
+    Ok(())
+}
+
+fn bench_env(pipeline: &std::path::Path, steps: u64, sets: &[String]) -> Result<()> {
+    let cfg = Config::load(pipeline, sets)?;
+    let env = crate::env::from_config(&cfg.env)?;
+    let tasks = env.generate(cfg.run.seed, cfg.env.initial_tasks)?;
+    let (n, secs) = crate::env::throughput(env.as_ref(), &tasks, steps, cfg.run.seed)?;
+    println!(
+        "{}: {n} steps in {secs:.3} s on one core = {:.0} steps/s ({} tasks, uniform random play)",
+        env.name(),
+        n as f64 / secs,
+        tasks.len()
+    );
+    Ok(())
+}
+
+fn init(dir: &std::path::Path) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let path = dir.join("iteration.toml");
+    if path.exists() {
+        bail!("{} already exists; not overwriting it", path.display());
+    }
+    std::fs::write(&path, config::DEFAULT_TOML)
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!(
+        "wrote {}; run it with: rla-pipe run {}",
+        path.display(),
+        path.display()
+    );
+    Ok(())
 }
 
 fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {

@@ -1,5 +1,9 @@
 //! The library's one error type, grouped by kind. The CLI maps every variant to exit code 1
-//! (usage errors are clap's and exit 2).
+//! (usage errors are clap's and exit 2; an interrupt exits 130).
+//!
+//! Failures of the libraries below us (DataFusion, Arrow, Parquet, object_store) keep their
+//! source error (`std::error::Error::source`), so callers can inspect them; the message of each
+//! variant already includes the source's text.
 
 use std::fmt;
 
@@ -12,18 +16,34 @@ pub enum Error {
     /// Invalid configuration: malformed TOML, unknown keys, wrong types, bad values, bad flags.
     #[error("config error: {0}")]
     Config(String),
-    /// The object store failed or a store URL / run id is invalid.
+    /// The store failed or a store URL / run id is invalid.
     #[error("store error: {0}")]
     Store(String),
+    /// The object store failed on a path (the source is object_store's error).
+    #[error("store error: {context}: {source}")]
+    ObjectStore {
+        context: String,
+        #[source]
+        source: object_store::Error,
+    },
     /// Another writer committed the same manifest first (put-if-absent lost).
     #[error("commit conflict: {0}")]
     CommitConflict(String),
     /// Committed data is missing, truncated or does not match its manifest.
     #[error("data error: {0}")]
     Data(String),
-    /// A DataFusion / Arrow / Parquet failure while planning or executing a query.
+    /// A query failed to plan or execute, or its result was not what a stage expected.
     #[error("SQL error: {0}")]
     Sql(String),
+    /// DataFusion failed.
+    #[error("SQL error: {0}")]
+    DataFusion(#[source] Box<datafusion::error::DataFusionError>),
+    /// Arrow failed.
+    #[error("SQL error: {0}")]
+    Arrow(#[from] arrow::error::ArrowError),
+    /// Parquet failed.
+    #[error("SQL error: parquet: {0}")]
+    Parquet(#[from] parquet::errors::ParquetError),
     /// `replay --verify` found a difference.
     #[error("replay mismatch: {0}")]
     Mismatch(String),
@@ -54,22 +74,77 @@ impl Error {
     pub fn sql(msg: impl fmt::Display) -> Self {
         Error::Sql(msg.to_string())
     }
+    /// An object_store failure on `context` (a URL or path), its source kept.
+    pub fn object_store(context: impl fmt::Display, source: object_store::Error) -> Self {
+        Error::ObjectStore {
+            context: context.to_string(),
+            source,
+        }
+    }
 }
 
 impl From<datafusion::error::DataFusionError> for Error {
+    /// A DataFusion error; one that carries one of ours (raised inside a stream a stage fed to
+    /// DataFusion) gives it back, so its kind survives the trip.
     fn from(e: datafusion::error::DataFusionError) -> Self {
-        Error::Sql(e.to_string())
+        match e {
+            datafusion::error::DataFusionError::External(inner) => match inner.downcast::<Error>() {
+                Ok(ours) => *ours,
+                Err(other) => Error::DataFusion(Box::new(
+                    datafusion::error::DataFusionError::External(other),
+                )),
+            },
+            other => Error::DataFusion(Box::new(other)),
+        }
     }
 }
 
-impl From<arrow::error::ArrowError> for Error {
-    fn from(e: arrow::error::ArrowError) -> Self {
-        Error::Sql(e.to_string())
+/// Collects the semantic checks of a config section: every failure names its dotted key, and
+/// all of them are reported at once.
+#[derive(Debug, Default)]
+pub struct Checks(Vec<String>);
+
+impl Checks {
+    /// Record `msg` for `key` unless `ok`.
+    pub fn check(&mut self, ok: bool, key: &str, msg: impl fmt::Display) {
+        if !ok {
+            self.0.push(format!("key `{key}`: {msg}"));
+        }
+    }
+
+    /// `Ok` if every check passed, else one config error listing the failures.
+    pub fn finish(self) -> Result<()> {
+        if self.0.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Config(self.0.join("; ")))
+        }
     }
 }
 
-impl From<parquet::errors::ParquetError> for Error {
-    fn from(e: parquet::errors::ParquetError) -> Self {
-        Error::Sql(format!("parquet: {e}"))
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn our_errors_come_back_out_of_datafusion() {
+        let wrapped = datafusion::error::DataFusionError::External(Box::new(
+            Error::CommitConflict("x".into()),
+        ));
+        assert!(matches!(Error::from(wrapped), Error::CommitConflict(_)));
+        let plain = datafusion::error::DataFusionError::Plan("bad plan".into());
+        let e = Error::from(plain);
+        assert!(e.to_string().contains("bad plan"), "{e}");
+        assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn checks_name_every_failed_key() {
+        let mut c = Checks::default();
+        c.check(true, "a.b", "fine");
+        c.check(false, "a.c", "must be positive");
+        c.check(false, "d", "bad");
+        let e = c.finish().unwrap_err().to_string();
+        assert_eq!(e, "config error: key `a.c`: must be positive; key `d`: bad");
     }
 }

@@ -7,15 +7,16 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{Float64Builder, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder};
+use arrow::array::RecordBatch;
 use datafusion::catalog::MemTable;
 use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::SessionContext;
 
-use crate::engine::catalog::{self, RunState};
-use crate::engine::exec;
+use crate::store::catalog::{self, RunState};
+use crate::store::tables;
 use crate::error::{Error, Result};
 use crate::schema;
+use crate::schema::rows::TableBuilder;
 use crate::store::Store;
 
 /// Build the query session: one table per data table plus `stage_runs`.
@@ -59,7 +60,7 @@ pub async fn session_over<'a>(
     store: &Store,
     manifests: impl Iterator<Item = &'a crate::store::manifest::StageManifest>,
 ) -> Result<SessionContext> {
-    let ctx = exec::new_session(store, 1024, None)?;
+    let ctx = tables::new_session(store, 1024, None)?;
     let mut files: BTreeMap<&str, Vec<crate::store::manifest::OutputFile>> = BTreeMap::new();
     for m in manifests {
         for o in &m.outputs {
@@ -74,8 +75,8 @@ pub async fn session_over<'a>(
     for table in schema::data_table_names() {
         let def = schema::table_def(table).expect("known table");
         let fs = files.remove(table).unwrap_or_default();
-        exec::check_sizes(store, &fs).await?;
-        exec::register_files(
+        tables::check_sizes(store, &fs).await?;
+        tables::register_files(
             &ctx,
             store,
             def.name,
@@ -87,52 +88,57 @@ pub async fn session_over<'a>(
 }
 
 fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
-    let def = schema::table_def("stage_runs").expect("known table");
-    let mut run_id = StringBuilder::new();
-    let mut iter = UInt32Builder::new();
-    let mut stage = StringBuilder::new();
-    let mut status = StringBuilder::new();
-    let mut rows = UInt64Builder::new();
-    let mut bytes = UInt64Builder::new();
-    let mut seconds = Float64Builder::new();
-    let mut digest = StringBuilder::new();
-    let mut config_hash = StringBuilder::new();
-    let mut code_version = StringBuilder::new();
-    let mut started_at = StringBuilder::new();
+    let mut b = TableBuilder::all_columns("stage_runs")?;
     for r in runs {
         for (i, it) in &r.iters {
             for c in it.stages.values() {
                 let m = &c.manifest;
-                run_id.append_value(&r.run.run_id);
-                iter.append_value(*i);
-                stage.append_value(&m.stage);
-                status.append_value(&m.status);
-                rows.append_value(m.outputs.iter().map(|o| o.rows).sum());
-                bytes.append_value(m.outputs.iter().map(|o| o.bytes).sum());
-                seconds.append_value(m.seconds);
-                digest.append_value(&c.digest);
-                config_hash.append_value(&m.config_hash);
-                code_version.append_value(&m.code_version);
-                started_at.append_value(&m.started_at);
+                b.push_str(&r.run.run_id)
+                    .push_u32(*i)
+                    .push_str(&m.stage)
+                    .push_str(&m.status)
+                    .push_u64(m.outputs.iter().map(|o| o.rows).sum())
+                    .push_u64(m.outputs.iter().map(|o| o.bytes).sum())
+                    .push_f64(m.seconds)
+                    .push_str(&c.digest)
+                    .push_str(&m.config_hash)
+                    .push_str(&m.code_version)
+                    .push_str(&m.started_at);
             }
         }
     }
-    Ok(RecordBatch::try_new(
-        def.schema,
-        vec![
-            Arc::new(run_id.finish()),
-            Arc::new(iter.finish()),
-            Arc::new(stage.finish()),
-            Arc::new(status.finish()),
-            Arc::new(rows.finish()),
-            Arc::new(bytes.finish()),
-            Arc::new(seconds.finish()),
-            Arc::new(digest.finish()),
-            Arc::new(config_hash.finish()),
-            Arc::new(code_version.finish()),
-            Arc::new(started_at.finish()),
-        ],
-    )?)
+    b.finish()
+}
+
+/// Refuse anything but queries (and EXPLAIN of a query): decided on the parsed statements.
+fn check_read_only(sql: &str) -> Result<()> {
+    use datafusion::sql::parser::{DFParser, Statement};
+    use datafusion::sql::sqlparser::ast;
+    fn is_query(s: &Statement) -> bool {
+        match s {
+            Statement::Statement(s) => match s.as_ref() {
+                ast::Statement::Query(_) => true,
+                ast::Statement::Explain { statement, .. } => {
+                    matches!(statement.as_ref(), ast::Statement::Query(_))
+                }
+                _ => false,
+            },
+            Statement::Explain(e) => is_query(&e.statement),
+            Statement::CreateExternalTable(_) | Statement::CopyTo(_) | Statement::Reset(_) => {
+                false
+            }
+        }
+    }
+    for statement in DFParser::parse_sql(sql)? {
+        if !is_query(&statement) {
+            let text = statement.to_string();
+            let kind: String = text.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            return Err(Error::Sql(format!(
+                "`{kind} ...` is refused: `rla-pipe sql` is read-only (queries only)"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Run a read-only query and collect its result.
@@ -140,22 +146,40 @@ pub async fn query(
     ctx: &SessionContext,
     sql: &str,
 ) -> Result<(arrow::datatypes::SchemaRef, Vec<RecordBatch>)> {
+    check_read_only(sql)?;
     let options = SQLOptions::new()
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
-    let df = ctx.sql_with_options(sql, options).await.map_err(|e| {
-        let msg = e.to_string();
-        if msg.contains("not supported")
-            || msg.contains("DDL")
-            || msg.contains("DML")
-            || msg.contains("Statement")
-        {
-            Error::Sql(format!("{msg} (`rla-pipe sql` is read-only)"))
-        } else {
-            Error::from(e)
-        }
-    })?;
+    let df = ctx.sql_with_options(sql, options).await?;
     let schema = Arc::new(df.schema().as_arrow().clone());
     Ok((schema, df.collect().await?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_queries_pass() {
+        for q in [
+            "SELECT 1",
+            "WITH a AS (SELECT 1 AS x) SELECT x FROM a",
+            "EXPLAIN SELECT 1",
+        ] {
+            check_read_only(q).unwrap();
+        }
+        for q in [
+            "CREATE TABLE x AS SELECT 1",
+            "INSERT INTO tasks SELECT * FROM tasks",
+            "COPY (SELECT 1) TO '/tmp/x.csv'",
+            "DROP TABLE tasks",
+            "SET datafusion.execution.batch_size = 1",
+            "SELECT 1; DROP TABLE tasks",
+            "EXPLAIN COPY (SELECT 1) TO '/tmp/x.csv'",
+        ] {
+            let e = check_read_only(q).unwrap_err().to_string();
+            assert!(e.contains("read-only"), "{q}: {e}");
+        }
+    }
 }

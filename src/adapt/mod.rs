@@ -9,6 +9,7 @@
 //! An adapter never sees the environment's oracle: only the task, its accuracy and the RM's
 //! outputs (the [`CriticSummary`]).
 
+pub mod config;
 pub mod openai;
 pub mod procedural;
 
@@ -17,7 +18,7 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use crate::config::{AdaptConfig, AdapterKind, Bounds};
+pub use config::{AdaptConfig, AdapterKind, Bounds, Decision, OpenAiConfig};
 use crate::env::{CriticSummary, Direction, Environment};
 use crate::error::Result;
 

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::{Adapter, Request, direction_name};
-use crate::config::OpenAiConfig;
+use super::OpenAiConfig;
 use crate::env;
 use crate::error::{Error, Result};
 
@@ -151,7 +151,7 @@ pub fn prompt(r: &Request<'_>) -> Vec<Value> {
             "role": "user",
             "content": format!(
                 "Task:\n{}\n\n{goal}\n\nWhat the reward model said about the policy's rollouts of this task (accuracy = success rate; high-risk steps = steps where every verdict was bad; step_verdicts = share of good/bad verdicts per step; critique_words = most frequent words of its reasoning):\n{critic}\n\nDirection: {}. Reply with the JSON object of the new task.",
-                crate::config::canonical(r.spec),
+                crate::determinism::canonical(r.spec),
                 direction_name(r.direction),
             ),
         }),

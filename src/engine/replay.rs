@@ -11,10 +11,12 @@ use std::sync::Arc;
 use object_store::path::Path;
 
 use super::Dag;
-use super::catalog::{self, Committed};
+use crate::config::Config;
+use crate::store::catalog::{self, Committed};
 use super::exec::{self, Sink};
 use super::runner::{build_context, load_checkpoint};
 use crate::error::{Error, Result};
+use crate::store::manifest::InputKind;
 use crate::store::{Store, manifest};
 
 /// One line of the replay report.
@@ -34,10 +36,11 @@ pub async fn verify(
     run_id: &str,
     iter: u32,
     only: Option<&str>,
+    pipeline: impl Fn(&Config) -> Result<Dag>,
 ) -> Result<Vec<Verified>> {
     let state = catalog::load_run(store, run_id).await?;
-    let config = Arc::new(state.config()?);
-    let dag = Dag::for_config(&config)?;
+    let config: Arc<Config> = Arc::new(state.config()?);
+    let dag = pipeline(&config)?;
     let it = state
         .iters
         .get(&iter)
@@ -102,13 +105,13 @@ pub async fn verify(
             }
         }
         for input in &c.manifest.inputs {
-            if input.kind == "init" {
+            if input.kind == InputKind::Init {
                 continue;
             }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;
             if manifest::digest(&bytes) != input.digest {
-                let what = match input.kind.as_str() {
-                    "artifact" => format!(
+                let what = match input.kind {
+                    InputKind::Artifact => format!(
                         "checkpoint {}",
                         input.tables.first().map_or("?", String::as_str)
                     ),
@@ -179,9 +182,9 @@ pub async fn verify(
         let mut inputs: Vec<(Committed, Vec<&'static str>)> = Vec::new();
         let mut checkpoints = std::collections::BTreeMap::new();
         for input in &m.inputs {
-            if input.kind != "manifest" {
+            if input.kind != InputKind::Manifest {
                 let name = input.tables.first().cloned().unwrap_or_default();
-                checkpoints.insert(name, load_checkpoint(store, &config, input).await?);
+                checkpoints.insert(name, load_checkpoint(store, &dag, &config, input).await?);
                 continue;
             }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;

@@ -7,14 +7,16 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
-use super::catalog::{self, Committed};
+use crate::store::catalog::{self, Committed};
 use super::exec::{self, Sink};
-use super::{Dag, InputFiles, Stage, StageContext, derive_seed};
+use super::Dag;
+use crate::determinism::derive_seed;
+use crate::stage::{InputFiles, Stage, StageContext};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::schema;
 use crate::store::manifest::{
-    self, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
+    self, InputKind, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
 };
 use crate::store::{Store, layout};
 
@@ -285,7 +287,7 @@ impl Engine {
             // Model stages are bit-reproducible on the CPU backend only; on a GPU, replay checks
             // their files' integrity and says so instead of re-executing them.
             deterministic: stage.deterministic()
-                && (self.config.run.device == "cpu" || stage.checkpoints_in().is_empty()),
+                && (self.config.run.device.is_deterministic() || stage.checkpoints_in().is_empty()),
             inputs: input_refs,
             outputs,
             artifacts,
@@ -352,17 +354,17 @@ impl Engine {
                         ))
                     })?;
                     let r = InputRef {
-                        kind: "artifact".into(),
+                        kind: InputKind::Artifact,
                         tables: vec![name.to_string()],
                         path: a.path.clone(),
                         digest: a.digest.clone(),
                     };
-                    (load_checkpoint(&self.store, &self.config, &r).await?, r)
+                    (load_checkpoint(&self.store, &self.dag, &self.config, &r).await?, r)
                 }
                 None => {
-                    let bytes = crate::model::initial_checkpoint(&self.config, name)?;
+                    let bytes = self.dag.initial_checkpoint(&self.config, name)?;
                     let r = InputRef {
-                        kind: "init".into(),
+                        kind: InputKind::Init,
                         tables: vec![name.to_string()],
                         path: String::new(),
                         digest: manifest::digest(&bytes),
@@ -392,19 +394,24 @@ impl Engine {
 
 /// The bytes of a checkpoint input a manifest recorded: an artifact read from the store, or the
 /// initial checkpoint rebuilt from the config; either way its digest must match the record.
-pub async fn load_checkpoint(store: &Store, config: &Config, r: &InputRef) -> Result<bytes::Bytes> {
+pub async fn load_checkpoint(
+    store: &Store,
+    dag: &Dag,
+    config: &Config,
+    r: &InputRef,
+) -> Result<bytes::Bytes> {
     let name = r.tables.first().map(String::as_str).unwrap_or("?");
-    let bytes = match r.kind.as_str() {
-        "artifact" => store
+    let bytes = match r.kind {
+        InputKind::Artifact => store
             .get_opt(&object_store::path::Path::from(r.path.as_str()))
             .await?
             .ok_or_else(|| {
                 Error::data(format!("checkpoint {name}: artifact {} is missing", r.path))
             })?,
-        "init" => crate::model::initial_checkpoint(config, name)?,
-        other => {
+        InputKind::Init => dag.initial_checkpoint(config, name)?,
+        InputKind::Manifest => {
             return Err(Error::data(format!(
-                "unknown checkpoint input kind {other:?}"
+                "checkpoint {name}: its input record names a manifest, not a checkpoint"
             )));
         }
     };
@@ -466,7 +473,7 @@ pub async fn build_context(
     declared: &[&'static str],
     inputs: &[(Committed, Vec<&'static str>)],
 ) -> Result<(StageContext, Vec<InputRef>)> {
-    let session = exec::new_session(store, config.run.memory_limit_mib, None)?;
+    let session = crate::store::tables::new_session(store, config.run.memory_limit_mib, None)?;
     let mut refs = Vec::new();
     let mut tables_in = Vec::new();
     for (c, tables) in inputs {
@@ -478,9 +485,9 @@ pub async fn build_context(
                 .filter(|o| o.table == *table)
                 .cloned()
                 .collect();
-            exec::check_sizes(store, &files).await?;
+            crate::store::tables::check_sizes(store, &files).await?;
             let def = schema::table_def(table).expect("known table");
-            exec::register_files(
+            crate::store::tables::register_files(
                 &session,
                 store,
                 def.name,
@@ -490,7 +497,7 @@ pub async fn build_context(
             tables_in.push((def, files));
         }
         refs.push(InputRef {
-            kind: "manifest".into(),
+            kind: InputKind::Manifest,
             tables: tables.iter().map(|t| t.to_string()).collect(),
             path: c.path.clone(),
             digest: c.digest.clone(),
@@ -501,7 +508,7 @@ pub async fn build_context(
     for table in declared {
         if !inputs.iter().any(|(_, ts)| ts.contains(table)) {
             let def = schema::table_def(table).expect("known table");
-            exec::register_files(&session, store, def.name, &def, &[])?;
+            crate::store::tables::register_files(&session, store, def.name, &def, &[])?;
             tables_in.push((def, Vec::new()));
         }
     }

@@ -1,9 +1,9 @@
 //! The one-line summary of a committed iteration (`summary.sql` over its tables).
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{Float64Type, Int64Type};
+use arrow::array::Array;
 
 use crate::error::Result;
+use crate::schema::rows::Columns;
 use crate::store::Store;
 use crate::store::manifest::StageManifest;
 
@@ -47,19 +47,20 @@ pub async fn of_iteration<'a>(
     let batches = ctx.sql(SQL).await?.collect().await?;
     let mut s = Summary::default();
     if let Some(b) = batches.iter().find(|b| b.num_rows() > 0) {
-        let f = |i: usize| {
-            let c = b.column(i).as_primitive::<Float64Type>();
-            (!c.is_null(0)).then(|| c.value(0))
+        let c = Columns::new(b, "engine/summary.sql");
+        let f = |name: &str| -> Result<Option<f64>> {
+            let col = c.f64(name)?;
+            Ok((!col.is_null(0)).then(|| col.value(0)))
         };
-        let n = |i: usize| b.column(i).as_primitive::<Int64Type>().value(0);
+        let n = |name: &str| -> Result<i64> { Ok(c.i64(name)?.value(0)) };
         s = Summary {
-            train_success: f(0),
-            held_out_success: f(1),
-            ood_success: f(2),
-            rm_process_acc: f(3),
-            accepted: n(4),
-            rejected: n(5),
-            pending: n(6),
+            train_success: f("train_success")?,
+            held_out_success: f("held_out_success")?,
+            ood_success: f("ood_success")?,
+            rm_process_acc: f("rm_process_acc")?,
+            accepted: n("accepted")?,
+            rejected: n("rejected")?,
+            pending: n("pending")?,
         };
     }
     Ok(s)

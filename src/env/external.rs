@@ -26,8 +26,45 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
-use crate::config::ExternalConfig;
-use crate::error::{Error, Result};
+use crate::error::{Checks, Error, Result};
+
+/// `[env.external]`: an environment served by a subprocess speaking JSON lines.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ExternalConfig {
+    /// Name of the environment (part of every task id).
+    pub name: String,
+    /// Program and arguments, e.g. ["python3", "envs/textworld_env.py"].
+    pub command: Vec<String>,
+    /// Seconds each call may take before the process is killed and the call fails.
+    pub timeout_secs: f64,
+}
+
+impl Default for ExternalConfig {
+    fn default() -> Self {
+        ExternalConfig {
+            name: "external".into(),
+            command: Vec::new(),
+            timeout_secs: 10.0,
+        }
+    }
+}
+
+impl ExternalConfig {
+    /// The section's own checks; `selected`: the config runs this environment.
+    pub fn validate(&self, selected: bool, c: &mut Checks) {
+        c.check(
+            !selected || !self.command.is_empty(),
+            "env.external.command",
+            "must name the program to run, e.g. [\"python3\", \"my_env.py\"]",
+        );
+        c.check(
+            self.timeout_secs > 0.0 && self.timeout_secs <= 3600.0,
+            "env.external.timeout_secs",
+            "must be in (0, 3600]",
+        );
+    }
+}
 
 /// A running environment process.
 struct Process {

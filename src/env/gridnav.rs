@@ -12,10 +12,80 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
-use crate::config::GridNavConfig;
-use crate::engine::derive_seed;
-use crate::error::{Error, Result};
-use crate::stages::synthetic::Rng;
+use crate::determinism::{Rng, derive_seed};
+use crate::error::{Checks, Error, Result};
+
+/// `[env.gridnav]`: the difficulty distribution of generated gridnav tasks.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GridNavConfig {
+    /// Grid side length.
+    pub size: u32,
+    /// Probability that a cell is a wall.
+    pub wall_density: f64,
+    /// Shortest start→goal path length, lower bound.
+    pub min_distance: u32,
+    /// Shortest start→goal path length, upper bound.
+    pub max_distance: u32,
+    /// Step budget = ceil(budget_factor × shortest path length).
+    pub budget_factor: f64,
+}
+
+impl Default for GridNavConfig {
+    fn default() -> Self {
+        GridNavConfig {
+            size: 6,
+            wall_density: 0.2,
+            min_distance: 2,
+            max_distance: 4,
+            budget_factor: 4.0,
+        }
+    }
+}
+
+impl GridNavConfig {
+    /// One difficulty level harder (the out-of-distribution evaluation set): shortest paths two
+    /// steps longer (as far as the grid allows: at most 2·(size − 1)), 5 points more walls, a
+    /// budget factor × 0.75 (at least 1).
+    pub fn harder(&self) -> GridNavConfig {
+        let cap = (2 * self.size.saturating_sub(1)).max(self.max_distance);
+        let max_distance = (self.max_distance + 2).min(cap);
+        GridNavConfig {
+            size: self.size,
+            wall_density: (self.wall_density + 0.05).min(0.5),
+            min_distance: (self.min_distance + 2).min(max_distance),
+            max_distance,
+            budget_factor: (self.budget_factor * 0.75).max(1.0),
+        }
+    }
+
+    /// The section's own checks (keys `env.gridnav.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(
+            (2..=64).contains(&self.size),
+            "env.gridnav.size",
+            "must be between 2 and 64",
+        );
+        c.check(
+            (0.0..0.9).contains(&self.wall_density),
+            "env.gridnav.wall_density",
+            "must be in [0, 0.9)",
+        );
+        c.check(
+            1 <= self.min_distance
+                && self.min_distance <= self.max_distance
+                && self.max_distance < self.size * self.size,
+            "env.gridnav.min_distance",
+            "need 1 <= min_distance <= max_distance < size²",
+        );
+        c.check(
+            self.budget_factor >= 1.0,
+            "env.gridnav.budget_factor",
+            "must be at least 1",
+        );
+    }
+}
+
 
 /// The cell of an observation (`at X Y ...`).
 fn parse_position(observation: &str) -> Option<[u32; 2]> {

@@ -36,9 +36,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
-use crate::engine::derive_seed;
+use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
-use crate::stages::synthetic::Rng;
 
 /// Largest instance number of a receptacle or object kind (`cabinet 20`).
 pub const MAX_NUMBER: u32 = 20;
@@ -349,58 +348,37 @@ impl GoalType {
     }
 }
 
-fn default_receptacles() -> u32 {
-    8
-}
-fn default_distractors() -> u32 {
-    4
-}
-fn default_closed_fraction() -> f64 {
-    0.4
-}
 fn default_goal_types() -> Vec<String> {
     GoalType::ALL.iter().map(|g| g.name().to_string()).collect()
-}
-fn default_hidden_prob() -> f64 {
-    0.5
-}
-fn default_budget_factor() -> f64 {
-    2.0
 }
 
 /// The difficulty distribution of generated household tasks.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct HouseholdConfig {
     /// Receptacles per home (raised to what the goal needs: appliance, lamp, target, source).
-    #[serde(default = "default_receptacles")]
     pub receptacles: u32,
     /// Objects besides the goal objects.
-    #[serde(default = "default_distractors")]
     pub distractors: u32,
     /// Fraction of the receptacles that are closed containers (cabinet, drawer, fridge, ...).
-    #[serde(default = "default_closed_fraction")]
     pub closed_fraction: f64,
     /// Goal types drawn uniformly (names as in [`GoalType::name`]).
-    #[serde(default = "default_goal_types")]
     pub goal_types: Vec<String>,
     /// Probability that a goal object starts inside a closed container.
-    #[serde(default = "default_hidden_prob")]
     pub hidden_prob: f64,
     /// Step budget = max(plan, ceil(budget_factor × optimal plan length)).
-    #[serde(default = "default_budget_factor")]
     pub budget_factor: f64,
 }
 
 impl Default for HouseholdConfig {
     fn default() -> Self {
         HouseholdConfig {
-            receptacles: default_receptacles(),
-            distractors: default_distractors(),
-            closed_fraction: default_closed_fraction(),
+            receptacles: 8,
+            distractors: 4,
+            closed_fraction: 0.4,
             goal_types: default_goal_types(),
-            hidden_prob: default_hidden_prob(),
-            budget_factor: default_budget_factor(),
+            hidden_prob: 0.5,
+            budget_factor: 2.0,
         }
     }
 }
@@ -1403,7 +1381,7 @@ impl Household {
         &self,
         b: &Spec,
         dir: Direction,
-        op: u64,
+        op: Mutation,
         plan0: u32,
         goals: &[GoalType],
         rng: &mut Rng,
@@ -1413,8 +1391,7 @@ impl Household {
         let tkind = s.goal.object.clone();
         let harder = dir == Direction::Harder;
         match op {
-            // A harder / easier goal type (within the configured ones).
-            0 => {
+            Mutation::GoalType => {
                 let choices: Vec<GoalType> = goals
                     .iter()
                     .copied()
@@ -1482,8 +1459,7 @@ impl Household {
                 }
                 Some((s, true))
             }
-            // Another object kind of the home becomes the goal object.
-            1 => {
+            Mutation::GoalObject => {
                 let mut kinds: Vec<String> = s
                     .objects
                     .iter()
@@ -1499,8 +1475,7 @@ impl Household {
                 s.goal.object = pick(rng, &kinds)?.clone();
                 Some((s, true))
             }
-            // Another receptacle kind of the home becomes the target.
-            2 => {
+            Mutation::Target => {
                 let cur = s.goal.target.clone()?;
                 let kinds: Vec<String> = s
                     .rec_kinds()
@@ -1510,8 +1485,7 @@ impl Household {
                 s.goal.target = Some(pick(rng, &kinds)?.clone());
                 Some((s, true))
             }
-            // One more / one fewer distractor.
-            3 => {
+            Mutation::Distractors => {
                 if harder {
                     let ks: Vec<&str> = OBJECTS
                         .iter()
@@ -1530,8 +1504,7 @@ impl Household {
                 }
                 Some((s, true))
             }
-            // Hide a goal object in a closed container / bring one out onto a surface.
-            4 => {
+            Mutation::Hide => {
                 let objs: Vec<usize> = (0..s.objects.len())
                     .filter(|&i| {
                         let o = &s.objects[i];
@@ -1555,8 +1528,7 @@ impl Household {
                 s.objects[i].at = dest;
                 Some((s, true))
             }
-            // Add a closed container (with a distractor moved into it) / remove one.
-            5 => {
+            Mutation::Container => {
                 if harder {
                     let c = s.add_receptacle(pick(rng, CONTAINERS)?)?;
                     let ds: Vec<usize> = (0..s.objects.len())
@@ -1592,8 +1564,7 @@ impl Household {
                 }
                 Some((s, true))
             }
-            // Tighten / loosen the budget.
-            _ => {
+            Mutation::Budget => {
                 if harder {
                     let slack = s.budget.checked_sub(plan0)?;
                     if slack == 0 {
@@ -1609,12 +1580,50 @@ impl Household {
     }
 }
 
+/// The mutation operators of [`Household::mutate`]: each rewrites a task one notch harder or
+/// easier (the direction decides which way).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mutation {
+    /// A harder / easier goal type (within the configured ones).
+    GoalType,
+    /// Another object kind of the home becomes the goal object.
+    GoalObject,
+    /// Another receptacle kind of the home becomes the target.
+    Target,
+    /// One more / one fewer distractor.
+    Distractors,
+    /// Hide a goal object in a closed container / bring one out onto a surface.
+    Hide,
+    /// Add a closed container (with a distractor moved into it) / remove one.
+    Container,
+    /// Tighten / loosen the budget.
+    Budget,
+}
+
+impl Mutation {
+    /// Every operator, in the order a uniform draw indexes (seeded draws depend on it).
+    const ALL: [Mutation; 7] = [
+        Mutation::GoalType,
+        Mutation::GoalObject,
+        Mutation::Target,
+        Mutation::Distractors,
+        Mutation::Hide,
+        Mutation::Container,
+        Mutation::Budget,
+    ];
+
+    /// A uniformly drawn operator.
+    fn draw(rng: &mut Rng) -> Mutation {
+        Mutation::ALL[(rng.next_u64() % Mutation::ALL.len() as u64) as usize]
+    }
+}
+
 /// The mutation operators (see `Household::mutation`) to try first, read from the critic
 /// summary. Where the reward model sees the policy fail decides the edit: trouble in the first
 /// steps (finding the object) → hide or expose the goal object, add or remove a container;
 /// trouble late in the episode, or critique of wasted / repeated moves → the budget and the
 /// distractors. Without any high-risk step the critic has nothing to say: no preference.
-fn preferred_ops(critic: &CriticSummary, direction: Direction, plan: u32) -> Vec<u64> {
+fn preferred_ops(critic: &CriticSummary, direction: Direction, plan: u32) -> Vec<Mutation> {
     if critic.high_risk_steps.is_empty() {
         return Vec::new();
     }
@@ -1632,13 +1641,13 @@ fn preferred_ops(critic: &CriticSummary, direction: Direction, plan: u32) -> Vec
     let late_trouble = late > early || wasteful > searching;
     match (direction, late_trouble) {
         // Hide the object / a closed container to search; or the goal itself gets harder.
-        (Direction::Harder, false) => vec![4, 5, 0],
+        (Direction::Harder, false) => vec![Mutation::Hide, Mutation::Container, Mutation::GoalType],
         // Less slack, more distractors to waste moves on.
-        (Direction::Harder, true) => vec![6, 3, 2],
+        (Direction::Harder, true) => vec![Mutation::Budget, Mutation::Distractors, Mutation::Target],
         // Bring the object out, remove a container to search.
-        (Direction::Easier, false) => vec![4, 5, 1],
+        (Direction::Easier, false) => vec![Mutation::Hide, Mutation::Container, Mutation::GoalObject],
         // More budget, fewer distractors.
-        (Direction::Easier, true) => vec![6, 3, 0],
+        (Direction::Easier, true) => vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType],
     }
 }
 
@@ -1690,7 +1699,7 @@ impl Environment for Household {
             // The critic's operators first (a few tries each), then any.
             let op = match preferred.get(attempt / 3) {
                 Some(op) => *op,
-                None => rng.next_u64() % 7,
+                None => Mutation::draw(&mut rng),
             };
             let Some((mut s, keep_slack)) =
                 self.mutation(&base.spec, direction, op, plan0, &goals, &mut rng)
@@ -2241,12 +2250,12 @@ mod tests {
             critique_words: vec![("wasted".into(), 9), ("goal".into(), 2)],
             ..Default::default()
         };
-        assert_eq!(preferred_ops(&late, Direction::Easier, 4), vec![6, 3, 0]);
+        assert_eq!(preferred_ops(&late, Direction::Easier, 4), vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType]);
         let early = CriticSummary {
             high_risk_steps: vec![0, 1],
             ..Default::default()
         };
-        assert_eq!(preferred_ops(&early, Direction::Harder, 6), vec![4, 5, 0]);
+        assert_eq!(preferred_ops(&early, Direction::Harder, 6), vec![Mutation::Hide, Mutation::Container, Mutation::GoalType]);
         assert!(preferred_ops(&CriticSummary::default(), Direction::Harder, 6).is_empty());
         let v = &e.generate(3, 1).unwrap()[0];
         let first = &e.mutate(v, Direction::Easier, &late, 1).unwrap()[0];

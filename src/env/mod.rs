@@ -8,11 +8,90 @@
 pub mod external;
 pub mod gridnav;
 pub mod household;
+pub mod synthetic;
 
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::config::canonical;
-use crate::error::Result;
+use crate::determinism::{Rng, canonical};
+use crate::error::{Checks, Error, Result};
+
+/// The environments of this build: `env.name`. Adding one: its module (the environment and its
+/// settings section), a variant here, its section in [`EnvConfig`], and a line in
+/// [`from_config`] (see ARCHITECTURE.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EnvKind {
+    /// The seeded load generator ([`synthetic`]): no episodes, no models.
+    Synthetic,
+    Gridnav,
+    Household,
+    External,
+}
+
+impl EnvKind {
+    /// Whether the environment plays episodes (and so runs the policy, the reward model and
+    /// adaptation); `synthetic` generates rollouts directly.
+    pub fn has_episodes(self) -> bool {
+        self != EnvKind::Synthetic
+    }
+}
+
+/// `[env]`: which environment generates tasks and how hard they are. Each environment owns its
+/// subsection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvConfig {
+    /// Environment name: synthetic, gridnav, household or external.
+    pub name: EnvKind,
+    /// Number of tasks in the pool.
+    pub initial_tasks: u32,
+    /// Step budget per episode.
+    pub max_steps: u32,
+    /// Knobs of the `synthetic` environment.
+    pub synthetic: synthetic::SyntheticConfig,
+    /// Difficulty distribution of the `gridnav` environment.
+    pub gridnav: gridnav::GridNavConfig,
+    /// The subprocess of an `external` environment (JSON lines; see src/env/external.rs).
+    pub external: external::ExternalConfig,
+    /// Difficulty distribution of the `household` environment.
+    pub household: household::HouseholdConfig,
+}
+
+impl Default for EnvConfig {
+    fn default() -> Self {
+        EnvConfig {
+            name: EnvKind::Synthetic,
+            initial_tasks: 64,
+            max_steps: 12,
+            synthetic: Default::default(),
+            gridnav: Default::default(),
+            external: Default::default(),
+            household: Default::default(),
+        }
+    }
+}
+
+impl EnvConfig {
+    /// The section's checks (keys `env.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(
+            self.initial_tasks >= 1,
+            "env.initial_tasks",
+            "must be at least 1",
+        );
+        c.check(self.max_steps >= 1, "env.max_steps", "must be at least 1");
+        self.synthetic.validate(self.max_steps, c);
+        self.gridnav.validate(c);
+        if self.name == EnvKind::Household
+            && let Err(e) = self.household.validate()
+        {
+            c.check(false, "env.household", e);
+        }
+        self.external
+            .validate(self.name == EnvKind::External, c);
+    }
+}
 
 /// The content hash of a task: blake3 of `env` and the canonical JSON of its spec (16 hex chars).
 pub fn task_id(env: &str, spec: &Value) -> String {
@@ -118,28 +197,26 @@ pub trait Environment: Send + Sync {
 }
 
 /// The environment a config names.
-pub fn from_config(cfg: &crate::config::Config) -> Result<Box<dyn Environment>> {
-    match cfg.env.name.as_str() {
-        "gridnav" => Ok(Box::new(gridnav::GridNav::new(cfg.env.gridnav.clone()))),
-        "household" => Ok(Box::new(household::Household::new(
-            cfg.env.household.clone(),
-        ))),
-        "external" => Ok(Box::new(external::External::new(cfg.env.external.clone()))),
-        other => Err(crate::Error::config(format!(
-            "key `env.name`: no environment {other:?} (built in: synthetic, gridnav, household, external)"
-        ))),
+pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
+    match cfg.name {
+        EnvKind::Gridnav => Ok(Box::new(gridnav::GridNav::new(cfg.gridnav.clone()))),
+        EnvKind::Household => Ok(Box::new(household::Household::new(cfg.household.clone()))),
+        EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
+        EnvKind::Synthetic => Err(Error::config(
+            "key `env.name`: the synthetic environment has no episodes (it generates rollouts in the `synthetic` stage)",
+        )),
     }
 }
 
 /// The environment one difficulty level harder than the config's (for the out-of-distribution
 /// evaluation set), where the environment has difficulty knobs: gridnav and household.
-pub fn harder_from_config(cfg: &crate::config::Config) -> Result<Option<Box<dyn Environment>>> {
-    Ok(match cfg.env.name.as_str() {
-        "gridnav" => Some(Box::new(gridnav::GridNav::new(cfg.env.gridnav.harder()))),
-        "household" => Some(Box::new(household::Household::new(
-            cfg.env.household.harder(),
+pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
+    Ok(match cfg.name {
+        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
+        EnvKind::Household => Some(Box::new(household::Household::new(
+            cfg.household.harder(),
         ))),
-        _ => None,
+        EnvKind::External | EnvKind::Synthetic => None,
     })
 }
 
@@ -152,9 +229,9 @@ pub fn throughput(
     seed: u64,
 ) -> Result<(u64, f64)> {
     if tasks.is_empty() {
-        return Err(crate::Error::Environment("no tasks to play".into()));
+        return Err(Error::Environment("no tasks to play".into()));
     }
-    let mut rng = crate::stages::synthetic::Rng::new(seed);
+    let mut rng = Rng::new(seed);
     let started = std::time::Instant::now();
     let mut taken = 0u64;
     let mut t = 0usize;

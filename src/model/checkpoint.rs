@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use super::transformer::{ModelConfig, Transformer, float_tensor};
 use crate::error::{Error, Result};
-use crate::stages::synthetic::Rng;
+use crate::determinism::Rng;
 
 const MAGIC: &[u8] = b"RLAPIPE-CKPT 1\n";
 

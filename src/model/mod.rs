@@ -11,6 +11,7 @@
 //! bytes and the engine can store them content-addressed and verify their digests.
 
 pub mod checkpoint;
+pub mod config;
 pub mod policy;
 pub mod ppo;
 pub mod prompt;
@@ -18,9 +19,12 @@ pub mod reward;
 pub mod tokenizer;
 pub mod transformer;
 
-use crate::config::Config;
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
+pub use config::{
+    ActionScore, Device, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
+};
+pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
 pub use transformer::{ModelConfig, Transformer};
 
@@ -35,37 +39,45 @@ pub type Gpu = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
 
-/// Call a backend-generic function on the backend `run.device` names:
-/// `on_backend!(device_str, infer | train, function(args...))`, where the function's first
-/// argument is the device.
+/// Call a backend-generic function on the backend a [`Device`] names:
+/// `on_backend!(device, infer | train, function(args...))`, where the function's first
+/// argument is the burn device.
 #[macro_export]
 macro_rules! on_backend {
     ($device:expr, infer, $f:ident ( $($arg:expr),* $(,)? )) => {
         match $device {
             #[cfg(feature = "cuda")]
-            "cuda" => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cuda => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
             #[cfg(feature = "ndarray")]
-            "ndarray" => $f::<burn::backend::NdArray>(&Default::default(), $($arg),*),
-            "cpu" => $f::<$crate::model::Cpu>(&Default::default(), $($arg),*),
-            other => Err($crate::Error::Config(format!(
-                "key `run.device`: {other:?} is not available in this build (cpu{})",
-                if cfg!(feature = "cuda") { ", cuda" } else { "; rebuild with --features cuda for cuda" }
-            ))),
+            $crate::model::Device::Ndarray => $f::<burn::backend::NdArray>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cpu => $f::<$crate::model::Cpu>(&Default::default(), $($arg),*),
+            #[allow(unreachable_patterns)]
+            other => Err($crate::model::unavailable(other)),
         }
     };
     ($device:expr, train, $f:ident ( $($arg:expr),* $(,)? )) => {
         match $device {
             #[cfg(feature = "cuda")]
-            "cuda" => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cuda => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
             #[cfg(feature = "ndarray")]
-            "ndarray" => $f::<burn::backend::Autodiff<burn::backend::NdArray>>(&Default::default(), $($arg),*),
-            "cpu" => $f::<$crate::model::CpuTrain>(&Default::default(), $($arg),*),
-            other => Err($crate::Error::Config(format!(
-                "key `run.device`: {other:?} is not available in this build (cpu{})",
-                if cfg!(feature = "cuda") { ", cuda" } else { "; rebuild with --features cuda for cuda" }
-            ))),
+            $crate::model::Device::Ndarray => $f::<burn::backend::Autodiff<burn::backend::NdArray>>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cpu => $f::<$crate::model::CpuTrain>(&Default::default(), $($arg),*),
+            #[allow(unreachable_patterns)]
+            other => Err($crate::model::unavailable(other)),
         }
     };
+}
+
+/// The error for a device this build has no backend for.
+pub fn unavailable(device: Device) -> Error {
+    Error::Config(format!(
+        "key `run.device`: {device:?} is not available in this build (cpu{})",
+        if cfg!(feature = "cuda") {
+            ", cuda"
+        } else {
+            "; rebuild with --features cuda for cuda"
+        }
+    ))
 }
 
 /// The two model roles.
@@ -83,12 +95,17 @@ pub struct ModelSpec {
 }
 
 impl ModelSpec {
-    /// The spec of a role (`policy` or `rm`) under a config.
-    pub fn for_role(cfg: &Config, role: &str) -> Result<ModelSpec> {
-        let words = crate::env::from_config(cfg)?.vocabulary();
+    /// The spec of a role (`policy` or `rm`): its section's shape and tokenizer, over the
+    /// environment's vocabulary `words` (for the built-in word-level tokenizer).
+    pub fn for_role(
+        role: &str,
+        policy: &PolicyConfig,
+        reward_model: &RewardModelConfig,
+        words: &[String],
+    ) -> Result<ModelSpec> {
         let (role, path, d, l, h, c, history) = match role {
             POLICY => {
-                let p = &cfg.policy;
+                let p = policy;
                 (
                     POLICY,
                     &p.tokenizer,
@@ -100,7 +117,7 @@ impl ModelSpec {
                 )
             }
             RM => {
-                let r = &cfg.reward_model;
+                let r = reward_model;
                 (
                     RM,
                     &r.tokenizer,
@@ -113,7 +130,7 @@ impl ModelSpec {
             }
             other => return Err(Error::Model(format!("no model role {other:?}"))),
         };
-        let tokenizer = Tokenizer::for_config(path, &words)?;
+        let tokenizer = Tokenizer::for_config(path, words)?;
         let config = ModelConfig {
             vocab: tokenizer.vocab_size(),
             d_model: d,
@@ -127,7 +144,7 @@ impl ModelSpec {
             tokenizer,
             config,
             history,
-            action_mean: role == POLICY && cfg.policy.action_score == "mean",
+            action_mean: role == POLICY && policy.action_score == ActionScore::Mean,
         })
     }
 
@@ -156,7 +173,7 @@ impl ModelSpec {
     pub fn rm_prompt(
         &self,
         max_tokens: usize,
-        t: &crate::stages::trajectories::Trajectory,
+        t: &Trajectory,
         i: usize,
     ) -> Vec<u32> {
         let s = &t.steps[i];
@@ -186,10 +203,8 @@ impl ModelSpec {
     }
 }
 
-/// The seeded initial checkpoint of a role (`policy` or `rm`): the same bytes for the same
-/// config on every machine.
-pub fn initial_checkpoint(cfg: &Config, role: &str) -> Result<bytes::Bytes> {
-    let spec = ModelSpec::for_role(cfg, role)?;
-    let seed = crate::engine::derive_seed(cfg.run.seed, &["init", role]);
-    Ok(Checkpoint::init(spec.role, &spec.config, seed).encode())
+/// The seeded initial checkpoint of a spec: the same bytes for the same spec and seed on
+/// every machine.
+pub fn initial_checkpoint(spec: &ModelSpec, seed: u64) -> bytes::Bytes {
+    Checkpoint::init(spec.role, &spec.config, seed).encode()
 }

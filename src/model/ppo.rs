@@ -13,7 +13,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use super::transformer::Transformer;
-use crate::stages::synthetic::Rng;
+use crate::determinism::Rng;
 
 /// PPO settings (from `[reward]` and `[update]`).
 #[derive(Debug, Clone, Copy, PartialEq)]

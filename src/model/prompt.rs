@@ -100,6 +100,39 @@ pub fn action(tok: &Tokenizer, action: &str) -> Vec<u32> {
     }
 }
 
+/// One step, as the models need it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepRow {
+    pub step_idx: u32,
+    pub observation: String,
+    pub action: String,
+    pub next_observation: String,
+    pub admissible: Vec<String>,
+}
+
+/// One trajectory's steps, in step order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    pub task_id: String,
+    pub traj_id: String,
+    pub steps: Vec<StepRow>,
+}
+
+impl Trajectory {
+    /// The task text of the prompts: the first observation.
+    pub fn task(&self) -> &str {
+        self.steps.first().map_or("", |s| s.observation.as_str())
+    }
+
+    /// The (observation, action) pairs before step `i`.
+    pub fn past(&self, i: usize) -> Vec<(&str, &str)> {
+        self.steps[..i]
+            .iter()
+            .map(|s| (s.observation.as_str(), s.action.as_str()))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use datafusion::prelude::SessionContext;
 use plotters::prelude::*;
 
 use crate::error::{Error, Result};
-use crate::stages::{render, str_lit};
+use crate::stage::sql::{render, str_lit};
 use crate::store::Store;
 
 const SUCCESS: &str = include_str!("success.sql");

@@ -15,17 +15,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder, UInt32Builder};
-use arrow::datatypes::{Float64Type, UInt32Type};
+use arrow::array::RecordBatch;
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{query, render, run_iter_columns};
-use crate::adapt::{self, Request, direction_for, direction_name, parse_direction};
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::adapt::{self, Decision, Request, direction_for, direction_name, parse_direction};
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env::{self, CriticSummary, StepVerdicts};
 use crate::error::{Error, Result};
-use crate::schema;
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::{query, render};
 
 const JUDGE: &str = include_str!("adapt_judge.sql");
 const SLOTS: &str = include_str!("adapt_slots.sql");
@@ -51,7 +51,7 @@ pub struct Row {
     pub direction: String,
     pub prev_acc: f64,
     pub candidate_acc: Option<f64>,
-    pub decision: &'static str,
+    pub decision: Decision,
     pub candidate_spec: String,
     pub adapter: String,
     pub critic: Option<String>,
@@ -118,16 +118,14 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
     let cfg = &ctx.config.adapt;
     let mut pool = Vec::new();
     for b in collect(ctx, SLOTS).await? {
+        let c = Columns::new(&b, "stages/adapt_slots.sql");
         let (slot, id, status, spec) = (
-            b.column(0).as_primitive::<UInt32Type>(),
-            b.column(1).as_string::<i32>(),
-            b.column(2).as_string::<i32>(),
-            b.column(3).as_string::<i32>(),
+            c.u32("slot")?,
+            c.str("task_id")?,
+            c.str("status")?,
+            c.str("spec")?,
         );
-        let (acc, rollouts) = (
-            b.column(4).as_primitive::<Float64Type>(),
-            b.column(5).as_primitive::<UInt32Type>(),
-        );
+        let (acc, rollouts) = (c.f64("acc")?, c.u32("rollouts")?);
         for i in 0..b.num_rows() {
             pool.push(PoolTask {
                 slot: slot.value(i),
@@ -144,12 +142,15 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
     // 1. Judge the pending candidates.
     let mut rows = Vec::new();
     for b in collect(ctx, JUDGE).await? {
-        let slot = b.column(0).as_primitive::<UInt32Type>();
-        let s = |i: usize| b.column(i).as_string::<i32>();
-        let (parent, cand, dir) = (s(1), s(2), s(3));
-        let prev = b.column(4).as_primitive::<Float64Type>();
-        let cacc = b.column(5).as_primitive::<Float64Type>();
-        let (spec, adapter) = (s(6), s(7));
+        let c = Columns::new(&b, "stages/adapt_judge.sql");
+        let slot = c.u32("slot")?;
+        let (parent, cand, dir) = (
+            c.str("task_id")?,
+            c.str("candidate_task_id")?,
+            c.str("direction")?,
+        );
+        let (prev, cacc) = (c.f64("prev_acc")?, c.f64("candidate_acc")?);
+        let (spec, adapter) = (c.str("candidate_spec")?, c.str("adapter")?);
         for i in 0..b.num_rows() {
             let direction = parse_direction(dir.value(i)).ok_or_else(|| {
                 Error::data(format!(
@@ -166,7 +167,11 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
                 direction: dir.value(i).to_string(),
                 prev_acc: prev.value(i),
                 candidate_acc: Some(cacc.value(i)),
-                decision: if accepted { "accepted" } else { "rejected" },
+                decision: if accepted {
+                    Decision::Accepted
+                } else {
+                    Decision::Rejected
+                },
                 candidate_spec: spec.value(i).to_string(),
                 adapter: adapter.value(i).to_string(),
                 critic: None,
@@ -181,7 +186,7 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
         .filter(|t| t.active)
         .map(|t| (t.slot, t))
         .collect();
-    for r in rows.iter().filter(|r| r.decision == "accepted") {
+    for r in rows.iter().filter(|r| r.decision == Decision::Accepted) {
         if let Some(t) = by_id.get(r.candidate_task_id.as_str()) {
             occupants.insert(r.slot, t);
         }
@@ -197,7 +202,7 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
         return Ok(rows);
     }
     let mut critics = critic_summaries(ctx).await?;
-    let environment = env::from_config(&ctx.config)?;
+    let environment = env::from_config(&ctx.config.env)?;
     let adapter = adapt::from_config(cfg)?;
     // (task, direction, spec, critic, seed) of every request, in slot order.
     let mut asks = Vec::new();
@@ -247,8 +252,8 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
                 direction: direction_name(*direction).to_string(),
                 prev_acc: task.acc,
                 candidate_acc: None,
-                decision: "pending",
-                candidate_spec: crate::config::canonical(&candidate),
+                decision: Decision::Pending,
+                candidate_spec: crate::determinism::canonical(&candidate),
                 adapter: adapter.name().to_string(),
                 critic: Some(serde_json::to_string(critic).expect("critic serializes")),
             });
@@ -261,14 +266,10 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
 async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticSummary>> {
     let mut out: BTreeMap<String, CriticSummary> = BTreeMap::new();
     for b in collect(ctx, CRITIC_STEPS).await? {
-        let id = b.column(0).as_string::<i32>();
-        let step = b.column(1).as_primitive::<UInt32Type>();
-        let samples = b.column(2).as_primitive::<UInt32Type>();
-        let (good, bad) = (
-            b.column(3).as_primitive::<Float64Type>(),
-            b.column(4).as_primitive::<Float64Type>(),
-        );
-        let risky = b.column(5).as_primitive::<UInt32Type>();
+        let c = Columns::new(&b, "stages/adapt_critic_steps.sql");
+        let (id, step, samples) = (c.str("task_id")?, c.u32("step_idx")?, c.u32("samples")?);
+        let (good, bad) = (c.f64("good")?, c.f64("bad")?);
+        let risky = c.u32("high_risk")?;
         for i in 0..b.num_rows() {
             let c = out.entry(id.value(i).to_string()).or_default();
             c.step_verdicts.push(StepVerdicts {
@@ -284,10 +285,8 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     }
     let top = |sql: &str, n: u32| render(sql, &[("top", n.to_string())]);
     for b in collect(ctx, &top(CRITIC_OBSERVATIONS, OBSERVATIONS)?).await? {
-        let (id, obs) = (
-            b.column(0).as_string::<i32>(),
-            b.column(1).as_string::<i32>(),
-        );
+        let c = Columns::new(&b, "stages/adapt_critic_observations.sql");
+        let (id, obs) = (c.str("task_id")?, c.str("observation")?);
         for i in 0..b.num_rows() {
             let text: String = obs.value(i).chars().take(OBSERVATION_CHARS).collect();
             out.entry(id.value(i).to_string())
@@ -299,11 +298,8 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     let words = ctx.config.adapt.critic_words;
     if words > 0 {
         for b in collect(ctx, &top(CRITIC_WORDS, words)?).await? {
-            let (id, word) = (
-                b.column(0).as_string::<i32>(),
-                b.column(1).as_string::<i32>(),
-            );
-            let n = b.column(2).as_primitive::<UInt32Type>();
+            let c = Columns::new(&b, "stages/adapt_critic_words.sql");
+            let (id, word, n) = (c.str("task_id")?, c.str("word")?, c.u32("n")?);
             for i in 0..b.num_rows() {
                 out.entry(id.value(i).to_string())
                     .or_default()
@@ -316,43 +312,20 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
 }
 
 fn to_batch(ctx: &StageContext, rows: &[Row]) -> Result<RecordBatch> {
-    let def = schema::table_def("adaptations").expect("known table");
-    let mut task = StringBuilder::new();
-    let mut cand = StringBuilder::new();
-    let mut dir = StringBuilder::new();
-    let mut prev = Float64Builder::new();
-    let mut cacc = Float64Builder::new();
-    let mut decision = StringBuilder::new();
-    let mut slot = UInt32Builder::new();
-    let mut spec = StringBuilder::new();
-    let mut adapter = StringBuilder::new();
-    let mut critic = StringBuilder::new();
+    let mut b = TableBuilder::new("adaptations")?;
     for r in rows {
-        task.append_value(&r.task_id);
-        cand.append_value(&r.candidate_task_id);
-        dir.append_value(&r.direction);
-        prev.append_value(r.prev_acc);
-        cacc.append_option(r.candidate_acc);
-        decision.append_value(r.decision);
-        slot.append_value(r.slot);
-        spec.append_value(&r.candidate_spec);
-        adapter.append_value(&r.adapter);
-        critic.append_option(r.critic.as_deref());
+        b.push_str(&r.task_id)
+            .push_str(&r.candidate_task_id)
+            .push_str(&r.direction)
+            .push_f64(r.prev_acc)
+            .push_opt_f64(r.candidate_acc)
+            .push_str(r.decision.as_str())
+            .push_u32(r.slot)
+            .push_str(&r.candidate_spec)
+            .push_str(&r.adapter)
+            .push_opt_str(r.critic.as_deref());
     }
-    let mut columns = run_iter_columns(ctx, rows.len());
-    columns.extend([
-        Arc::new(task.finish()) as ArrayRef,
-        Arc::new(cand.finish()),
-        Arc::new(dir.finish()),
-        Arc::new(prev.finish()),
-        Arc::new(cacc.finish()),
-        Arc::new(decision.finish()),
-        Arc::new(slot.finish()),
-        Arc::new(spec.finish()),
-        Arc::new(adapter.finish()),
-        Arc::new(critic.finish()),
-    ]);
-    Ok(RecordBatch::try_new(def.schema.clone(), columns)?)
+    b.finish_with(&ctx.run_id, ctx.iter)
 }
 
 #[cfg(test)]
@@ -508,7 +481,7 @@ mod tests {
                 (3, id(3), "harder", 0.875, None, "pending"),
             ]
         );
-        let env = env::from_config(&config()).unwrap();
+        let env = env::from_config(&config().env).unwrap();
         let specs = a0.column(9).as_string::<i32>();
         for (i, d) in d0.iter().enumerate() {
             let spec: Value = serde_json::from_str(specs.value(i)).unwrap();

@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::{f64_lit, query, render, str_lit};
-use crate::engine::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 
 const POLICY_SQL: &str = include_str!("policy_advantages.sql");
@@ -82,7 +82,7 @@ mod tests {
 
     /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
     /// step_rewards as in the comments; rm_samples for the RM golden table.
-    fn golden_ctx(sets: &[&str]) -> crate::engine::StageContext {
+    fn golden_ctx(sets: &[&str]) -> crate::stage::StageContext {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let c = ctx(Config::from_toml_with_sets("[run]\nname='t'\n", "t", &sets).unwrap());
         register(

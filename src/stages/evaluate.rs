@@ -11,15 +11,16 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Builder};
+use arrow::array::Array;
 use async_trait::async_trait;
 
 use super::rollout::{Job, play_policy};
-use super::{query, run_iter_columns};
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env;
 use crate::error::Result;
-use crate::schema;
 
 pub struct Evaluate;
 
@@ -47,37 +48,28 @@ impl Stage for Evaluate {
             .collect()
             .await?
         {
-            let ids = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("Utf8 task_id");
+            let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
             training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
         }
         let eval = &ctx.config.eval;
         let mut sets: Vec<(&str, Box<dyn env::Environment>, u32)> =
-            vec![("held_out", env::from_config(&ctx.config)?, eval.tasks)];
+            vec![("held_out", env::from_config(&ctx.config.env)?, eval.tasks)];
         if eval.ood_tasks > 0
-            && let Some(harder) = env::harder_from_config(&ctx.config)?
+            && let Some(harder) = env::harder_from_config(&ctx.config.env)?
         {
             sets.push(("ood", harder, eval.ood_tasks));
         }
-        let per_task = if ctx.config.policy.kind == "uniform" {
+        let per_task = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
             eval.rollouts
         } else {
             1
         };
-        let policy_ck = if ctx.config.policy.kind == "uniform" {
+        let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
             &[][..]
         } else {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
-        let (mut ids, mut rollouts, mut successes, mut splits) = (
-            StringBuilder::new(),
-            UInt32Builder::new(),
-            UInt32Builder::new(),
-            StringBuilder::new(),
-        );
+        let mut out = TableBuilder::new("evaluations")?;
         for (split, environment, count) in sets {
             // The held-out set keeps its historical seed label; the OOD set has its own.
             let label = if split == "held_out" {
@@ -115,22 +107,13 @@ impl Stage for Evaluate {
                     .iter()
                     .filter(|r| r.outcome > 0)
                     .count() as u32;
-                ids.append_value(task_id);
-                rollouts.append_value(per_task);
-                successes.append_value(won);
-                splits.append_value(split);
+                out.push_str(task_id)
+                    .push_u32(per_task)
+                    .push_u32(won)
+                    .push_str(split);
             }
         }
-        let n = arrow::array::ArrayBuilder::len(&ids);
-        let def = schema::table_def("evaluations").expect("known table");
-        let mut columns = run_iter_columns(ctx, n);
-        columns.extend([
-            Arc::new(ids.finish()) as ArrayRef,
-            Arc::new(rollouts.finish()),
-            Arc::new(successes.finish()),
-            Arc::new(splits.finish()),
-        ]);
-        let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
+        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![(
             "evaluations",
             TableOutput::Frame(ctx.session.read_batch(batch)?),

@@ -27,61 +27,15 @@ pub mod task_accuracy;
 pub mod trajectories;
 pub mod update;
 
-use datafusion::dataframe::DataFrame;
-use datafusion::prelude::SessionContext;
+use crate::config::Config;
+use crate::error::Result;
+use crate::model::ModelSpec;
 
-use crate::error::{Error, Result};
-
-/// Substitute `${name}` parameters of a stage's SQL file. Every parameter must be used and every
-/// `${...}` in the file given a value, so a typo in a SQL file fails loudly.
-pub fn render(sql: &str, params: &[(&str, String)]) -> Result<String> {
-    let mut out = sql.to_string();
-    for (name, value) in params {
-        let key = format!("${{{name}}}");
-        if !out.contains(&key) {
-            return Err(Error::sql(format!(
-                "SQL parameter {key} is not used by the query"
-            )));
-        }
-        out = out.replace(&key, value);
-    }
-    if let Some(pos) = out.find("${") {
-        let end = out[pos..].find('}').map_or(out.len(), |e| pos + e + 1);
-        return Err(Error::sql(format!(
-            "SQL parameter {} is not bound",
-            &out[pos..end]
-        )));
-    }
-    Ok(out)
-}
-
-/// The `run_id` and `iter` columns (constant within a stage's output) for `n` rows.
-pub fn run_iter_columns(
-    ctx: &crate::engine::StageContext,
-    n: usize,
-) -> Vec<arrow::array::ArrayRef> {
-    vec![
-        std::sync::Arc::new(arrow::array::StringArray::from(vec![
-            ctx.run_id.as_str();
-            n
-        ])),
-        std::sync::Arc::new(arrow::array::UInt32Array::from(vec![ctx.iter; n])),
-    ]
-}
-
-/// A double literal that round-trips exactly.
-pub fn f64_lit(x: f64) -> String {
-    format!("CAST('{x:?}' AS DOUBLE)")
-}
-
-/// A single-quoted SQL string literal.
-pub fn str_lit(s: &str) -> String {
-    format!("'{}'", s.replace('\'', "''"))
-}
-
-/// Plan a query of a stage against its session.
-pub async fn query(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
-    ctx.sql(sql).await.map_err(Error::from)
+/// The model spec of a role (`policy` or `rm`) under a config: its section's shape over the
+/// configured environment's vocabulary.
+pub fn model_spec(cfg: &Config, role: &str) -> Result<ModelSpec> {
+    let words = crate::env::from_config(&cfg.env)?.vocabulary();
+    ModelSpec::for_role(role, &cfg.policy, &cfg.reward_model, &words)
 }
 
 #[cfg(test)]
@@ -94,7 +48,7 @@ pub(crate) mod testutil {
     use datafusion::prelude::SessionContext;
 
     use crate::config::Config;
-    use crate::engine::{Stage, StageContext, TableOutput};
+    use crate::stage::{Stage, StageContext, TableOutput};
     use crate::schema;
 
     pub fn ctx(config: Config) -> StageContext {
@@ -167,15 +121,3 @@ pub(crate) mod testutil {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn render_checks_parameters() {
-        assert_eq!(render("a ${x} b", &[("x", "1".into())]).unwrap(), "a 1 b");
-        assert!(render("a ${x} ${y}", &[("x", "1".into())]).is_err());
-        assert!(render("a", &[("x", "1".into())]).is_err());
-        assert_eq!(f64_lit(1e-8), "CAST('1e-8' AS DOUBLE)");
-    }
-}

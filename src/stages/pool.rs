@@ -9,9 +9,11 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array};
 use async_trait::async_trait;
 
-use super::{query, render, run_iter_columns};
-use crate::config::canonical;
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::stage::sql::{query, render};
+use crate::schema::rows::TableBuilder;
+use crate::determinism::canonical;
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env;
 use crate::error::{Error, Result};
 use crate::schema;
@@ -43,29 +45,21 @@ impl Stage for Pool {
                 TableOutput::Frame(query(&ctx.session, &sql).await?),
             )]);
         }
-        let environment = env::from_config(&ctx.config)?;
+        let environment = env::from_config(&ctx.config.env)?;
         let specs = distinct_tasks(
             environment.as_ref(),
             ctx.config.run.seed,
             ctx.config.env.initial_tasks,
         )?;
-        let n = specs.len();
-        let mut ids = StringBuilder::new();
-        let mut spec_col = StringBuilder::new();
-        for (id, s) in &specs {
-            ids.append_value(id);
-            spec_col.append_value(canonical(s));
+        let mut out = TableBuilder::new("tasks")?;
+        for (slot, (id, s)) in specs.iter().enumerate() {
+            out.push_str(id)
+                .push_u32(slot as u32)
+                .push_str("active")
+                .push_str(&canonical(s))
+                .push_opt_str(None);
         }
-        let def = schema::table_def("tasks").expect("known table");
-        let mut columns = run_iter_columns(ctx, n);
-        columns.extend([
-            Arc::new(ids.finish()) as ArrayRef,
-            Arc::new(UInt32Array::from((0..n as u32).collect::<Vec<_>>())),
-            Arc::new(StringArray::from(vec!["active"; n])),
-            Arc::new(spec_col.finish()),
-            Arc::new(StringArray::from(vec![None::<&str>; n])),
-        ]);
-        let batch = RecordBatch::try_new(def.schema.clone(), columns)?;
+        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![(
             "tasks",
             TableOutput::Frame(ctx.session.read_batch(batch)?),

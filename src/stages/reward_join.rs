@@ -4,7 +4,7 @@
 use async_trait::async_trait;
 
 use super::{f64_lit, query, render};
-use crate::engine::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 
 const SQL: &str = include_str!("reward_join.sql");

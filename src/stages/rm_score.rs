@@ -9,14 +9,13 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayBuilder, ArrayRef, Float64Builder, Int8Builder, RecordBatch, StringBuilder, UInt32Builder,
-};
+use arrow::array::RecordBatch;
 use async_trait::async_trait;
 
-use super::run_iter_columns;
+use crate::schema::rows::TableBuilder;
 use super::trajectories::{self, Trajectory};
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 use crate::model::reward::{self, Judgement};
 use crate::model::{Checkpoint, ModelSpec, RM};
@@ -91,7 +90,7 @@ impl Stage for RmScore {
             )]);
         }
         let trajs = trajectories::load(ctx).await?;
-        let spec = ModelSpec::for_role(&ctx.config, RM)?;
+        let spec = super::model_spec(&ctx.config, RM)?;
         let ck = spec.load(ctx.checkpoint(RM)?)?;
         let list: Vec<&Trajectory> = trajs.values().collect();
         let prompts = prompts(&spec, rm.max_tokens, &list);
@@ -103,22 +102,11 @@ impl Stage for RmScore {
             .collect();
         let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
         let judged = crate::on_backend!(
-            ctx.config.run.device.as_str(),
+            ctx.config.run.device,
             infer,
             judge_on(&spec, &ck, &prompts, &seeds, m, max_tokens, temperature)
         )?;
-        let (mut task, mut traj, mut step, mut sample) = (
-            StringBuilder::new(),
-            StringBuilder::new(),
-            UInt32Builder::new(),
-            UInt32Builder::new(),
-        );
-        let (mut reasoning, mut score, mut response, mut logprob) = (
-            StringBuilder::new(),
-            Int8Builder::new(),
-            StringBuilder::new(),
-            Float64Builder::new(),
-        );
+        let mut out = TableBuilder::new("rm_samples")?;
         let mut at = judged.iter();
         for t in &list {
             for i in 0..t.steps.len() {
@@ -128,34 +116,23 @@ impl Stage for RmScore {
                     .iter()
                     .enumerate()
                 {
-                    task.append_value(&t.task_id);
-                    traj.append_value(&t.traj_id);
-                    step.append_value(i as u32);
-                    sample.append_value(j as u32);
-                    reasoning.append_value(&s.reasoning);
-                    score.append_value(s.score);
                     let words: Vec<String> = s
                         .tokens
                         .iter()
                         .map(|id| spec.tokenizer.token(*id))
                         .collect();
-                    response.append_value(words.join(" "));
-                    logprob.append_value(s.logprob);
+                    out.push_str(&t.task_id)
+                        .push_str(&t.traj_id)
+                        .push_u32(i as u32)
+                        .push_u32(j as u32)
+                        .push_str(&s.reasoning)
+                        .push_i8(s.score)
+                        .push_str(&words.join(" "))
+                        .push_f64(s.logprob);
                 }
             }
         }
-        let mut cols = run_iter_columns(ctx, step.len());
-        cols.extend([
-            Arc::new(task.finish()) as ArrayRef,
-            Arc::new(traj.finish()),
-            Arc::new(step.finish()),
-            Arc::new(sample.finish()),
-            Arc::new(reasoning.finish()),
-            Arc::new(score.finish()),
-            Arc::new(response.finish()),
-            Arc::new(logprob.finish()),
-        ]);
-        let batch = RecordBatch::try_new(def.schema.clone(), cols)?;
+        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![(
             "rm_samples",
             TableOutput::Frame(ctx.session.read_batch(batch)?),

@@ -17,13 +17,15 @@ use arrow::array::{
 };
 use async_trait::async_trait;
 
-use super::{query, run_iter_columns};
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
 use crate::model::{Checkpoint, ModelSpec, policy};
 use crate::schema;
-use crate::stages::synthetic::Rng;
+use crate::determinism::Rng;
 
 pub struct Rollout;
 
@@ -218,14 +220,14 @@ pub(crate) fn play_policy(
     greedy: bool,
 ) -> Result<Vec<Rolled>> {
     let cap = config.env.max_steps;
-    if config.policy.kind == "uniform" {
+    if config.policy.kind == crate::config::PolicyKind::Uniform {
         return uniform_parallel(environment, jobs, cap);
     }
-    let spec = ModelSpec::for_role(config, crate::model::POLICY)?;
+    let spec = super::model_spec(config, crate::model::POLICY)?;
     let ck = spec.load(checkpoint)?;
     let temperature = config.policy.temperature;
     crate::on_backend!(
-        config.run.device.as_str(),
+        config.run.device,
         infer,
         play(
             &spec,
@@ -298,16 +300,8 @@ impl Stage for Rollout {
         .await?;
         let mut pool: Vec<(String, serde_json::Value)> = Vec::new();
         for b in &tasks {
-            let ids = b
-                .column(0)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("Utf8 task_id");
-            let specs = b
-                .column(1)
-                .as_any()
-                .downcast_ref::<StringArray>()
-                .expect("Utf8 spec");
+            let c = Columns::new(b, "the rollout stage's tasks");
+            let (ids, specs) = (c.str("task_id")?, c.str("spec")?);
             for i in 0..b.num_rows() {
                 let spec = serde_json::from_str(specs.value(i)).map_err(|e| {
                     Error::Environment(format!("task {}: spec is not JSON: {e}", ids.value(i)))
@@ -315,7 +309,7 @@ impl Stage for Rollout {
                 pool.push((ids.value(i).to_string(), spec));
             }
         }
-        let environment: Arc<dyn Environment> = Arc::from(env::from_config(&ctx.config)?);
+        let environment: Arc<dyn Environment> = Arc::from(env::from_config(&ctx.config.env)?);
         let n = ctx.config.rollout.n;
         let seeds: Vec<(usize, u32, u64)> = (0..pool.len())
             .flat_map(|t| (0..n).map(move |r| (t, r)))
@@ -325,74 +319,38 @@ impl Stage for Rollout {
             .iter()
             .map(|(t, r, seed)| (pool[*t].0.as_str(), &pool[*t].1, *r, *seed))
             .collect();
-        let policy_ck = if ctx.config.policy.kind == "uniform" {
+        let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
             &[][..]
         } else {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
         let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, false)?;
-        let traj_def = schema::table_def("trajectories").expect("known table");
-        let steps_def = schema::table_def("steps").expect("known table");
-        let (mut t_task, mut t_id, mut t_idx, mut t_out, mut t_len) = (
-            StringBuilder::new(),
-            StringBuilder::new(),
-            UInt32Builder::new(),
-            Int8Builder::new(),
-            UInt32Builder::new(),
-        );
-        let (mut s_task, mut s_traj, mut s_idx, mut s_obs, mut s_act, mut s_lp, mut s_or) = (
-            StringBuilder::new(),
-            StringBuilder::new(),
-            UInt32Builder::new(),
-            StringBuilder::new(),
-            StringBuilder::new(),
-            Float64Builder::new(),
-            Int8Builder::new(),
-        );
-        let (mut s_next, mut s_adm) = (StringBuilder::new(), StringBuilder::new());
+        let mut trajectories = TableBuilder::new("trajectories")?;
+        let mut steps = TableBuilder::new("steps")?;
         for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {
             let traj_id = schema::traj_id(task_id, *r);
-            t_task.append_value(task_id);
-            t_id.append_value(&traj_id);
-            t_idx.append_value(*r);
-            t_out.append_value(rolled.outcome);
-            t_len.append_value(rolled.steps.len() as u32);
+            trajectories
+                .push_str(task_id)
+                .push_str(&traj_id)
+                .push_u32(*r)
+                .push_i8(rolled.outcome)
+                .push_u32(rolled.steps.len() as u32);
             for (i, st) in rolled.steps.into_iter().enumerate() {
-                s_task.append_value(task_id);
-                s_traj.append_value(&traj_id);
-                s_idx.append_value(i as u32);
-                s_obs.append_value(st.observation);
-                s_act.append_value(st.action);
-                s_lp.append_value(st.logprob);
-                s_or.append_option(st.oracle);
-                s_next.append_value(st.next_observation);
-                s_adm.append_value(
-                    serde_json::to_string(&st.admissible).expect("strings serialize"),
-                );
+                let admissible = serde_json::to_string(&st.admissible).expect("strings serialize");
+                steps
+                    .push_str(task_id)
+                    .push_str(&traj_id)
+                    .push_u32(i as u32)
+                    .push_str(&st.observation)
+                    .push_str(&st.action)
+                    .push_f64(st.logprob)
+                    .push_opt_i8(st.oracle)
+                    .push_str(&st.next_observation)
+                    .push_str(&admissible);
             }
         }
-        let mut tcols = run_iter_columns(ctx, t_idx.len());
-        tcols.extend([
-            Arc::new(t_task.finish()) as ArrayRef,
-            Arc::new(t_id.finish()),
-            Arc::new(t_idx.finish()),
-            Arc::new(t_out.finish()),
-            Arc::new(t_len.finish()),
-        ]);
-        let mut scols = run_iter_columns(ctx, s_idx.len());
-        scols.extend([
-            Arc::new(s_task.finish()) as ArrayRef,
-            Arc::new(s_traj.finish()),
-            Arc::new(s_idx.finish()),
-            Arc::new(s_obs.finish()),
-            Arc::new(s_act.finish()),
-            Arc::new(s_lp.finish()),
-            Arc::new(s_or.finish()),
-            Arc::new(s_next.finish()),
-            Arc::new(s_adm.finish()),
-        ]);
-        let trajectories = RecordBatch::try_new(traj_def.schema.clone(), tcols)?;
-        let steps = RecordBatch::try_new(steps_def.schema.clone(), scols)?;
+        let trajectories = trajectories.finish_with(&ctx.run_id, ctx.iter)?;
+        let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![
             (
                 "trajectories",

@@ -17,7 +17,8 @@ use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 use crate::schema;
 
@@ -31,31 +32,6 @@ const CRITIQUES: [&str; 3] = [
     "the agent made no progress",
     "unclear",
 ];
-
-/// SplitMix64: small, fast, and fully determined by its seed.
-#[derive(Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Rng {
-        Rng(seed)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in [0, 1).
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// Uniform in [lo, hi].
-    pub fn range(&mut self, lo: u32, hi: u32) -> u32 {
-        lo + (self.next_u64() % u64::from(hi - lo + 1)) as u32
-    }
-}
 
 #[derive(Debug, Clone)]
 struct Task {

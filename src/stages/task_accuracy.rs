@@ -4,8 +4,8 @@
 
 use async_trait::async_trait;
 
-use super::query;
-use crate::engine::{Stage, StageContext, TableOutput};
+use crate::stage::sql::query;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 
 const SQL: &str = include_str!("task_accuracy.sql");

@@ -3,45 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use arrow::array::{Array, AsArray, RecordBatch};
-use arrow::datatypes::UInt32Type;
+use arrow::array::{Array, RecordBatch};
 
-use super::query;
-use crate::engine::StageContext;
+use crate::stage::sql::query;
+use crate::stage::StageContext;
 use crate::error::{Error, Result};
-
-/// One step, as the models need it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepRow {
-    pub step_idx: u32,
-    pub observation: String,
-    pub action: String,
-    pub next_observation: String,
-    pub admissible: Vec<String>,
-}
-
-/// One trajectory's steps, in step order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trajectory {
-    pub task_id: String,
-    pub traj_id: String,
-    pub steps: Vec<StepRow>,
-}
-
-impl Trajectory {
-    /// The task text of the prompts: the first observation.
-    pub fn task(&self) -> &str {
-        self.steps.first().map_or("", |s| s.observation.as_str())
-    }
-
-    /// The (observation, action) pairs before step `i`.
-    pub fn past(&self, i: usize) -> Vec<(&str, &str)> {
-        self.steps[..i]
-            .iter()
-            .map(|s| (s.observation.as_str(), s.action.as_str()))
-            .collect()
-    }
-}
+pub use crate::model::prompt::{StepRow, Trajectory};
+use crate::stage::columns::Columns;
 
 /// Every trajectory of the stage's `steps` table, keyed by traj_id.
 pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
@@ -55,9 +23,14 @@ pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
     .await?;
     let mut out: BTreeMap<String, Trajectory> = BTreeMap::new();
     for b in &batches {
-        let s = |i: usize| b.column(i).as_string::<i32>();
-        let (task, traj, obs, act, next, adm) = (s(0), s(1), s(3), s(4), s(5), s(6));
-        let idx = b.column(2).as_primitive::<UInt32Type>();
+        let c = Columns::new(b, "steps of the stage's trajectories");
+        let (task, traj, obs) = (c.str("task_id")?, c.str("traj_id")?, c.str("observation")?);
+        let (act, next, adm) = (
+            c.str("action")?,
+            c.str("next_observation")?,
+            c.str("admissible")?,
+        );
+        let idx = c.u32("step_idx")?;
         for r in 0..b.num_rows() {
             let admissible: Vec<String> = serde_json::from_str(adm.value(r)).map_err(|e| {
                 Error::data(format!(

@@ -18,9 +18,11 @@ use async_trait::async_trait;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::trajectories::{self, Trajectory};
-use super::{query, run_iter_columns};
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
 use crate::config::Config;
-use crate::engine::{Stage, StageContext, TableOutput, derive_seed};
+use crate::determinism::derive_seed;
+use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
@@ -222,16 +224,16 @@ impl Stage for Update {
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let cfg = &ctx.config;
-        let device = cfg.run.device.as_str();
+        let device = cfg.run.device;
         let trajs = trajectories::load(ctx).await?;
         let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
 
         // Policy.
         let policy_in = ctx.checkpoint(POLICY)?.clone();
-        let policy_out = if cfg.policy.kind == "uniform" {
+        let policy_out = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
             policy_in
         } else {
-            let spec = ModelSpec::for_role(cfg, POLICY)?;
+            let spec = super::model_spec(cfg, POLICY)?;
             let ck = spec.load(&policy_in)?;
             let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
             for b in query(&ctx.session, POLICY_SAMPLES_SQL)
@@ -239,9 +241,8 @@ impl Stage for Update {
                 .collect()
                 .await?
             {
-                let ids = b.column(0).as_string::<i32>();
-                let steps = b.column(1).as_primitive::<UInt32Type>();
-                let a = b.column(2).as_primitive::<Float64Type>();
+                let c = Columns::new(&b, "stages/update_policy_samples.sql");
+                let (ids, steps, a) = (c.str("traj_id")?, c.u32("step_idx")?, c.f64("advantage")?);
                 for r in 0..b.num_rows() {
                     let t = traj(&trajs, ids.value(r), steps.value(r))?;
                     let i = steps.value(r) as usize;
@@ -283,14 +284,13 @@ impl Stage for Update {
         let rm_out = if !cfg.reward_model.enabled {
             rm_in
         } else {
-            let spec = ModelSpec::for_role(cfg, RM)?;
+            let spec = super::model_spec(cfg, RM)?;
             let ck = spec.load(&rm_in)?;
             let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
             for b in query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await? {
-                let ids = b.column(0).as_string::<i32>();
-                let steps = b.column(1).as_primitive::<UInt32Type>();
-                let a = b.column(3).as_primitive::<Float64Type>();
-                let resp = b.column(4).as_string::<i32>();
+                let c = Columns::new(&b, "stages/update_rm_samples.sql");
+                let (ids, steps) = (c.str("traj_id")?, c.u32("step_idx")?);
+                let (a, resp) = (c.f64("advantage")?, c.str("response")?);
                 for r in 0..b.num_rows() {
                     let t = traj(&trajs, ids.value(r), steps.value(r))?;
                     let i = steps.value(r) as usize;
@@ -326,40 +326,21 @@ impl Stage for Update {
         ctx.emit_artifact(POLICY, policy_out);
         ctx.emit_artifact(RM, rm_out);
 
-        let def = schema::table_def("update_metrics").expect("known table");
-        let (mut model, mut step) = (StringBuilder::new(), UInt32Builder::new());
-        let (mut loss, mut kl, mut clip, mut norm) = (
-            Float64Builder::new(),
-            Float64Builder::new(),
-            Float64Builder::new(),
-            Float64Builder::new(),
-        );
-        let (mut samples, mut tokens) = (UInt32Builder::new(), UInt64Builder::new());
+        let mut out = TableBuilder::new("update_metrics")?;
         let mut counters: BTreeMap<&str, u32> = BTreeMap::new();
         for (name, m) in &rows {
             let k = counters.entry(name).or_default();
-            model.append_value(name);
-            step.append_value(*k);
+            out.push_str(name)
+                .push_u32(*k)
+                .push_f64(m.loss)
+                .push_f64(m.kl)
+                .push_f64(m.clip_frac)
+                .push_f64(m.grad_norm)
+                .push_u32(m.samples)
+                .push_u64(m.tokens);
             *k += 1;
-            loss.append_value(m.loss);
-            kl.append_value(m.kl);
-            clip.append_value(m.clip_frac);
-            norm.append_value(m.grad_norm);
-            samples.append_value(m.samples);
-            tokens.append_value(m.tokens);
         }
-        let mut cols = run_iter_columns(ctx, rows.len());
-        cols.extend([
-            Arc::new(model.finish()) as ArrayRef,
-            Arc::new(step.finish()),
-            Arc::new(loss.finish()),
-            Arc::new(kl.finish()),
-            Arc::new(clip.finish()),
-            Arc::new(norm.finish()),
-            Arc::new(samples.finish()),
-            Arc::new(tokens.finish()),
-        ]);
-        let batch = RecordBatch::try_new(def.schema.clone(), cols)?;
+        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![(
             "update_metrics",
             TableOutput::Frame(ctx.session.read_batch(batch)?),

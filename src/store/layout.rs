@@ -2,7 +2,7 @@
 //! ```text
 //! <run_id>/run.json
 //! <run_id>/data/<table>/iter=<NNNNNN>/<attempt>.parquet
-//! <run_id>/artifacts/iter=<NNNNNN>/<name>.<digest>.mpk
+//! <run_id>/artifacts/iter=<NNNNNN>/<name>.<digest>.ckpt   (checkpoints: model::checkpoint's byte layout)
 //! <run_id>/_commits/iter=<NNNNNN>/<stage>.json
 //! <run_id>/_commits/iter=<NNNNNN>/_iteration.json
 //! ```
@@ -63,6 +63,11 @@ pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
         "{run}/artifacts/{}/{name}.{digest}.ckpt",
         iter_dir(iter)
     ))
+}
+
+/// Where a run's artifacts (checkpoints) live.
+pub fn artifacts_dir(run: &str) -> Path {
+    Path::from(format!("{run}/artifacts"))
 }
 
 pub fn data_dir(run: &str) -> Path {

@@ -37,13 +37,24 @@ pub struct ArtifactFile {
     pub digest: String,
 }
 
+/// What an input of a stage is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InputKind {
+    /// Another stage's manifest (the tables it committed).
+    Manifest,
+    /// A checkpoint another stage wrote.
+    Artifact,
+    /// The seeded initial checkpoint (`path` is empty, `digest` is that of its bytes).
+    Init,
+}
+
 /// One input a stage read: another stage's manifest (by its digest) or an artifact.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InputRef {
-    /// `manifest`, `artifact` (a checkpoint another stage wrote) or `init` (the seeded initial
-    /// checkpoint; `path` is empty, `digest` is that of its bytes).
-    pub kind: String,
+    /// `manifest`, `artifact` or `init`.
+    pub kind: InputKind,
     /// Tables read from this input (manifest inputs).
     #[serde(default)]
     pub tables: Vec<String>,
@@ -188,7 +199,7 @@ mod tests {
                 format: FORMAT, run_id, iter, stage, code_version: code_version(),
                 config_sections: vec!["reward".into()], config_hash: digest(b"x"),
                 config: [("reward.lambda".to_string(), "1.0".to_string())].into(), seed, deterministic: det,
-                inputs: vec![InputRef { kind: "manifest".into(), tables, path: "p".into(), digest: digest(b"y") }],
+                inputs: vec![InputRef { kind: InputKind::Manifest, tables, path: "p".into(), digest: digest(b"y") }],
                 outputs,
                 artifacts: names.iter().map(|n| ArtifactFile {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),

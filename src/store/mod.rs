@@ -1,9 +1,12 @@
 //! The object store a run lives in: URL parsing, the layout of DESIGN.md, manifests and the
 //! put-if-absent commit. Only the engine uses this module; stages never touch storage.
 
+pub mod catalog;
+pub mod gc;
 pub mod layout;
 pub mod manifest;
 pub mod parquet;
+pub mod tables;
 
 use std::sync::Arc;
 
@@ -48,7 +51,7 @@ impl Store {
                 .with_retry(retry())
                 .with_conditional_put(object_store::aws::S3ConditionalPut::ETagMatch)
                 .build()
-                .map_err(|e| Error::store(format!("{url}: {e}")))?;
+                .map_err(|e| Error::object_store(url, e))?;
             Arc::new(s3)
         } else if let Some(rest) = url.strip_prefix("gs://") {
             let (bucket, p) = split_bucket(url, rest)?;
@@ -110,7 +113,7 @@ impl Store {
     }
 
     fn err(&self, path: &Path, e: object_store::Error) -> Error {
-        Error::store(format!("{}/{path}: {e}", self.url.trim_end_matches('/')))
+        Error::object_store(format!("{}/{path}", self.url.trim_end_matches('/')), e)
     }
 
     /// Read a whole object; `Ok(None)` if it does not exist.
@@ -229,7 +232,7 @@ fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
     std::fs::create_dir_all(path)
         .map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;
     let fs =
-        LocalFileSystem::new_with_prefix(path).map_err(|e| Error::store(format!("{url}: {e}")))?;
+        LocalFileSystem::new_with_prefix(path).map_err(|e| Error::object_store(url, e))?;
     Ok(Arc::new(fs))
 }
 
@@ -239,7 +242,7 @@ fn open_gcs(url: &str, bucket: &str) -> Result<Arc<dyn ObjectStore>> {
         .with_bucket_name(bucket)
         .with_retry(retry())
         .build()
-        .map_err(|e| Error::store(format!("{url}: {e}")))?;
+        .map_err(|e| Error::object_store(url, e))?;
     Ok(Arc::new(gcs))
 }
 
@@ -256,7 +259,7 @@ fn open_azure(url: &str, container: &str) -> Result<Arc<dyn ObjectStore>> {
         .with_container_name(container)
         .with_retry(retry())
         .build()
-        .map_err(|e| Error::store(format!("{url}: {e}")))?;
+        .map_err(|e| Error::object_store(url, e))?;
     Ok(Arc::new(az))
 }
 

@@ -3,6 +3,7 @@
 use rla_pipe::Error;
 use rla_pipe::config::Config;
 use rla_pipe::engine::{Dag, Engine};
+use rla_pipe::pipeline;
 use rla_pipe::store::Store;
 
 fn config() -> Config {
@@ -11,7 +12,7 @@ fn config() -> Config {
 
 async fn engine(url: &str) -> Engine {
     let cfg = config();
-    let dag = Dag::for_config(&cfg).unwrap();
+    let dag = pipeline::dag(&cfg).unwrap();
     Engine::open(Store::open(url).unwrap(), "small", cfg, dag)
         .await
         .unwrap()
@@ -55,12 +56,12 @@ async fn two_writers_one_winner() {
 async fn memory_store_runs_and_verifies() {
     let store = Store::open("memory://").unwrap();
     let cfg = config();
-    let dag = Dag::for_config(&cfg).unwrap();
+    let dag = pipeline::dag(&cfg).unwrap();
     let e = Engine::open(store.clone(), "small", cfg, dag)
         .await
         .unwrap();
     e.run(1, None).await.unwrap();
-    let report = rla_pipe::engine::replay::verify(&store, "small", 0, None)
+    let report = rla_pipe::engine::replay::verify(&store, "small", 0, None, pipeline::dag)
         .await
         .unwrap();
     assert_eq!(report.len(), 8);
@@ -75,7 +76,7 @@ async fn memory_store_runs_and_verifies() {
 async fn open_refuses_changed_config() {
     let store = Store::open("memory://").unwrap();
     let cfg = config();
-    let dag = Dag::for_config(&cfg).unwrap();
+    let dag = pipeline::dag(&cfg).unwrap();
     Engine::open(store.clone(), "small", cfg.clone(), dag.clone())
         .await
         .unwrap();
@@ -98,7 +99,7 @@ struct BadStage {
 }
 
 #[async_trait::async_trait]
-impl rla_pipe::engine::Stage for BadStage {
+impl rla_pipe::stage::Stage for BadStage {
     fn name(&self) -> &'static str {
         "bad"
     }
@@ -107,8 +108,8 @@ impl rla_pipe::engine::Stage for BadStage {
     }
     async fn run(
         &self,
-        ctx: &rla_pipe::engine::StageContext,
-    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::engine::TableOutput)>> {
+        ctx: &rla_pipe::stage::StageContext,
+    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>> {
         let sql = if self.nulls {
             // task_id is declared non-nullable.
             "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, CAST(NULL AS VARCHAR) AS task_id, \
@@ -119,7 +120,7 @@ impl rla_pipe::engine::Stage for BadStage {
         let df = ctx.session.sql(sql).await?;
         Ok(vec![(
             "evaluations",
-            rla_pipe::engine::TableOutput::Frame(df),
+            rla_pipe::stage::TableOutput::Frame(df),
         )])
     }
 }
@@ -131,7 +132,11 @@ async fn bad_stage_output_is_refused() {
         (false, "schemas/evaluations.md declares"),
     ] {
         let store = Store::open("memory://").unwrap();
-        let dag = Dag::new(vec![std::sync::Arc::new(BadStage { nulls })]).unwrap();
+        let dag = Dag::new(
+            vec![std::sync::Arc::new(BadStage { nulls })],
+            pipeline::initial_checkpoints(),
+        )
+        .unwrap();
         let e = Engine::open(store.clone(), "bad", config(), dag)
             .await
             .unwrap();

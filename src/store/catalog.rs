@@ -5,7 +5,6 @@ use std::collections::BTreeMap;
 
 use object_store::path::Path;
 
-use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::store::manifest::{self, IterationManifest, RunManifest, StageManifest};
 use crate::store::{Store, layout};
@@ -33,7 +32,9 @@ pub struct RunState {
 }
 
 impl RunState {
-    pub fn config(&self) -> Result<Config> {
+    /// The run's resolved config, read as `C` (the crate's `Config`): fields added since the run
+    /// was made take their defaults.
+    pub fn config<C: serde::de::DeserializeOwned>(&self) -> Result<C> {
         serde_json::from_value(self.run.config.clone()).map_err(|e| {
             Error::data(format!(
                 "{}/run.json: config does not parse with this build: {e}",

@@ -1,6 +1,8 @@
 //! Arrow schemas of every table the engine commits. `schemas/<table>.md` documents each one and a
 //! test checks that the two agree column by column.
 
+pub mod rows;
+
 use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};

@@ -1,0 +1,284 @@
+//! The models' settings sections: `[policy]`, `[reward_model]`, `[update]` and the backend
+//! (`run.device`), with their defaults and their own checks.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::Checks;
+
+/// `policy.kind`: which policy acts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PolicyKind {
+    /// The learned transformer policy.
+    Transformer,
+    /// Uniform over the admissible actions, never trained: the floor for ablations.
+    Uniform,
+}
+
+/// `policy.action_score`: an action's logit from its token log-likelihoods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionScore {
+    /// Their sum (DESIGN.md).
+    Sum,
+    /// Their mean (length normalization: an untrained LM otherwise strongly prefers the
+    /// shortest commands).
+    Mean,
+}
+
+/// `run.device`: where the models run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    /// burn's flex backend: bit-reproducible.
+    Cpu,
+    /// burn-cuda (a build with `--features cuda`).
+    Cuda,
+    /// burn's ndarray backend (a build with `--features ndarray`), for the backend comparison.
+    Ndarray,
+}
+
+impl Device {
+    /// Whether model stages on this device are bit-reproducible (replay re-executes them):
+    /// only the default flex CPU backend is checked to be.
+    pub fn is_deterministic(self) -> bool {
+        self == Device::Cpu
+    }
+
+    /// The section's own check (key `run.device`): the backend must be in this build.
+    pub fn validate(self, c: &mut Checks) {
+        c.check(
+            self != Device::Ndarray || cfg!(feature = "ndarray"),
+            "run.device",
+            "must be \"cpu\" or \"cuda\"",
+        );
+        c.check(
+            self != Device::Cuda || cfg!(feature = "cuda"),
+            "run.device",
+            "this build has no CUDA backend: rebuild with `cargo build --release --features cuda`",
+        );
+    }
+}
+
+/// `[policy]`: the acting policy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PolicyConfig {
+    /// `transformer` (the learned policy) or `uniform` (uniform over admissible actions, never
+    /// trained: the floor for ablations).
+    pub kind: PolicyKind,
+    /// Sampling temperature during training rollouts (evaluation is greedy).
+    pub temperature: f64,
+    /// Width of the transformer.
+    pub d_model: usize,
+    /// Transformer blocks.
+    pub layers: usize,
+    /// Attention heads (must divide d_model).
+    pub heads: usize,
+    /// Maximum prompt + action length in tokens (older history is dropped first).
+    pub context: usize,
+    /// Previous (observation, action) pairs kept in the prompt.
+    pub history: usize,
+    /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
+    pub tokenizer: String,
+    /// An action's logit: `sum` of its token log-likelihoods (DESIGN.md) or their `mean` (length
+    /// normalization: an untrained LM otherwise strongly prefers the shortest commands).
+    pub action_score: ActionScore,
+}
+
+impl Default for PolicyConfig {
+    fn default() -> Self {
+        PolicyConfig {
+            kind: PolicyKind::Transformer,
+            temperature: 1.0,
+            d_model: 32,
+            layers: 2,
+            heads: 4,
+            context: 64,
+            history: 0,
+            tokenizer: String::new(),
+            action_score: ActionScore::Sum,
+        }
+    }
+}
+
+/// `[reward_model]`: the generative reward model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RewardModelConfig {
+    /// `false`: outcome-only reward (R = O) and no RM training.
+    pub enabled: bool,
+    /// m: verdict samples per step.
+    pub samples: u32,
+    /// Sampling temperature of the RM.
+    pub temperature: f64,
+    /// Most tokens generated per sample (critique words, then the verdict); a sample without a
+    /// verdict within the limit scores 0.
+    pub max_tokens: usize,
+    pub d_model: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub context: usize,
+    /// Previous (observation, action) pairs kept in the prompt.
+    pub history: usize,
+    /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
+    pub tokenizer: String,
+}
+
+impl Default for RewardModelConfig {
+    fn default() -> Self {
+        RewardModelConfig {
+            enabled: true,
+            samples: 3,
+            temperature: 0.8,
+            max_tokens: 4,
+            d_model: 32,
+            layers: 2,
+            heads: 4,
+            context: 96,
+            history: 0,
+            tokenizer: String::new(),
+        }
+    }
+}
+
+/// The shape checks both models share (keys `<section>.*`).
+fn validate_shape(
+    section: &str,
+    (d, l, h, ctx, t): (usize, usize, usize, usize, f64),
+    c: &mut Checks,
+) {
+    c.check(
+        d > 0 && h > 0 && d % h == 0 && d <= 4096,
+        &format!("{section}.d_model"),
+        "must be a positive multiple of heads (at most 4096)",
+    );
+    c.check(
+        (1..=64).contains(&l),
+        &format!("{section}.layers"),
+        "must be 1..=64",
+    );
+    c.check(
+        (16..=8192).contains(&ctx),
+        &format!("{section}.context"),
+        "must be 16..=8192",
+    );
+    c.check(
+        t > 0.0 && t <= 100.0,
+        &format!("{section}.temperature"),
+        "must be in (0, 100]",
+    );
+}
+
+impl PolicyConfig {
+    /// The section's own checks (keys `policy.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        validate_shape(
+            "policy",
+            (
+                self.d_model,
+                self.layers,
+                self.heads,
+                self.context,
+                self.temperature,
+            ),
+            c,
+        );
+    }
+}
+
+impl RewardModelConfig {
+    /// The section's own checks (keys `reward_model.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        validate_shape(
+            "reward_model",
+            (
+                self.d_model,
+                self.layers,
+                self.heads,
+                self.context,
+                self.temperature,
+            ),
+            c,
+        );
+        c.check(
+            self.samples >= 1,
+            "reward_model.samples",
+            "must be at least 1",
+        );
+        c.check(
+            (1..=64).contains(&self.max_tokens),
+            "reward_model.max_tokens",
+            "must be 1..=64",
+        );
+        c.check(
+            self.max_tokens < self.context / 2,
+            "reward_model.max_tokens",
+            "must be less than half of reward_model.context",
+        );
+    }
+}
+
+/// `[update]`: the PPO optimizer (both models; ε and β are in `[reward]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct UpdateConfig {
+    /// Policy optimizer steps per iteration.
+    pub policy_steps: u32,
+    /// Reward-model optimizer steps per iteration.
+    pub rm_steps: u32,
+    /// Samples per minibatch (a seeded shuffle of the included samples, cycled).
+    pub minibatch: u32,
+    /// AdamW learning rate of the policy.
+    pub policy_lr: f64,
+    /// AdamW learning rate of the reward model.
+    pub rm_lr: f64,
+    pub weight_decay: f64,
+    /// Global gradient-norm clip.
+    pub grad_clip: f64,
+    /// The log-ratio is clamped to ±this before exponentiating.
+    pub log_ratio_clamp: f64,
+}
+
+impl Default for UpdateConfig {
+    fn default() -> Self {
+        UpdateConfig {
+            policy_steps: 48,
+            rm_steps: 48,
+            minibatch: 256,
+            policy_lr: 3e-3,
+            rm_lr: 3e-3,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+            log_ratio_clamp: 10.0,
+        }
+    }
+}
+
+impl UpdateConfig {
+    /// The section's own checks (keys `update.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(self.minibatch >= 1, "update.minibatch", "must be at least 1");
+        c.check(
+            self.policy_lr >= 0.0 && self.policy_lr < 1.0,
+            "update.policy_lr",
+            "must be in [0, 1)",
+        );
+        c.check(
+            self.rm_lr >= 0.0 && self.rm_lr < 1.0,
+            "update.rm_lr",
+            "must be in [0, 1)",
+        );
+        c.check(self.grad_clip > 0.0, "update.grad_clip", "must be positive");
+        c.check(
+            self.log_ratio_clamp > 0.0,
+            "update.log_ratio_clamp",
+            "must be positive",
+        );
+        c.check(
+            (0.0..1.0).contains(&self.weight_decay),
+            "update.weight_decay",
+            "must be in [0, 1)",
+        );
+    }
+}

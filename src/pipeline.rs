@@ -1,0 +1,86 @@
+//! The pipeline registry: the one place that knows which stages make the DAG of a config, and
+//! where the models' initial checkpoints come from. `run`, `replay` and the tests get their DAG
+//! here; the engine below only runs what it is given.
+//!
+//! Adding a stage: write `src/stages/<name>.rs` (+ its `.sql` files) and list it below.
+
+use std::sync::Arc;
+
+use crate::config::Config;
+use crate::engine::{Dag, InitialCheckpoint};
+use crate::error::Result;
+use crate::stage::Stage;
+use crate::stages;
+
+/// The DAG a config runs.
+pub fn dag(cfg: &Config) -> Result<Dag> {
+    let mut dag: Vec<Arc<dyn Stage>> = Vec::new();
+    let episodes = cfg.env.name.has_episodes();
+    if episodes {
+        dag.push(Arc::new(stages::pool::Pool));
+        dag.push(Arc::new(stages::rollout::Rollout));
+        dag.push(Arc::new(stages::rm_score::RmScore));
+    } else {
+        dag.push(Arc::new(stages::synthetic::Synthetic));
+    }
+    dag.push(Arc::new(stages::reward_join::RewardJoin));
+    dag.push(Arc::new(stages::advantage::Advantage));
+    if episodes {
+        dag.push(Arc::new(stages::update::Update));
+    }
+    dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
+    if episodes {
+        dag.push(Arc::new(stages::adapt::Adapt {
+            deterministic: cfg.adapt.adapter.is_deterministic(),
+        }));
+        dag.push(Arc::new(stages::evaluate::Evaluate));
+    }
+    Dag::new(dag, initial_checkpoints())
+}
+
+/// The seeded initial checkpoints of the models (`policy`, `rm`): the same bytes for the same
+/// config on every machine.
+pub fn initial_checkpoints() -> InitialCheckpoint {
+    Arc::new(|cfg: &Config, name: &str| {
+        let spec = stages::model_spec(cfg, name)?;
+        let seed = crate::determinism::derive_seed(cfg.run.seed, &["init", name]);
+        Ok(crate::model::Checkpoint::init(spec.role, &spec.config, seed).encode())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_dag_wires_tables() {
+        let cfg = Config::from_toml("[run]\nname='x'\n", "t").unwrap();
+        let dag = dag(&cfg).unwrap();
+        let src = dag.sources("advantage");
+        assert!(src.iter().all(|s| s.iter_offset == 0));
+        assert!(
+            src.iter()
+                .any(|s| s.table == "step_rewards" && s.stage == "reward_join")
+        );
+    }
+
+    #[test]
+    fn episode_environments_run_the_model_stages() {
+        let cfg = Config::from_toml("[run]\nname='x'\n[env]\nname='gridnav'\n", "t").unwrap();
+        let names: Vec<&str> = dag(&cfg).unwrap().stages().iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "pool",
+                "rollout",
+                "rm_score",
+                "reward_join",
+                "advantage",
+                "update",
+                "task_accuracy",
+                "adapt",
+                "evaluate"
+            ]
+        );
+    }
+}

@@ -1,0 +1,138 @@
+//! The stage contract: what the engine and the stages agree on, below both of them.
+//!
+//! A [`Stage`] is a pure function: the engine registers its input tables (over committed files)
+//! in a DataFusion session, the stage returns plans or batch streams for its output tables, and
+//! the engine writes, hashes and commits them. Stages never see the store; the engine never
+//! names a concrete stage (the pipeline registry, `crate::pipeline`, assembles the DAG).
+//!
+//! [`sql`] holds what every relational stage uses to run the SQL files beside it; [`columns`]
+//! reads query results by column name and builds output batches from rows.
+
+pub mod columns;
+pub mod sql;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use datafusion::dataframe::DataFrame;
+use datafusion::execution::SendableRecordBatchStream;
+use datafusion::prelude::SessionContext;
+
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::schema;
+
+/// What a stage gets: its inputs as DataFusion tables, the resolved config and a derived seed.
+pub struct StageContext {
+    pub run_id: String,
+    pub iter: u32,
+    /// Seed derived from (run seed, iter, stage): see [`derive_seed`].
+    pub seed: u64,
+    pub config: Arc<Config>,
+    /// A session where every input table of the stage is registered under its table name.
+    pub session: SessionContext,
+    /// The committed files behind the session's tables (`None` when a test registers batches).
+    /// The engine uses them to run a partitioned stage range by range.
+    pub inputs: Option<Arc<InputFiles>>,
+    /// Model checkpoints the stage reads ([`Stage::checkpoints_in`]), by name, digests verified.
+    pub checkpoints: std::collections::BTreeMap<String, bytes::Bytes>,
+    /// Artifacts (checkpoints) the stage writes: the engine stores them content-addressed
+    /// before the manifest that names them.
+    pub artifacts: std::sync::Mutex<Vec<(String, bytes::Bytes)>>,
+}
+
+impl StageContext {
+    /// A context over a session with no committed files behind it (tests, range chunks).
+    pub fn detached(
+        run_id: String,
+        iter: u32,
+        seed: u64,
+        config: Arc<Config>,
+        session: SessionContext,
+    ) -> StageContext {
+        StageContext {
+            run_id,
+            iter,
+            seed,
+            config,
+            session,
+            inputs: None,
+            checkpoints: Default::default(),
+            artifacts: Default::default(),
+        }
+    }
+
+    /// The bytes of an input checkpoint.
+    pub fn checkpoint(&self, name: &str) -> Result<&bytes::Bytes> {
+        self.checkpoints.get(name).ok_or_else(|| {
+            Error::Model(format!(
+                "stage input checkpoint {name:?} was not provided by the engine"
+            ))
+        })
+    }
+
+    /// Hand an artifact to the engine.
+    pub fn emit_artifact(&self, name: &str, bytes: bytes::Bytes) {
+        self.artifacts
+            .lock()
+            .expect("artifact list")
+            .push((name.to_string(), bytes));
+    }
+}
+
+/// The committed input files of a stage, per table.
+#[derive(Debug, Clone)]
+pub struct InputFiles {
+    pub store: crate::store::Store,
+    pub memory_limit_mib: u64,
+    pub tables: Vec<(schema::TableDef, Vec<crate::store::manifest::OutputFile>)>,
+}
+
+/// One output table of a stage.
+pub enum TableOutput {
+    /// A lazy plan. The engine sorts it by the table's key before writing.
+    Frame(DataFrame),
+    /// Batches the stage guarantees to be in key order already (streamed, never sorted).
+    Sorted(SendableRecordBatchStream),
+}
+
+/// A stage of the iteration DAG.
+#[async_trait]
+pub trait Stage: Send + Sync {
+    /// Stage name: the manifest file name and the `stage` column of `stage_runs`.
+    fn name(&self) -> &'static str;
+    /// Tables this stage reads. A table produced by an earlier stage of the DAG is read from the
+    /// same iteration; one produced by this or a later stage is read from the previous iteration.
+    fn inputs(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Tables this stage writes (every one of them, every time, possibly empty).
+    fn outputs(&self) -> &'static [&'static str];
+    /// Top-level config sections whose values the stage depends on (hashed into its manifest).
+    fn config_sections(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// A column (of every input that has it, and the first key column of every output) whose
+    /// values the stage treats independently: rows with different values never meet. The engine
+    /// may then run the stage on contiguous ranges of the column and concatenate the outputs.
+    fn partition_column(&self) -> Option<&'static str> {
+        None
+    }
+    /// Model checkpoints this stage reads, by name. Like tables: one written by an earlier stage
+    /// is read from the same iteration, one written by this or a later stage from the previous
+    /// iteration; at iteration 0 the engine provides the initial checkpoint (seeded).
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Checkpoints this stage writes (as artifacts, every time).
+    fn checkpoints_out(&self) -> &'static [&'static str] {
+        &[]
+    }
+    /// Whether the outputs are a pure function of inputs, config and seed (checked by replay).
+    fn deterministic(&self) -> bool {
+        true
+    }
+    /// Compute the outputs.
+    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>>;
+}
+
