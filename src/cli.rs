@@ -363,12 +363,7 @@ async fn sql(
     Ok(())
 }
 
-async fn replay_verify(
-    store: &StoreArgs,
-    run: &str,
-    iter: u32,
-    stage: Option<&str>,
-) -> Result<()> {
+async fn replay_verify(store: &StoreArgs, run: &str, iter: u32, stage: Option<&str>) -> Result<()> {
     let store = store.open()?;
     layout::validate_run_id(run)?;
     let report = replay::verify(&store, run, iter, stage, crate::pipeline::dag).await?;

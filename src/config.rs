@@ -331,7 +331,11 @@ impl Config {
             "rollout.n",
             "must be between 1 and 10000",
         );
-        c.check(self.eval.rollouts >= 1, "eval.rollouts", "must be at least 1");
+        c.check(
+            self.eval.rollouts >= 1,
+            "eval.rollouts",
+            "must be at least 1",
+        );
         c.finish()
     }
 

@@ -133,9 +133,16 @@ mod architecture {
                 }
                 // A `use crate::{a, b}` group names modules too.
                 if let Some(group) = line.split("use crate::{").nth(1) {
-                    for used in group.split([',', '}']).map(|s| s.trim().split("::").next().unwrap_or("")) {
+                    for used in group
+                        .split([',', '}'])
+                        .map(|s| s.trim().split("::").next().unwrap_or(""))
+                    {
                         if top.contains(used) && used != own && !allowed.contains(used) {
-                            bad.push(format!("src/{}:{}: `{own}` uses `{used}`", rel.display(), n + 1));
+                            bad.push(format!(
+                                "src/{}:{}: `{own}` uses `{used}`",
+                                rel.display(),
+                                n + 1
+                            ));
                         }
                     }
                 }

@@ -67,7 +67,12 @@ mod tests {
     #[test]
     fn episode_environments_run_the_model_stages() {
         let cfg = Config::from_toml("[run]\nname='x'\n[env]\nname='gridnav'\n", "t").unwrap();
-        let names: Vec<&str> = dag(&cfg).unwrap().stages().iter().map(|s| s.name()).collect();
+        let names: Vec<&str> = dag(&cfg)
+            .unwrap()
+            .stages()
+            .iter()
+            .map(|s| s.name())
+            .collect();
         assert_eq!(
             names,
             [

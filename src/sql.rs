@@ -12,12 +12,12 @@ use datafusion::catalog::MemTable;
 use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::SessionContext;
 
-use crate::store::catalog::{self, RunState};
-use crate::store::tables;
 use crate::error::{Error, Result};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
 use crate::store::Store;
+use crate::store::catalog::{self, RunState};
+use crate::store::tables;
 
 /// Build the query session: one table per data table plus `stage_runs`.
 pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext> {
@@ -124,15 +124,17 @@ fn check_read_only(sql: &str) -> Result<()> {
                 _ => false,
             },
             Statement::Explain(e) => is_query(&e.statement),
-            Statement::CreateExternalTable(_) | Statement::CopyTo(_) | Statement::Reset(_) => {
-                false
-            }
+            Statement::CreateExternalTable(_) | Statement::CopyTo(_) | Statement::Reset(_) => false,
         }
     }
     for statement in DFParser::parse_sql(sql)? {
         if !is_query(&statement) {
             let text = statement.to_string();
-            let kind: String = text.split_whitespace().take(2).collect::<Vec<_>>().join(" ");
+            let kind: String = text
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" ");
             return Err(Error::Sql(format!(
                 "`{kind} ...` is refused: `rla-pipe sql` is read-only (queries only)"
             )));

@@ -18,9 +18,9 @@ use std::collections::BTreeSet;
 use async_trait::async_trait;
 use serde_json::Value;
 
-pub use config::{AdaptConfig, AdapterKind, Bounds, Decision, OpenAiConfig};
 use crate::env::{CriticSummary, Direction, Environment};
 use crate::error::Result;
+pub use config::{AdaptConfig, AdapterKind, Bounds, Decision, OpenAiConfig};
 
 /// What an adapter is asked to rewrite.
 pub struct Request<'a> {

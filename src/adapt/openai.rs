@@ -14,8 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::{Adapter, Request, direction_name};
 use super::OpenAiConfig;
+use super::{Adapter, Request, direction_name};
 use crate::env;
 use crate::error::{Error, Result};
 

@@ -6,22 +6,15 @@ use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::compute::BatchCoalescer;
 use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
-use datafusion::catalog::MemTable;
-use datafusion::datasource::file_format::parquet::ParquetFormat;
-use datafusion::datasource::listing::{
-    ListingOptions, ListingTable, ListingTableConfig, ListingTableUrl,
-};
 use datafusion::execution::SendableRecordBatchStream;
-use datafusion::execution::runtime_env::RuntimeEnvBuilder;
-use datafusion::prelude::{SessionConfig, SessionContext, col};
+use datafusion::prelude::{SessionContext, col};
 use futures::StreamExt;
-use object_store::path::Path;
 
-use crate::stage::{InputFiles, Stage, StageContext, TableOutput};
-use crate::store::tables::{check_sizes, new_session, register_files};
 use crate::error::{Error, Result};
 use crate::schema::{self, TableDef};
+use crate::stage::{InputFiles, Stage, StageContext, TableOutput};
 use crate::store::manifest::OutputFile;
+use crate::store::tables::{new_session, register_files};
 use crate::store::{self, Store, layout};
 
 /// Where a stage's outputs go.

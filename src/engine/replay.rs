@@ -11,11 +11,11 @@ use std::sync::Arc;
 use object_store::path::Path;
 
 use super::Dag;
-use crate::config::Config;
-use crate::store::catalog::{self, Committed};
 use super::exec::{self, Sink};
 use super::runner::{build_context, load_checkpoint};
+use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::store::catalog::{self, Committed};
 use crate::store::manifest::InputKind;
 use crate::store::{Store, manifest};
 

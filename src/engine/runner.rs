@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
-use crate::store::catalog::{self, Committed};
-use super::exec::{self, Sink};
 use super::Dag;
-use crate::determinism::derive_seed;
-use crate::stage::{InputFiles, Stage, StageContext};
+use super::exec::{self, Sink};
 use crate::config::Config;
+use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
 use crate::schema;
+use crate::stage::{InputFiles, Stage, StageContext};
+use crate::store::catalog::{self, Committed};
 use crate::store::manifest::{
     self, InputKind, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
 };
@@ -359,7 +359,10 @@ impl Engine {
                         path: a.path.clone(),
                         digest: a.digest.clone(),
                     };
-                    (load_checkpoint(&self.store, &self.dag, &self.config, &r).await?, r)
+                    (
+                        load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,
+                        r,
+                    )
                 }
                 None => {
                     let bytes = self.dag.initial_checkpoint(&self.config, name)?;

@@ -86,7 +86,6 @@ impl GridNavConfig {
     }
 }
 
-
 /// The cell of an observation (`at X Y ...`).
 fn parse_position(observation: &str) -> Option<[u32; 2]> {
     let mut words = observation.split_whitespace();

@@ -1643,11 +1643,17 @@ fn preferred_ops(critic: &CriticSummary, direction: Direction, plan: u32) -> Vec
         // Hide the object / a closed container to search; or the goal itself gets harder.
         (Direction::Harder, false) => vec![Mutation::Hide, Mutation::Container, Mutation::GoalType],
         // Less slack, more distractors to waste moves on.
-        (Direction::Harder, true) => vec![Mutation::Budget, Mutation::Distractors, Mutation::Target],
+        (Direction::Harder, true) => {
+            vec![Mutation::Budget, Mutation::Distractors, Mutation::Target]
+        }
         // Bring the object out, remove a container to search.
-        (Direction::Easier, false) => vec![Mutation::Hide, Mutation::Container, Mutation::GoalObject],
+        (Direction::Easier, false) => {
+            vec![Mutation::Hide, Mutation::Container, Mutation::GoalObject]
+        }
         // More budget, fewer distractors.
-        (Direction::Easier, true) => vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType],
+        (Direction::Easier, true) => {
+            vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType]
+        }
     }
 }
 
@@ -2250,12 +2256,18 @@ mod tests {
             critique_words: vec![("wasted".into(), 9), ("goal".into(), 2)],
             ..Default::default()
         };
-        assert_eq!(preferred_ops(&late, Direction::Easier, 4), vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType]);
+        assert_eq!(
+            preferred_ops(&late, Direction::Easier, 4),
+            vec![Mutation::Budget, Mutation::Distractors, Mutation::GoalType]
+        );
         let early = CriticSummary {
             high_risk_steps: vec![0, 1],
             ..Default::default()
         };
-        assert_eq!(preferred_ops(&early, Direction::Harder, 6), vec![Mutation::Hide, Mutation::Container, Mutation::GoalType]);
+        assert_eq!(
+            preferred_ops(&early, Direction::Harder, 6),
+            vec![Mutation::Hide, Mutation::Container, Mutation::GoalType]
+        );
         assert!(preferred_ops(&CriticSummary::default(), Direction::Harder, 6).is_empty());
         let v = &e.generate(3, 1).unwrap()[0];
         let first = &e.mutate(v, Direction::Easier, &late, 1).unwrap()[0];

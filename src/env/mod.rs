@@ -88,8 +88,7 @@ impl EnvConfig {
         {
             c.check(false, "env.household", e);
         }
-        self.external
-            .validate(self.name == EnvKind::External, c);
+        self.external.validate(self.name == EnvKind::External, c);
     }
 }
 
@@ -213,9 +212,7 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
 pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
     Ok(match cfg.name {
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
-        EnvKind::Household => Some(Box::new(household::Household::new(
-            cfg.household.harder(),
-        ))),
+        EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
         EnvKind::External | EnvKind::Synthetic => None,
     })
 }

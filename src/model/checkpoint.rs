@@ -6,8 +6,8 @@ use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use super::transformer::{ModelConfig, Transformer, float_tensor};
-use crate::error::{Error, Result};
 use crate::determinism::Rng;
+use crate::error::{Error, Result};
 
 const MAGIC: &[u8] = b"RLAPIPE-CKPT 1\n";
 

@@ -258,7 +258,11 @@ impl Default for UpdateConfig {
 impl UpdateConfig {
     /// The section's own checks (keys `update.*`).
     pub fn validate(&self, c: &mut Checks) {
-        c.check(self.minibatch >= 1, "update.minibatch", "must be at least 1");
+        c.check(
+            self.minibatch >= 1,
+            "update.minibatch",
+            "must be at least 1",
+        );
         c.check(
             self.policy_lr >= 0.0 && self.policy_lr < 1.0,
             "update.policy_lr",

@@ -21,9 +21,7 @@ pub mod transformer;
 
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
-pub use config::{
-    ActionScore, Device, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
-};
+pub use config::{ActionScore, Device, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig};
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
 pub use transformer::{ModelConfig, Transformer};
@@ -170,12 +168,7 @@ impl ModelSpec {
     }
 
     /// The reward model's prompt for step `i` of a trajectory, leaving room for `max_tokens`.
-    pub fn rm_prompt(
-        &self,
-        max_tokens: usize,
-        t: &Trajectory,
-        i: usize,
-    ) -> Vec<u32> {
+    pub fn rm_prompt(&self, max_tokens: usize, t: &Trajectory, i: usize) -> Vec<u32> {
         let s = &t.steps[i];
         let budget = self.config.context.saturating_sub(max_tokens).max(2);
         prompt::reward(

@@ -10,8 +10,8 @@ use burn::tensor::backend::Backend;
 use super::policy::to_host;
 use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
 use super::transformer::{Transformer, bool_tensor, float_tensor, int_tensor};
-use crate::determinism::derive_seed;
 use crate::determinism::Rng;
+use crate::determinism::derive_seed;
 
 /// One RM sample.
 #[derive(Debug, Clone, PartialEq)]

@@ -53,7 +53,10 @@ impl<'a> Columns<'a> {
                 "{}: column `{name}` is {}, expected {}",
                 self.what,
                 col.data_type(),
-                std::any::type_name::<A>().rsplit("::").next().unwrap_or("?")
+                std::any::type_name::<A>()
+                    .rsplit("::")
+                    .next()
+                    .unwrap_or("?")
             ))
         })
     }
@@ -255,7 +258,10 @@ mod tests {
     #[test]
     fn builds_rows_and_reads_by_name() {
         let mut b = TableBuilder::new("evaluations").unwrap();
-        b.push_str("t1").push_u32(3).push_u32(1).push_str("held_out");
+        b.push_str("t1")
+            .push_u32(3)
+            .push_u32(1)
+            .push_str("held_out");
         b.push_str("t2").push_u32(3).push_u32(2).push_str("ood");
         let batch = b.finish_with("r", 4).unwrap();
         assert_eq!(batch.num_rows(), 2);

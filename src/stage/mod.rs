@@ -5,10 +5,10 @@
 //! the engine writes, hashes and commits them. Stages never see the store; the engine never
 //! names a concrete stage (the pipeline registry, `crate::pipeline`, assembles the DAG).
 //!
-//! [`sql`] holds what every relational stage uses to run the SQL files beside it; [`columns`]
-//! reads query results by column name and builds output batches from rows.
+//! [`sql`] holds what every relational stage uses to run the SQL files beside it; stages read
+//! query results by column name and build their output batches with
+//! [`crate::schema::rows`].
 
-pub mod columns;
 pub mod sql;
 
 use std::sync::Arc;
@@ -26,7 +26,7 @@ use crate::schema;
 pub struct StageContext {
     pub run_id: String,
     pub iter: u32,
-    /// Seed derived from (run seed, iter, stage): see [`derive_seed`].
+    /// Seed derived from (run seed, iter, stage): see [`crate::determinism::derive_seed`].
     pub seed: u64,
     pub config: Arc<Config>,
     /// A session where every input table of the stage is registered under its table name.
@@ -135,4 +135,3 @@ pub trait Stage: Send + Sync {
     /// Compute the outputs.
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>>;
 }
-

@@ -13,7 +13,6 @@
 //! `adapt.enabled = false` the stage commits an empty table (static tasks).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use async_trait::async_trait;
@@ -21,11 +20,11 @@ use serde_json::Value;
 
 use crate::adapt::{self, Decision, Request, direction_for, direction_name, parse_direction};
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env::{self, CriticSummary, StepVerdicts};
 use crate::error::{Error, Result};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::{query, render};
+use crate::stage::{Stage, StageContext, TableOutput};
 
 const JUDGE: &str = include_str!("adapt_judge.sql");
 const SLOTS: &str = include_str!("adapt_slots.sql");
@@ -336,8 +335,12 @@ mod tests {
     use datafusion::catalog::MemTable;
     use datafusion::prelude::SessionContext;
 
+    use arrow::array::AsArray;
+    use arrow::datatypes::{Float64Type, UInt32Type};
+
     use super::*;
     use crate::config::Config;
+    use crate::schema;
     use crate::stages::pool::Pool;
     use crate::stages::testutil::{f, i8s, output, register, s, u};
 

@@ -3,9 +3,9 @@
 
 use async_trait::async_trait;
 
-use super::{f64_lit, query, render, str_lit};
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
+use crate::stage::sql::{f64_lit, query, render, str_lit};
+use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SQL: &str = include_str!("policy_advantages.sql");
 const RM_SQL: &str = include_str!("rm_advantages.sql");

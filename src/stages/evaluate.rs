@@ -15,12 +15,12 @@ use arrow::array::Array;
 use async_trait::async_trait;
 
 use super::rollout::{Job, play_policy};
-use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env;
 use crate::error::Result;
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
+use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Evaluate;
 

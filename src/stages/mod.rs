@@ -48,8 +48,8 @@ pub(crate) mod testutil {
     use datafusion::prelude::SessionContext;
 
     use crate::config::Config;
-    use crate::stage::{Stage, StageContext, TableOutput};
     use crate::schema;
+    use crate::stage::{Stage, StageContext, TableOutput};
 
     pub fn ctx(config: Config) -> StageContext {
         StageContext::detached("r".into(), 0, 7, Arc::new(config), SessionContext::new())
@@ -120,4 +120,3 @@ pub(crate) mod testutil {
         arrow::compute::concat_batches(&def.schema, &batches).unwrap()
     }
 }
-

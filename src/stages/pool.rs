@@ -4,19 +4,15 @@
 //! (`pool_next.sql`): accepted candidates take over their parent's slot, new candidates join as
 //! `pending` (rolled out like every other task, judged by this iteration's `adapt`).
 
-use std::sync::Arc;
-
-use arrow::array::{ArrayRef, RecordBatch, StringArray, StringBuilder, UInt32Array};
 use async_trait::async_trait;
 
-use crate::stage::sql::{query, render};
-use crate::schema::rows::TableBuilder;
 use crate::determinism::canonical;
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env;
 use crate::error::{Error, Result};
-use crate::schema;
+use crate::schema::rows::TableBuilder;
+use crate::stage::sql::{query, render};
+use crate::stage::{Stage, StageContext, TableOutput};
 
 const POOL_NEXT: &str = include_str!("pool_next.sql");
 

@@ -3,9 +3,9 @@
 
 use async_trait::async_trait;
 
-use super::{f64_lit, query, render};
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
+use crate::stage::sql::{f64_lit, query, render};
+use crate::stage::{Stage, StageContext, TableOutput};
 
 const SQL: &str = include_str!("reward_join.sql");
 

@@ -7,19 +7,17 @@
 //! training) it commits an empty `rm_samples`, so every run has the same tables and the same SQL
 //! works on all of them.
 
-use std::sync::Arc;
-
 use arrow::array::RecordBatch;
 use async_trait::async_trait;
 
-use crate::schema::rows::TableBuilder;
 use super::trajectories::{self, Trajectory};
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::Result;
 use crate::model::reward::{self, Judgement};
 use crate::model::{Checkpoint, ModelSpec, RM};
 use crate::schema;
+use crate::schema::rows::TableBuilder;
+use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct RmScore;
 

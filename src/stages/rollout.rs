@@ -11,21 +11,17 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayBuilder, ArrayRef, Float64Builder, Int8Builder, RecordBatch, StringArray,
-    StringBuilder, UInt32Builder,
-};
 use async_trait::async_trait;
 
-use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::determinism::Rng;
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
 use crate::model::{Checkpoint, ModelSpec, policy};
 use crate::schema;
-use crate::determinism::Rng;
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
+use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Rollout;
 

@@ -10,17 +10,15 @@
 
 use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, Float64Builder, Int8Builder, RecordBatch, StringBuilder, UInt32Builder,
-};
+use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 use async_trait::async_trait;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
-use crate::determinism::derive_seed;
+use crate::determinism::{Rng, derive_seed};
+use crate::error::{Error, Result};
+use crate::schema::{self, rows::TableBuilder};
 use crate::stage::{Stage, StageContext, TableOutput};
-use crate::error::Result;
-use crate::schema;
 
 pub struct Synthetic;
 
@@ -136,156 +134,85 @@ impl Generator {
         t
     }
 
-    fn batch(&self, table: &str, chunk: usize) -> Result<RecordBatch> {
-        let def = schema::table_def(table).expect("known table");
+    fn batch(&self, table: &'static str, chunk: usize) -> Result<RecordBatch> {
         let tasks = &self.tasks
             [chunk * TASKS_PER_BATCH..((chunk + 1) * TASKS_PER_BATCH).min(self.tasks.len())];
-        let mut run_id = StringBuilder::new();
-        let mut iter = UInt32Builder::new();
-        let mut task_id = StringBuilder::new();
-        let mut cols: Vec<ArrayRef> = Vec::new();
-        let mut push_key = |t: &Task, run_id: &mut StringBuilder, iter: &mut UInt32Builder| {
-            run_id.append_value(&self.run_id);
-            iter.append_value(self.iter);
-            task_id.append_value(&t.task_id);
-        };
+        let mut out = TableBuilder::new(table)?;
         match table {
             "tasks" => {
-                let (mut slot, mut status, mut spec, mut parent) = (
-                    UInt32Builder::new(),
-                    StringBuilder::new(),
-                    StringBuilder::new(),
-                    StringBuilder::new(),
-                );
                 let mut by_slot: Vec<&Task> = tasks.iter().collect();
                 by_slot.sort_by_key(|t| t.slot);
                 for t in by_slot {
-                    push_key(t, &mut run_id, &mut iter);
-                    slot.append_value(t.slot);
-                    status.append_value("active");
-                    spec.append_value(&t.spec);
-                    parent.append_null();
+                    out.push_str(&t.task_id)
+                        .push_u32(t.slot)
+                        .push_str("active")
+                        .push_str(&t.spec)
+                        .push_opt_str(None);
                 }
-                cols.extend([
-                    Arc::new(slot.finish()) as ArrayRef,
-                    Arc::new(status.finish()),
-                    Arc::new(spec.finish()),
-                    Arc::new(parent.finish()),
-                ]);
             }
             "trajectories" => {
-                let (mut traj, mut idx, mut outcome, mut steps) = (
-                    StringBuilder::new(),
-                    UInt32Builder::new(),
-                    Int8Builder::new(),
-                    UInt32Builder::new(),
-                );
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
-                        push_key(t, &mut run_id, &mut iter);
-                        traj.append_value(schema::traj_id(&t.task_id, r));
-                        idx.append_value(r);
-                        outcome.append_value(tr.outcome);
-                        steps.append_value(tr.oracle.len() as u32);
+                        out.push_str(&t.task_id)
+                            .push_str(&schema::traj_id(&t.task_id, r))
+                            .push_u32(r)
+                            .push_i8(tr.outcome)
+                            .push_u32(tr.oracle.len() as u32);
                     }
                 }
-                cols.extend([
-                    Arc::new(traj.finish()) as ArrayRef,
-                    Arc::new(idx.finish()),
-                    Arc::new(outcome.finish()),
-                    Arc::new(steps.finish()),
-                ]);
             }
             "steps" => {
-                let (mut traj, mut step, mut obs, mut action, mut logp, mut oracle) = (
-                    StringBuilder::new(),
-                    UInt32Builder::new(),
-                    StringBuilder::new(),
-                    StringBuilder::new(),
-                    Float64Builder::new(),
-                    Int8Builder::new(),
-                );
-                let (mut next, mut admissible) = (StringBuilder::new(), StringBuilder::new());
                 let all_actions = serde_json::to_string(&ACTIONS).expect("strings serialize");
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
                         let id = schema::traj_id(&t.task_id, r);
                         for (i, o) in tr.oracle.iter().enumerate() {
-                            push_key(t, &mut run_id, &mut iter);
-                            traj.append_value(&id);
-                            step.append_value(i as u32);
-                            obs.append_value(format!("synthetic task {} step {i}", t.slot));
-                            action.append_value(ACTIONS[tr.actions[i] as usize]);
-                            logp.append_value(-(ACTIONS.len() as f64).ln());
-                            oracle.append_value(*o);
-                            next.append_value(format!("synthetic task {} step {}", t.slot, i + 1));
-                            admissible.append_value(&all_actions);
+                            out.push_str(&t.task_id)
+                                .push_str(&id)
+                                .push_u32(i as u32)
+                                .push_str(&format!("synthetic task {} step {i}", t.slot))
+                                .push_str(ACTIONS[tr.actions[i] as usize])
+                                .push_f64(-(ACTIONS.len() as f64).ln())
+                                .push_i8(*o)
+                                .push_str(&format!("synthetic task {} step {}", t.slot, i + 1))
+                                .push_str(&all_actions);
                         }
                     }
                 }
-                cols.extend([
-                    Arc::new(traj.finish()) as ArrayRef,
-                    Arc::new(step.finish()),
-                    Arc::new(obs.finish()),
-                    Arc::new(action.finish()),
-                    Arc::new(logp.finish()),
-                    Arc::new(oracle.finish()),
-                    Arc::new(next.finish()),
-                    Arc::new(admissible.finish()),
-                ]);
             }
             "rm_samples" => {
-                let (mut traj, mut step, mut sample, mut reasoning, mut score) = (
-                    StringBuilder::new(),
-                    UInt32Builder::new(),
-                    UInt32Builder::new(),
-                    StringBuilder::new(),
-                    Int8Builder::new(),
-                );
-                let (mut response, mut logprob) = (StringBuilder::new(), Float64Builder::new());
                 for t in tasks {
                     for r in 0..self.n {
                         let tr = self.trajectory(t, r);
                         let id = schema::traj_id(&t.task_id, r);
                         for (k, v) in tr.verdicts.iter().enumerate() {
-                            push_key(t, &mut run_id, &mut iter);
-                            traj.append_value(&id);
-                            step.append_value(k as u32 / self.m);
-                            sample.append_value(k as u32 % self.m);
-                            reasoning.append_value(CRITIQUES[(1 - *v) as usize]);
-                            score.append_value(*v);
+                            let critique = CRITIQUES[(1 - *v) as usize];
                             let verdict = match v {
                                 1 => " <good>",
                                 -1 => " <bad>",
                                 _ => "",
                             };
-                            response
-                                .append_value(format!("{}{verdict}", CRITIQUES[(1 - *v) as usize]));
-                            logprob.append_value(0.0);
+                            out.push_str(&t.task_id)
+                                .push_str(&id)
+                                .push_u32(k as u32 / self.m)
+                                .push_u32(k as u32 % self.m)
+                                .push_str(critique)
+                                .push_i8(*v)
+                                .push_str(&format!("{critique}{verdict}"))
+                                .push_f64(0.0);
                         }
                     }
                 }
-                cols.extend([
-                    Arc::new(traj.finish()) as ArrayRef,
-                    Arc::new(step.finish()),
-                    Arc::new(sample.finish()),
-                    Arc::new(reasoning.finish()),
-                    Arc::new(score.finish()),
-                    Arc::new(response.finish()),
-                    Arc::new(logprob.finish()),
-                ]);
             }
-            other => unreachable!("synthetic does not produce {other}"),
+            other => {
+                return Err(Error::config(format!(
+                    "the synthetic stage does not produce table {other}"
+                )));
+            }
         }
-        let mut all: Vec<ArrayRef> = vec![
-            Arc::new(run_id.finish()),
-            Arc::new(iter.finish()),
-            Arc::new(task_id.finish()),
-        ];
-        all.extend(cols);
-        Ok(RecordBatch::try_new(def.schema.clone(), all)?)
+        out.finish_with(&self.run_id, self.iter)
     }
 
     fn stream(&self, table: &'static str) -> TableOutput {

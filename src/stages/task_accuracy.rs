@@ -4,9 +4,9 @@
 
 use async_trait::async_trait;
 
+use crate::error::Result;
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};
-use crate::error::Result;
 
 const SQL: &str = include_str!("task_accuracy.sql");
 

@@ -5,11 +5,11 @@ use std::collections::BTreeMap;
 
 use arrow::array::{Array, RecordBatch};
 
-use crate::stage::sql::query;
-use crate::stage::StageContext;
 use crate::error::{Error, Result};
 pub use crate::model::prompt::{StepRow, Trajectory};
-use crate::stage::columns::Columns;
+use crate::schema::rows::Columns;
+use crate::stage::StageContext;
+use crate::stage::sql::query;
 
 /// Every trajectory of the stage's `steps` table, keyed by traj_id.
 pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {

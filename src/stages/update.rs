@@ -8,28 +8,22 @@
 //! both checkpoints here.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use arrow::array::{
-    ArrayRef, AsArray, Float64Builder, RecordBatch, StringBuilder, UInt32Builder, UInt64Builder,
-};
-use arrow::datatypes::{Float64Type, UInt32Type};
 use async_trait::async_trait;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::trajectories::{self, Trajectory};
-use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
 use crate::config::Config;
 use crate::determinism::derive_seed;
-use crate::stage::{Stage, StageContext, TableOutput};
 use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
 use crate::model::reward::allowed_bias;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
 use crate::model::{Checkpoint, ModelSpec, POLICY, RM};
-use crate::schema;
+use crate::schema::rows::{Columns, TableBuilder};
+use crate::stage::sql::query;
+use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
 const RM_SAMPLES_SQL: &str = include_str!("update_rm_samples.sql");

@@ -231,8 +231,7 @@ fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
     }
     std::fs::create_dir_all(path)
         .map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;
-    let fs =
-        LocalFileSystem::new_with_prefix(path).map_err(|e| Error::object_store(url, e))?;
+    let fs = LocalFileSystem::new_with_prefix(path).map_err(|e| Error::object_store(url, e))?;
     Ok(Arc::new(fs))
 }
 

@@ -105,4 +105,3 @@ pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
     }
     Ok(())
 }
-
