@@ -44,7 +44,7 @@ pub fn initial_checkpoints() -> InitialCheckpoint {
     Arc::new(|cfg: &Config, name: &str| {
         let spec = stages::model_spec(cfg, name)?;
         let seed = crate::determinism::derive_seed(cfg.run.seed, &["init", name]);
-        Ok(crate::model::Checkpoint::init(spec.role, &spec.config, seed).encode())
+        Ok(crate::model::initial_checkpoint(&spec, seed))
     })
 }
 
