@@ -71,6 +71,70 @@ mod architecture {
         }
     }
 
+    type Layers = BTreeMap<String, (usize, BTreeSet<String>)>;
+
+    /// The layering's own faults: a module missing from the table, or allowed to use one that
+    /// is not below it.
+    fn table_faults(layers: &Layers, top: &BTreeSet<String>) -> Vec<String> {
+        let mut bad = Vec::new();
+        for m in top {
+            let Some((rank, uses)) = layers.get(m) else {
+                bad.push(format!("ARCHITECTURE.md has no line for module `{m}`"));
+                continue;
+            };
+            for u in uses {
+                match layers.get(u) {
+                    Some((below, _)) if below > rank => {}
+                    _ => bad.push(format!("`{m}` may use `{u}`, which is not below it")),
+                }
+            }
+        }
+        bad
+    }
+
+    /// Every `crate::x` path (and `use crate::{x, ...}` group) of the given files (path under
+    /// src/, text; test modules excepted) that the layering does not allow.
+    fn import_faults(
+        layers: &Layers,
+        top: &BTreeSet<String>,
+        files: &[(String, String)],
+    ) -> Vec<String> {
+        let mut bad = Vec::new();
+        for (rel, text) in files {
+            let own = rel.split('/').next().unwrap().trim_end_matches(".rs");
+            if own == "lib" || own == "main" {
+                continue;
+            }
+            let allowed = layers.get(own).map(|l| l.1.clone()).unwrap_or_default();
+            let code = text.split("#[cfg(test)]").next().unwrap();
+            for (n, line) in code.lines().enumerate() {
+                let line = line.split("//").next().unwrap();
+                let mut used: Vec<String> = line
+                    .match_indices("crate::")
+                    .map(|(i, _)| {
+                        line[i + "crate::".len()..]
+                            .chars()
+                            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                            .collect()
+                    })
+                    .collect();
+                if let Some(group) = line.split("use crate::{").nth(1) {
+                    used.extend(
+                        group
+                            .split([',', '}'])
+                            .map(|s| s.trim().split("::").next().unwrap_or("").to_string()),
+                    );
+                }
+                for u in used {
+                    if top.contains(&u) && u != own && !allowed.contains(&u) {
+                        bad.push(format!("src/{rel}:{}: `{own}` uses `{u}`", n + 1));
+                    }
+                }
+            }
+        }
+        bad
+    }
+
     #[test]
     fn architecture_is_one_way() {
         let layers = layers();
@@ -83,75 +147,52 @@ mod architecture {
                 top.insert(name);
             }
         }
-        // Every module is in the table, and may use only modules below it.
-        for m in &top {
-            let (rank, uses) = layers
-                .get(m)
-                .unwrap_or_else(|| panic!("ARCHITECTURE.md has no line for module `{m}`"));
-            for u in uses {
-                let (below, _) = layers
-                    .get(u)
-                    .unwrap_or_else(|| panic!("`{m}` may use `{u}`, which has no line"));
-                assert!(below > rank, "`{m}` may use `{u}`, which is not below it");
-            }
-        }
-        // Every `crate::x` path of every source file (test modules excepted) is allowed.
-        let mut files = Vec::new();
-        sources(&src, &mut files);
-        let mut bad = Vec::new();
-        for f in files {
-            let rel = f.strip_prefix(&src).unwrap();
-            let own = rel
-                .components()
-                .next()
-                .unwrap()
-                .as_os_str()
-                .to_string_lossy()
-                .trim_end_matches(".rs")
-                .to_string();
-            if own == "lib" || own == "main" {
-                continue;
-            }
-            let allowed = &layers[&own].1;
-            let text = std::fs::read_to_string(&f).unwrap();
-            let code = text.split("#[cfg(test)]").next().unwrap();
-            for (n, line) in code.lines().enumerate() {
-                let line = line.split("//").next().unwrap();
-                for (i, _) in line.match_indices("crate::") {
-                    let rest = &line[i + "crate::".len()..];
-                    let used: String = rest
-                        .chars()
-                        .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                        .collect();
-                    if top.contains(&used) && used != own && !allowed.contains(&used) {
-                        bad.push(format!(
-                            "src/{}:{}: `{own}` uses `{used}`",
-                            rel.display(),
-                            n + 1
-                        ));
-                    }
-                }
-                // A `use crate::{a, b}` group names modules too.
-                if let Some(group) = line.split("use crate::{").nth(1) {
-                    for used in group
-                        .split([',', '}'])
-                        .map(|s| s.trim().split("::").next().unwrap_or(""))
-                    {
-                        if top.contains(used) && used != own && !allowed.contains(used) {
-                            bad.push(format!(
-                                "src/{}:{}: `{own}` uses `{used}`",
-                                rel.display(),
-                                n + 1
-                            ));
-                        }
-                    }
-                }
-            }
-        }
+        let faults = table_faults(&layers, &top);
+        assert!(faults.is_empty(), "{}", faults.join("\n"));
+        let mut paths = Vec::new();
+        sources(&src, &mut paths);
+        let files: Vec<(String, String)> = paths
+            .iter()
+            .map(|p| {
+                let rel = p
+                    .strip_prefix(&src)
+                    .unwrap()
+                    .to_string_lossy()
+                    .replace('\\', "/");
+                (rel, std::fs::read_to_string(p).unwrap())
+            })
+            .collect();
+        let faults = import_faults(&layers, &top, &files);
         assert!(
-            bad.is_empty(),
+            faults.is_empty(),
             "imports ARCHITECTURE.md does not allow:\n{}",
-            bad.join("\n")
+            faults.join("\n")
         );
+    }
+
+    #[test]
+    fn upward_imports_are_caught() {
+        let layers = layers();
+        let top: BTreeSet<String> = layers.keys().cloned().collect();
+        let files = vec![
+            (
+                "env/mod.rs".to_string(),
+                "use crate::engine::Dag;\nuse crate::{error, stages};\n// crate::cli in a comment\n#[cfg(test)]\nuse crate::config;\n".to_string(),
+            ),
+            ("stages/x.rs".to_string(), "fn f() { crate::engine::runner::go() }".to_string()),
+            ("engine/x.rs".to_string(), "use crate::stage::Stage;".to_string()),
+        ];
+        let faults = import_faults(&layers, &top, &files);
+        assert_eq!(faults.len(), 3, "{faults:?}");
+        assert!(faults[0].contains("`env` uses `engine`"));
+        assert!(faults[1].contains("`env` uses `stages`"));
+        assert!(faults[2].contains("`stages` uses `engine`"));
+        let mut upside_down = layers.clone();
+        upside_down
+            .get_mut("store")
+            .unwrap()
+            .1
+            .insert("engine".into());
+        assert_eq!(table_faults(&upside_down, &top).len(), 1);
     }
 }
