@@ -30,7 +30,8 @@ pub struct Verified {
     pub how: &'static str,
 }
 
-/// Verify iteration `iter` of `run_id` (all its stages, or one).
+/// Verify iteration `iter` of `run_id` (all its stages, or one). `pipeline` gives the DAG of
+/// the run's config (the registry, `crate::pipeline::dag`: the engine names no stage).
 pub async fn verify(
     store: &Store,
     run_id: &str,
