@@ -166,8 +166,9 @@ struct StoreArgs {
 }
 
 impl StoreArgs {
+    /// The store, which must exist (read commands never create one).
     fn open(&self) -> Result<Store> {
-        Ok(Store::open(&self.url)?)
+        Ok(Store::open_existing(&self.url)?)
     }
 }
 

@@ -37,6 +37,17 @@ impl Store {
     /// (AWS_* variables; `AWS_ENDPOINT_URL` for S3-compatible servers), and with the cargo features
     /// `gcp` / `azure`, `gs://bucket[/prefix]` and `az://container[/prefix]`.
     pub fn open(url: &str) -> Result<Store> {
+        Self::open_with(url, true)
+    }
+
+    /// Open a store that must already exist, for the commands that only read: a local path that
+    /// is not a directory is an error naming it (a mistyped `--store` must not read as an empty
+    /// store, nor create one).
+    pub fn open_existing(url: &str) -> Result<Store> {
+        Self::open_with(url, false)
+    }
+
+    fn open_with(url: &str, create: bool) -> Result<Store> {
         let mut prefix = "";
         let inner: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("memory://") {
             if !rest.is_empty() {
@@ -62,14 +73,14 @@ impl Store {
             prefix = p;
             open_azure(url, container)?
         } else if let Some(rest) = url.strip_prefix("file://") {
-            local(url, rest)?
+            local(url, rest, create)?
         } else if url.contains("://") {
             let scheme = url.split("://").next().unwrap_or_default();
             return Err(Error::store(format!(
                 "{url}: unknown store scheme `{scheme}://` (use a path, file://, memory://, s3://, gs://, az://)"
             )));
         } else {
-            local(url, url)?
+            local(url, url, create)?
         };
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
         Ok(Store {
@@ -225,9 +236,14 @@ fn split_bucket<'a>(url: &str, rest: &'a str) -> Result<(&'a str, &'a str)> {
     Ok((bucket, prefix.trim_matches('/')))
 }
 
-fn local(url: &str, path: &str) -> Result<Arc<dyn ObjectStore>> {
+fn local(url: &str, path: &str, create: bool) -> Result<Arc<dyn ObjectStore>> {
     if path.is_empty() {
         return Err(Error::store(format!("{url}: empty path")));
+    }
+    if !create && !std::path::Path::new(path).is_dir() {
+        return Err(Error::store(format!(
+            "{url}: no store there ({path} is not a directory); check --store or RLA_PIPE_STORE"
+        )));
     }
     std::fs::create_dir_all(path)
         .map_err(|e| Error::store(format!("{url}: cannot create {path}: {e}")))?;

@@ -359,6 +359,17 @@ fn sql_formats_out_and_read_only() {
 #[test]
 fn runs_and_show() {
     let f = Fixture::new();
+    // A store that does not exist is an error naming it, never an empty answer.
+    f.rla(&["runs"]).fails(1, &["is not a directory", "runs"]);
+    f.rla(&[
+        "sql",
+        "--store",
+        "file:///no/such/dir",
+        "SELECT count(*) FROM steps",
+    ])
+    .fails(1, &["/no/such/dir", "no store there"]);
+    assert!(!std::path::Path::new("/no/such/dir").exists());
+    std::fs::create_dir_all(f.store()).unwrap();
     assert!(f.rla(&["runs"]).ok().stdout.contains("no runs"));
     f.run_small(&["--iterations", "1"]).ok();
     let s = f.rla(&["show", "small"]).ok();
