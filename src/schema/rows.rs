@@ -5,10 +5,10 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayBuilder, ArrayRef, BooleanBuilder, Float64Builder, Int8Builder, Int64Builder,
-    RecordBatch, StringArray, StringBuilder, UInt32Builder, UInt64Builder, make_builder,
+    Array, ArrayRef, BooleanBuilder, Float64Builder, Int8Builder, Int64Builder, RecordBatch,
+    StringArray, StringBuilder, UInt32Builder, UInt64Builder,
 };
-use arrow::datatypes::SchemaRef;
+use arrow::datatypes::{DataType, SchemaRef};
 
 use crate::error::{Error, Result};
 
@@ -21,14 +21,6 @@ pub struct Columns<'a> {
 impl<'a> Columns<'a> {
     pub fn new(batch: &'a RecordBatch, what: &'a str) -> Columns<'a> {
         Columns { batch, what }
-    }
-
-    pub fn len(&self) -> usize {
-        self.batch.num_rows()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.batch.num_rows() == 0
     }
 
     /// The column `name` as the Arrow array type `A`: an error naming the query, the column
@@ -84,30 +76,80 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// The builder of one column, by type (a match per value, no dynamic downcast: the synthetic
+/// stage pushes tens of millions of values through here).
+enum Column {
+    Str(StringBuilder),
+    U32(UInt32Builder),
+    U64(UInt64Builder),
+    I8(Int8Builder),
+    I64(Int64Builder),
+    F64(Float64Builder),
+    Bool(BooleanBuilder),
+}
+
+impl Column {
+    fn for_type(dt: &DataType) -> Option<Column> {
+        Some(match dt {
+            DataType::Utf8 => Column::Str(StringBuilder::new()),
+            DataType::UInt32 => Column::U32(UInt32Builder::new()),
+            DataType::UInt64 => Column::U64(UInt64Builder::new()),
+            DataType::Int8 => Column::I8(Int8Builder::new()),
+            DataType::Int64 => Column::I64(Int64Builder::new()),
+            DataType::Float64 => Column::F64(Float64Builder::new()),
+            DataType::Boolean => Column::Bool(BooleanBuilder::new()),
+            _ => return None,
+        })
+    }
+
+    fn finish(&mut self) -> ArrayRef {
+        match self {
+            Column::Str(b) => Arc::new(b.finish()),
+            Column::U32(b) => Arc::new(b.finish()),
+            Column::U64(b) => Arc::new(b.finish()),
+            Column::I8(b) => Arc::new(b.finish()),
+            Column::I64(b) => Arc::new(b.finish()),
+            Column::F64(b) => Arc::new(b.finish()),
+            Column::Bool(b) => Arc::new(b.finish()),
+        }
+    }
+}
+
 /// Rows of one table, built column by column in the table's schema order: without `run_id`
 /// and `iter` ([`TableBuilder::new`], which [`TableBuilder::finish_with`] adds), or with every
-/// column ([`TableBuilder::all_columns`], [`TableBuilder::finish`]). Each `push_*` fills the next column of the
-/// current row; a value of the wrong type or an incomplete last row is an error at `finish`.
+/// column ([`TableBuilder::all_columns`], [`TableBuilder::finish`]). Each `push_*` fills the
+/// next column of the current row; a value of the wrong type or an incomplete last row is an
+/// error at `finish`.
 pub struct TableBuilder {
     table: &'static str,
     schema: SchemaRef,
     /// Leading schema columns the rows do not give (2: `run_id`, `iter`; or 0).
     skip: usize,
-    builders: Vec<Box<dyn ArrayBuilder>>,
+    columns: Vec<Column>,
     at: usize,
     rows: usize,
     error: Option<String>,
 }
 
 macro_rules! push {
-    ($(#[$doc:meta])* $name:ident, $opt:ident, $builder:ty, $t:ty) => {
+    ($(#[$doc:meta])* $name:ident, $opt:ident, $variant:ident, $t:ty) => {
         $(#[$doc])*
+        #[inline]
         pub fn $name(&mut self, v: $t) -> &mut Self {
-            self.push_with::<$builder>(stringify!($t), |b| b.append_value(v))
+            match &mut self.columns[self.at] {
+                Column::$variant(b) => b.append_value(v),
+                _ => self.mismatch(stringify!($t)),
+            }
+            self.next()
         }
         /// The same, nullable.
+        #[inline]
         pub fn $opt(&mut self, v: Option<$t>) -> &mut Self {
-            self.push_with::<$builder>(stringify!($t), |b| b.append_option(v))
+            match &mut self.columns[self.at] {
+                Column::$variant(b) => b.append_option(v),
+                _ => self.mismatch(stringify!($t)),
+            }
+            self.next()
         }
     };
 }
@@ -126,47 +168,51 @@ impl TableBuilder {
     fn skipping(table: &'static str, skip: usize) -> Result<TableBuilder> {
         let def = super::table_def(table)
             .ok_or_else(|| Error::sql(format!("no table {table} in the schema")))?;
-        let builders = def
+        let columns = def
             .schema
             .fields()
             .iter()
             .skip(skip)
-            .map(|f| make_builder(f.data_type(), 0))
-            .collect();
+            .map(|f| {
+                Column::for_type(f.data_type()).ok_or_else(|| {
+                    Error::sql(format!(
+                        "{table}: column `{}` is {}, which rows cannot be pushed into",
+                        f.name(),
+                        f.data_type()
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
         Ok(TableBuilder {
             table,
             schema: def.schema,
             skip,
-            builders,
+            columns,
             at: 0,
             rows: 0,
             error: None,
         })
     }
 
-    /// Complete rows so far.
-    pub fn rows(&self) -> usize {
-        self.rows
+    /// Record a value of the wrong type for the current column (reported by `finish`).
+    #[cold]
+    fn mismatch(&mut self, what: &str) {
+        if self.error.is_none() {
+            let field = self.schema.field(self.at + self.skip);
+            self.error = Some(format!(
+                "{}: column `{}` is {}, a stage pushed a {what}",
+                self.table,
+                field.name(),
+                field.data_type()
+            ));
+        }
     }
 
-    fn push_with<B: ArrayBuilder>(&mut self, what: &str, f: impl FnOnce(&mut B)) -> &mut Self {
-        let at = self.at;
-        match self.builders[at].as_any_mut().downcast_mut::<B>() {
-            Some(b) => f(b),
-            None => {
-                if self.error.is_none() {
-                    let field = self.schema.field(at + self.skip);
-                    self.error = Some(format!(
-                        "{}: column `{}` is {}, a stage pushed a {what}",
-                        self.table,
-                        field.name(),
-                        field.data_type()
-                    ));
-                }
-            }
-        }
+    /// Move to the next column (and row).
+    #[inline]
+    fn next(&mut self) -> &mut Self {
         self.at += 1;
-        if self.at == self.builders.len() {
+        if self.at == self.columns.len() {
             self.at = 0;
             self.rows += 1;
         }
@@ -175,31 +221,31 @@ impl TableBuilder {
 
     push!(
         /// Push a string.
-        push_str, push_opt_str, StringBuilder, &str
+        push_str, push_opt_str, Str, &str
     );
     push!(
         /// Push a UInt32.
-        push_u32, push_opt_u32, UInt32Builder, u32
+        push_u32, push_opt_u32, U32, u32
     );
     push!(
         /// Push a UInt64.
-        push_u64, push_opt_u64, UInt64Builder, u64
+        push_u64, push_opt_u64, U64, u64
     );
     push!(
         /// Push an Int8.
-        push_i8, push_opt_i8, Int8Builder, i8
+        push_i8, push_opt_i8, I8, i8
     );
     push!(
         /// Push an Int64.
-        push_i64, push_opt_i64, Int64Builder, i64
+        push_i64, push_opt_i64, I64, i64
     );
     push!(
         /// Push a Float64.
-        push_f64, push_opt_f64, Float64Builder, f64
+        push_f64, push_opt_f64, F64, f64
     );
     push!(
         /// Push a Boolean.
-        push_bool, push_opt_bool, BooleanBuilder, bool
+        push_bool, push_opt_bool, Bool, bool
     );
 
     /// The batch, with the given `run_id` and `iter` (a builder from [`TableBuilder::new`]).
@@ -216,7 +262,7 @@ impl TableBuilder {
             Arc::new(StringArray::from(vec![run_id; n])),
             Arc::new(arrow::array::UInt32Array::from(vec![iter; n])),
         ];
-        columns.extend(self.builders.iter_mut().map(|b| b.finish()));
+        columns.extend(self.columns.iter_mut().map(Column::finish));
         self.rows = 0;
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
@@ -230,7 +276,7 @@ impl TableBuilder {
                 self.table
             )));
         }
-        let columns: Vec<ArrayRef> = self.builders.iter_mut().map(|b| b.finish()).collect();
+        let columns: Vec<ArrayRef> = self.columns.iter_mut().map(Column::finish).collect();
         self.rows = 0;
         Ok(RecordBatch::try_new(self.schema.clone(), columns)?)
     }
@@ -244,7 +290,7 @@ impl TableBuilder {
                 "{}: the last row is incomplete ({} of {} columns)",
                 self.table,
                 self.at,
-                self.builders.len()
+                self.columns.len()
             )));
         }
         Ok(())
