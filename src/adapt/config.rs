@@ -22,8 +22,9 @@ pub enum AdapterKind {
 }
 
 impl AdapterKind {
-    /// Whether the same request always gives the same candidate (replay re-executes the
-    /// `adapt` stage only then).
+    /// Whether the same request always gives the same candidate: only the procedural adapter
+    /// (replay re-executes the `adapt` stage only then; otherwise it checks the committed files'
+    /// integrity).
     pub fn is_deterministic(self) -> bool {
         self == AdapterKind::Procedural
     }

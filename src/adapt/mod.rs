@@ -41,11 +41,6 @@ pub struct Request<'a> {
 pub trait Adapter: Send + Sync {
     /// `procedural` or `openai` (as in the config).
     fn name(&self) -> &'static str;
-    /// Whether the same request always gives the same candidate (replay re-executes the stage
-    /// only then; otherwise it checks the committed files' integrity).
-    fn deterministic(&self) -> bool {
-        true
-    }
     /// How many requests may be in flight at once (an LLM endpoint serves several; the
     /// procedural adapter is CPU work and goes one by one).
     fn concurrency(&self) -> usize {

@@ -183,10 +183,6 @@ impl Adapter for OpenAi {
         "openai"
     }
 
-    fn deterministic(&self) -> bool {
-        false
-    }
-
     fn concurrency(&self) -> usize {
         self.cfg.concurrency as usize
     }
