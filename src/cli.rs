@@ -57,7 +57,7 @@ enum Command {
     /// Query every committed table of a store with SQL (read-only).
     #[command(
         after_help = "Tables: tasks, trajectories, steps, rm_samples, step_rewards, policy_advantages, \
-rm_advantages, update_metrics, task_accuracy, adaptations, evaluations (every committed iteration \
+rm_advantages, update_metrics, task_accuracy, judgements, adaptations, evaluations (every committed iteration \
 of every run; columns in schemas/*.md), and stage_runs (one row per committed stage manifest).\n\
 Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter\""
     )]

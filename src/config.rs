@@ -16,7 +16,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-pub use crate::adapt::{AdaptConfig, AdapterKind, Bounds, OpenAiConfig};
+pub use crate::adapt::{AdaptConfig, AdapterKind, Bounds, CriticFrom, OpenAiConfig, RewriteFrom};
 use crate::determinism::canonical;
 pub use crate::env::external::ExternalConfig;
 pub use crate::env::gridnav::GridNavConfig;
@@ -24,8 +24,10 @@ pub use crate::env::synthetic::SyntheticConfig;
 pub use crate::env::{EnvConfig, EnvKind};
 use crate::error::{Checks, Error, Result};
 pub use crate::model::config::{
-    ActionScore, Device, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
+    ActionScore, Device, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
+    UpdateConfig,
 };
+pub use crate::model::ppo::Schedule;
 
 /// The whole configuration of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -86,18 +88,35 @@ impl Default for RunConfig {
     }
 }
 
-/// `[rollout]`: how many rollouts per task.
+/// `[rollout]`: which tasks are rolled out each iteration, and how many times.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RolloutConfig {
     /// Rollouts per task (the group size of the policy advantage).
     pub n: u32,
+    /// Slots rolled out per iteration, drawn (seeded) from the slots without a pending
+    /// candidate; every pending candidate is rolled out besides (the reference's `num_trial`,
+    /// 16 on AlfWorld). 0 (the default): every slot without a pending candidate.
+    pub slots_per_iter: u32,
 }
 
 impl Default for RolloutConfig {
     fn default() -> Self {
-        RolloutConfig { n: 8 }
+        RolloutConfig {
+            n: 8,
+            slots_per_iter: 0,
+        }
     }
+}
+
+/// How the held-out and OOD sets are played (`eval.mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EvalMode {
+    /// One greedy rollout per task (the most likely admissible action at every step).
+    Greedy,
+    /// `eval.rollouts` rollouts per task sampled at `eval.temperature` (the reference: 3 at 0.8).
+    Sampled,
 }
 
 /// How policy advantages are standardized within a (task, step) group.
@@ -166,8 +185,12 @@ pub struct EvalConfig {
     pub tasks: u32,
     /// Seed of the held-out set (fixed per run).
     pub seed: u64,
-    /// Rollouts per held-out task.
+    /// `greedy` or `sampled` (the reference's evaluation). The uniform policy always samples.
+    pub mode: EvalMode,
+    /// Rollouts per held-out task when sampling.
     pub rollouts: u32,
+    /// Sampling temperature of the evaluation rollouts.
+    pub temperature: f64,
     /// Tasks of the out-of-distribution set: drawn like the held-out set but from the
     /// environment one difficulty level harder than training (0: no such set).
     pub ood_tasks: u32,
@@ -178,7 +201,9 @@ impl Default for EvalConfig {
         EvalConfig {
             tasks: 32,
             seed: 1_000_003,
-            rollouts: 8,
+            mode: EvalMode::Sampled,
+            rollouts: 3,
+            temperature: 0.8,
             ood_tasks: 32,
         }
     }
@@ -335,6 +360,11 @@ impl Config {
             self.eval.rollouts >= 1,
             "eval.rollouts",
             "must be at least 1",
+        );
+        c.check(
+            self.eval.temperature > 0.0 && self.eval.temperature.is_finite(),
+            "eval.temperature",
+            "must be positive",
         );
         c.finish()
     }

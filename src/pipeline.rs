@@ -24,12 +24,15 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
         dag.push(Arc::new(stages::synthetic::Synthetic));
     }
     dag.push(Arc::new(stages::reward_join::RewardJoin));
-    dag.push(Arc::new(stages::advantage::Advantage));
-    if episodes {
-        dag.push(Arc::new(stages::update::Update));
-    }
+    // Accuracies, then the judgement of pending candidates, BEFORE any training data is built:
+    // a rejected candidate's samples never train (the reference implementation's order).
     dag.push(Arc::new(stages::task_accuracy::TaskAccuracy));
     if episodes {
+        dag.push(Arc::new(stages::judge::Judge));
+    }
+    dag.push(Arc::new(stages::advantage::Advantage { judged: episodes }));
+    if episodes {
+        dag.push(Arc::new(stages::update::Update));
         dag.push(Arc::new(stages::adapt::Adapt {
             deterministic: cfg.adapt.adapter.is_deterministic(),
         }));
@@ -80,9 +83,10 @@ mod tests {
                 "rollout",
                 "rm_score",
                 "reward_join",
+                "task_accuracy",
+                "judge",
                 "advantage",
                 "update",
-                "task_accuracy",
                 "adapt",
                 "evaluate"
             ]

@@ -30,6 +30,27 @@ impl AdapterKind {
     }
 }
 
+/// Which task a candidate is written from (`adapt.rewrite_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RewriteFrom {
+    /// The slot's original seed task (the reference implementation: a small edit of the seed,
+    /// so difficulty cannot drift step after step).
+    Seed,
+    /// The slot's current occupant (rewrites compound).
+    Current,
+}
+
+/// Which rollouts the critic summary describes (`adapt.critic_from`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CriticFrom {
+    /// Failed rollouts only (the reference implementation's failure summaries).
+    Failed,
+    /// Every rollout, successes included.
+    All,
+}
+
 /// `adaptations.decision`: where a candidate stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -66,8 +87,14 @@ pub struct AdaptConfig {
     /// Who writes candidates: `procedural` (the environment's mutation operators, chosen with
     /// the critic summary) or `openai` (an OpenAI-compatible chat-completions endpoint).
     pub adapter: AdapterKind,
-    /// Most frequent critique words kept in a task's critic summary.
+    /// Most frequent critique words kept in a task's critic summary (and per failed rollout).
     pub critic_words: u32,
+    /// What a candidate rewrites: `seed` (the slot's original seed task, as the reference) or
+    /// `current` (the slot's occupant). acc(q) is the occupant's accuracy either way.
+    pub rewrite_from: RewriteFrom,
+    /// Which rollouts the critic summary's high-risk steps come from: `failed` (as the
+    /// reference) or `all`.
+    pub critic_from: CriticFrom,
     pub openai: OpenAiConfig,
 }
 
@@ -80,6 +107,8 @@ impl Default for AdaptConfig {
             bounds: Bounds::Inclusive,
             adapter: AdapterKind::Procedural,
             critic_words: 5,
+            rewrite_from: RewriteFrom::Seed,
+            critic_from: CriticFrom::Failed,
             openai: Default::default(),
         }
     }
@@ -97,8 +126,12 @@ pub struct OpenAiConfig {
     /// Name of the environment variable holding the API key; empty: no Authorization header.
     pub api_key_env: String,
     pub temperature: f64,
-    /// Requests per task; the first candidate the environment validates is kept.
+    /// Rewrite requests per task (the reference makes 8); the first candidate the environment
+    /// validates is kept.
     pub attempts: u32,
+    /// Whether the model first writes a failure summary (at most two sentences) of every failed
+    /// rollout, which the rewrite request then quotes (the reference's two-call shape).
+    pub failure_summaries: bool,
     pub max_tokens: u32,
     /// Seconds one request may take.
     pub timeout_secs: u64,
@@ -113,7 +146,8 @@ impl Default for OpenAiConfig {
             model: "default".into(),
             api_key_env: "OPENAI_API_KEY".into(),
             temperature: 0.8,
-            attempts: 3,
+            attempts: 8,
+            failure_summaries: true,
             max_tokens: 1024,
             timeout_secs: 120,
             concurrency: 4,

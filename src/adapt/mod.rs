@@ -20,7 +20,9 @@ use serde_json::Value;
 
 use crate::env::{CriticSummary, Direction, Environment};
 use crate::error::Result;
-pub use config::{AdaptConfig, AdapterKind, Bounds, Decision, OpenAiConfig};
+pub use config::{
+    AdaptConfig, AdapterKind, Bounds, CriticFrom, Decision, OpenAiConfig, RewriteFrom,
+};
 
 /// What an adapter is asked to rewrite.
 pub struct Request<'a> {
@@ -36,6 +38,14 @@ pub struct Request<'a> {
     pub exclude: &'a BTreeSet<String>,
 }
 
+/// What an adapter proposes: the candidate's spec and, where it annotated the critic summary
+/// (e.g. the failure summaries an LLM wrote first), the summary as the rewrite used it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Proposal {
+    pub spec: Value,
+    pub critic: Option<CriticSummary>,
+}
+
 /// Writes candidate tasks.
 #[async_trait]
 pub trait Adapter: Send + Sync {
@@ -47,7 +57,7 @@ pub trait Adapter: Send + Sync {
         1
     }
     /// A candidate spec (valid, solvable, not excluded), or `None` when the adapter found none.
-    async fn propose(&self, request: &Request<'_>) -> Result<Option<Value>>;
+    async fn propose(&self, request: &Request<'_>) -> Result<Option<Proposal>>;
 }
 
 /// The adapter a config names.

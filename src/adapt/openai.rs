@@ -2,7 +2,13 @@
 //! server, a hosted API). The model gets the task's spec, the direction and the critic summary
 //! and replies with a new spec; the environment validates it (parseable, solvable, new). An
 //! invalid reply is answered with the validation error and the model tries again, up to
-//! `adapt.openai.attempts` requests per task. Transport failures (unreachable endpoint, HTTP
+//! `adapt.openai.attempts` requests per task (8, as the reference's tries).
+//!
+//! With `adapt.openai.failure_summaries` (the default) the reference's two-call shape: the model
+//! first writes a failure summary of at most two sentences for every failed rollout (from that
+//! rollout's high-risk steps, the observations there and the RM's critique words), boxed as
+//! `\boxed{...}`; the rewrite request then quotes them. The summaries are recorded in
+//! `adaptations.critic`. Transport failures (unreachable endpoint, HTTP
 //! errors, timeouts) fail the stage with a message naming the endpoint; the run resumes from
 //! there once the endpoint is back.
 //!
@@ -15,8 +21,8 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::OpenAiConfig;
-use super::{Adapter, Request, direction_name};
-use crate::env;
+use super::{Adapter, Proposal, Request, direction_name};
+use crate::env::{self, CriticSummary, FailedRollout};
 use crate::error::{Error, Result};
 
 pub struct OpenAi {
@@ -128,8 +134,60 @@ fn describe(e: &reqwest::Error) -> String {
     msg
 }
 
+/// Characters kept of a failure summary.
+const SUMMARY_CHARS: usize = 600;
+
+/// The messages that ask for one failed rollout's failure summary (the reference's
+/// `build_traj_failure_summary_prompt`, from what the critic knows about the rollout).
+pub fn summary_prompt(r: &Request<'_>, f: &FailedRollout) -> Vec<Value> {
+    let detail = serde_json::to_string_pretty(f).expect("rollout serializes");
+    vec![
+        json!({
+            "role": "system",
+            "content": format!(
+                "You analyse a failed rollout of a policy in the reinforcement-learning environment `{}`.",
+                r.env.name()
+            ),
+        }),
+        json!({
+            "role": "user",
+            "content": format!(
+                "Task:\n{}\n\nThe rollout did NOT finish the task within its step budget ({} steps taken). What the reward model said about it (high_risk_steps = steps where every verdict was bad, with the observation at each; critique_words = most frequent words of its reasoning):\n{detail}\n\nIn at most TWO sentences, explain the most likely reasons the policy failed. Be concrete (wrong exploration, looping, wrong target or location, ...). Put the summary in \\boxed{{}} and output nothing else.",
+                crate::determinism::canonical(r.spec),
+                f.steps,
+            ),
+        }),
+    ]
+}
+
+/// The text of the last `\boxed{...}` of a reply (braces balanced), or the trimmed reply.
+pub fn extract_boxed(text: &str) -> String {
+    if let Some(at) = text.rfind("\\boxed{") {
+        let inner = &text[at + "\\boxed{".len()..];
+        let mut depth = 1usize;
+        for (i, ch) in inner.char_indices() {
+            match ch {
+                '{' => depth += 1,
+                '}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return inner[..i].trim().to_string();
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    text.trim().to_string()
+}
+
 /// The messages that ask for a rewrite.
 pub fn prompt(r: &Request<'_>) -> Vec<Value> {
+    prompt_with(r, r.critic)
+}
+
+/// The messages that ask for a rewrite, quoting `critic` (with any failure summaries).
+pub fn prompt_with(r: &Request<'_>, critic: &CriticSummary) -> Vec<Value> {
     let goal = match r.direction {
         crate::env::Direction::Harder => {
             "The policy solves this task too often. Write a HARDER variant: it should still be solvable, but fail more often."
@@ -138,7 +196,21 @@ pub fn prompt(r: &Request<'_>) -> Vec<Value> {
             "The policy rarely solves this task. Write an EASIER variant: same kind of task, but solved more often."
         }
     };
-    let critic = serde_json::to_string_pretty(r.critic).expect("critic serializes");
+    let summaries: String = critic
+        .failed_rollouts
+        .iter()
+        .filter_map(|f| {
+            f.summary
+                .as_ref()
+                .map(|s| format!("- Rollout {}: {s}\n", f.rollout_idx))
+        })
+        .collect();
+    let summaries = if summaries.is_empty() {
+        String::new()
+    } else {
+        format!("Failure summaries of recent rollouts (failed rollouts only):\n{summaries}\n")
+    };
+    let critic = serde_json::to_string_pretty(critic).expect("critic serializes");
     vec![
         json!({
             "role": "system",
@@ -150,7 +222,7 @@ pub fn prompt(r: &Request<'_>) -> Vec<Value> {
         json!({
             "role": "user",
             "content": format!(
-                "Task:\n{}\n\n{goal}\n\nWhat the reward model said about the policy's rollouts of this task (accuracy = success rate; high-risk steps = steps where every verdict was bad; step_verdicts = share of good/bad verdicts per step; critique_words = most frequent words of its reasoning):\n{critic}\n\nDirection: {}. Reply with the JSON object of the new task.",
+                "Task:\n{}\n\n{goal}\n\n{summaries}What the reward model said about the policy's rollouts of this task (accuracy = success rate; high-risk steps = steps where every verdict was bad; step_verdicts = share of good/bad verdicts per step; critique_words = most frequent words of its reasoning; failed_rollouts = the same per failed rollout):\n{critic}\n\nDirection: {}. Reply with the JSON object of the new task.",
                 crate::determinism::canonical(r.spec),
                 direction_name(r.direction),
             ),
@@ -187,9 +259,16 @@ impl Adapter for OpenAi {
         self.cfg.concurrency as usize
     }
 
-    async fn propose(&self, r: &Request<'_>) -> Result<Option<Value>> {
+    async fn propose(&self, r: &Request<'_>) -> Result<Option<Proposal>> {
         let key = self.api_key()?;
-        let mut messages = prompt(r);
+        let mut critic = r.critic.clone();
+        if self.cfg.failure_summaries {
+            for f in critic.failed_rollouts.iter_mut() {
+                let reply = self.complete(&summary_prompt(r, f), key.as_deref()).await?;
+                f.summary = Some(extract_boxed(&reply).chars().take(SUMMARY_CHARS).collect());
+            }
+        }
+        let mut messages = prompt_with(r, &critic);
         for attempt in 1..=self.cfg.attempts {
             let reply = self.complete(&messages, key.as_deref()).await?;
             let verdict = extract_json(&reply).and_then(|spec| {
@@ -204,7 +283,10 @@ impl Adapter for OpenAi {
                 Ok(spec)
             });
             match verdict {
-                Ok(spec) => return Ok(Some(spec)),
+                Ok(spec) => {
+                    let critic = self.cfg.failure_summaries.then_some(critic);
+                    return Ok(Some(Proposal { spec, critic }));
+                }
                 Err(why) => {
                     tracing::warn!(
                         task = r.task_id,
@@ -226,6 +308,17 @@ impl Adapter for OpenAi {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn boxed_summaries_are_extracted() {
+        assert_eq!(
+            extract_boxed("Thinking... \\boxed{It looped {twice}.}"),
+            "It looped {twice}."
+        );
+        assert_eq!(extract_boxed("\\boxed{a} then \\boxed{b}"), "b");
+        assert_eq!(extract_boxed("  no box  "), "no box");
+        assert_eq!(extract_boxed("\\boxed{unclosed"), "\\boxed{unclosed");
+    }
 
     #[test]
     fn json_is_found_in_replies() {

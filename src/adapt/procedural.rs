@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{Adapter, Request};
+use super::{Adapter, Proposal, Request};
 use crate::env;
 use crate::error::Result;
 
@@ -18,10 +18,11 @@ impl Adapter for Procedural {
         "procedural"
     }
 
-    async fn propose(&self, r: &Request<'_>) -> Result<Option<Value>> {
+    async fn propose(&self, r: &Request<'_>) -> Result<Option<Proposal>> {
         let candidates = r.env.mutate(r.spec, r.direction, r.critic, r.seed)?;
         Ok(candidates
             .into_iter()
-            .find(|c| !r.exclude.contains(&env::task_id(r.env.name(), c))))
+            .find(|c: &Value| !r.exclude.contains(&env::task_id(r.env.name(), c)))
+            .map(|spec| Proposal { spec, critic: None }))
     }
 }

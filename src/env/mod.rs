@@ -121,8 +121,10 @@ pub enum Direction {
     Easier,
 }
 
-/// What the adapter knows about a task's rollouts: the reward model's outputs and the task's
-/// accuracy, never the environment's oracle. Built by the `adapt` stage (`adapt_critic.sql`).
+/// What the adapter knows about a task's rollouts: the reward model's outputs, the task's
+/// accuracy and which rollouts failed, never the environment's step oracle. Built by the `adapt`
+/// stage (`adapt_critic_*.sql`); the task-level fields describe the failed rollouts only unless
+/// `adapt.critic_from = "all"`.
 #[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CriticSummary {
     /// acc(q): success rate of the task's rollouts this iteration.
@@ -137,6 +139,27 @@ pub struct CriticSummary {
     pub step_verdicts: Vec<StepVerdicts>,
     /// The most frequent critique words of the RM's reasoning, with their counts.
     pub critique_words: Vec<(String, u32)>,
+    /// One entry per failed rollout, in rollout order (the reference's failure summaries).
+    #[serde(default)]
+    pub failed_rollouts: Vec<FailedRollout>,
+}
+
+/// What the critic says about one failed rollout of a task.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct FailedRollout {
+    pub rollout_idx: u32,
+    /// Steps the rollout took.
+    pub steps: u32,
+    /// Its high-risk steps: every RM sample judged the step −1 (sorted).
+    pub high_risk_steps: Vec<u32>,
+    /// The observation at each high-risk step (same order, truncated).
+    pub high_risk_observations: Vec<String>,
+    /// The most frequent critique words of the RM's reasoning on this rollout.
+    pub critique_words: Vec<(String, u32)>,
+    /// The environment model's failure summary (at most two sentences), when an LLM adapter
+    /// wrote one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
 }
 
 /// The RM's verdicts at one step index of a task's rollouts.

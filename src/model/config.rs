@@ -223,34 +223,65 @@ impl RewardModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct UpdateConfig {
+    /// `fixed`: `*_steps` optimizer steps, each on a minibatch of a seeded shuffle of the
+    /// included samples (cycled); `one_pass` (the reference): exactly one pass over the included
+    /// samples as `*_steps` accumulated optimizer steps.
+    pub schedule: crate::model::ppo::Schedule,
     /// Policy optimizer steps per iteration.
     pub policy_steps: u32,
     /// Reward-model optimizer steps per iteration.
     pub rm_steps: u32,
-    /// Samples per minibatch (a seeded shuffle of the included samples, cycled).
+    /// Samples per minibatch (`fixed`) or per accumulated micro-batch (`one_pass`).
     pub minibatch: u32,
     /// AdamW learning rate of the policy.
     pub policy_lr: f64,
     /// AdamW learning rate of the reward model.
     pub rm_lr: f64,
     pub weight_decay: f64,
+    /// AdamW's ε (the reference: 1e-8).
+    pub adam_eps: f64,
     /// Global gradient-norm clip.
     pub grad_clip: f64,
     /// The log-ratio is clamped to ±this before exponentiating.
     pub log_ratio_clamp: f64,
+    /// The temperature of the log-probabilities PPO trains on: `one` (plain T = 1 logits, as
+    /// the reference; the sampling temperature is for sampling only) or `sampling` (the
+    /// temperature the rollouts / RM samples were drawn at).
+    pub logprob_temperature: LogprobTemperature,
+}
+
+/// `update.logprob_temperature`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogprobTemperature {
+    One,
+    Sampling,
+}
+
+impl LogprobTemperature {
+    /// The temperature training uses for a model sampled at `sampling`.
+    pub fn resolve(self, sampling: f64) -> f64 {
+        match self {
+            LogprobTemperature::One => 1.0,
+            LogprobTemperature::Sampling => sampling,
+        }
+    }
 }
 
 impl Default for UpdateConfig {
     fn default() -> Self {
         UpdateConfig {
+            schedule: crate::model::ppo::Schedule::Fixed,
             policy_steps: 48,
             rm_steps: 48,
             minibatch: 256,
             policy_lr: 3e-3,
             rm_lr: 3e-3,
             weight_decay: 0.0,
+            adam_eps: 1e-8,
             grad_clip: 1.0,
             log_ratio_clamp: 10.0,
+            logprob_temperature: LogprobTemperature::One,
         }
     }
 }
@@ -274,6 +305,11 @@ impl UpdateConfig {
             "must be in [0, 1)",
         );
         c.check(self.grad_clip > 0.0, "update.grad_clip", "must be positive");
+        c.check(
+            self.adam_eps > 0.0 && self.adam_eps < 1.0,
+            "update.adam_eps",
+            "must be in (0, 1)",
+        );
         c.check(
             self.log_ratio_clamp > 0.0,
             "update.log_ratio_clamp",

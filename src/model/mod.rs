@@ -21,7 +21,10 @@ pub mod transformer;
 
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
-pub use config::{ActionScore, Device, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig};
+pub use config::{
+    ActionScore, Device, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
+    UpdateConfig,
+};
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
 pub use transformer::{ModelConfig, Transformer};

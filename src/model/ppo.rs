@@ -23,9 +23,63 @@ pub struct PpoSettings {
     pub log_ratio_clamp: f64,
     pub lr: f64,
     pub weight_decay: f64,
+    /// AdamW's ε.
+    pub adam_eps: f64,
     pub grad_clip: f64,
+    /// Optimizer steps.
     pub steps: u32,
+    /// Samples per minibatch (`Fixed`) or per accumulated micro-batch (`OnePass`).
     pub minibatch: usize,
+    pub schedule: Schedule,
+}
+
+/// How the optimizer steps cover the samples (`update.schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// `steps` steps, each on a minibatch of `minibatch` samples of a seeded shuffle, cycled.
+    Fixed,
+    /// Exactly one pass over a seeded shuffle of the samples, split into `steps` equal parts;
+    /// each part is one optimizer step whose gradient is accumulated over micro-batches of
+    /// `minibatch` samples (the reference: 4 accumulated steps, one epoch).
+    OnePass,
+}
+
+/// The samples of every optimizer step, as micro-batches whose gradients are summed (weighted
+/// by size) before the step.
+pub fn plan(n: usize, s: &PpoSettings, seed: u64) -> Vec<Vec<Vec<usize>>> {
+    if n == 0 || s.steps == 0 {
+        return Vec::new();
+    }
+    let mut order: Vec<usize> = (0..n).collect();
+    let mut rng = Rng::new(seed);
+    for i in (1..n).rev() {
+        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
+    }
+    let mb = s.minibatch.clamp(1, n);
+    match s.schedule {
+        Schedule::Fixed => {
+            let mut at = 0usize;
+            (0..s.steps)
+                .map(|_| {
+                    let batch: Vec<usize> = (0..mb).map(|k| order[(at + k) % n]).collect();
+                    at = (at + mb) % n;
+                    vec![batch]
+                })
+                .collect()
+        }
+        Schedule::OnePass => {
+            let k = (s.steps as usize).min(n);
+            (0..k)
+                .map(|j| {
+                    order[j * n / k..(j + 1) * n / k]
+                        .chunks(mb)
+                        .map(<[usize]>::to_vec)
+                        .collect()
+                })
+                .collect()
+        }
+    }
 }
 
 /// What one optimizer step reports (a row of `update_metrics`).
@@ -65,8 +119,9 @@ pub fn ppo_loss<B: Backend>(
     (loss, token_mean(k3), token_mean(clipped))
 }
 
-/// Run `s.steps` optimizer steps over minibatches of a seeded shuffle of `n` samples (cycled).
-/// `loss_of(model, indices)` returns the minibatch's (loss, kl, clip_frac, tokens).
+/// Run the optimizer steps [`plan`] lays out over `n` samples. `loss_of(model, indices)` returns
+/// a micro-batch's (loss, kl, clip_frac, tokens); a step's gradient is the size-weighted sum of
+/// its micro-batches' gradients (one micro-batch: exactly its gradient).
 pub fn train<B: AutodiffBackend>(
     mut model: Transformer<B>,
     n: usize,
@@ -78,33 +133,45 @@ pub fn train<B: AutodiffBackend>(
     ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
 ) -> (Transformer<B>, Vec<StepMetrics>) {
     let mut metrics = Vec::new();
-    if n == 0 || s.steps == 0 {
+    let steps = plan(n, s, seed);
+    if steps.is_empty() {
         return (model, metrics);
-    }
-    let mut order: Vec<usize> = (0..n).collect();
-    let mut rng = Rng::new(seed);
-    for i in (1..n).rev() {
-        order.swap(i, (rng.next_u64() % (i as u64 + 1)) as usize);
     }
     let mut optim = AdamWConfig::new()
         .with_weight_decay(s.weight_decay as f32)
+        .with_epsilon(s.adam_eps as f32)
         .init::<B, Transformer<B>>();
-    let mb = s.minibatch.clamp(1, n);
-    let mut at = 0usize;
-    for _ in 0..s.steps {
-        let batch: Vec<usize> = (0..mb).map(|k| order[(at + k) % n]).collect();
-        at = (at + mb) % n;
-        let (loss, kl, clip, tokens) = loss_of(&model, &batch);
-        let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
-        let (loss_v, kl_v, clip_v) = (scalar(loss.clone()), scalar(kl), scalar(clip));
-        let grads = loss.backward();
-        let mut sq = 0.0f64;
-        let mut found = Vec::new();
-        for p in model.params() {
-            if let Some(g) = p.grad(&grads) {
-                sq += f64::from(g.clone().powi_scalar(2).sum().into_scalar().elem::<f32>());
-                found.push((p.id, g));
+    let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
+    for micro in steps {
+        let total: usize = micro.iter().map(Vec::len).sum();
+        let (mut loss_v, mut kl_v, mut clip_v, mut tokens) = (0.0, 0.0, 0.0, 0u64);
+        let mut summed: Vec<Option<Tensor<B::InnerBackend, 2>>> =
+            (0..model.params().len()).map(|_| None).collect();
+        for batch in &micro {
+            let (loss, kl, clip, t) = loss_of(&model, batch);
+            let w = batch.len() as f64 / total as f64;
+            loss_v += w * scalar(loss.clone());
+            kl_v += w * scalar(kl);
+            clip_v += w * scalar(clip);
+            tokens += t;
+            let loss = if micro.len() == 1 {
+                loss
+            } else {
+                loss.mul_scalar(w)
+            };
+            let grads = loss.backward();
+            for (slot, p) in summed.iter_mut().zip(model.params()) {
+                if let Some(g) = p.grad(&grads) {
+                    *slot = Some(match slot.take() {
+                        Some(a) => a + g,
+                        None => g,
+                    });
+                }
             }
+        }
+        let mut sq = 0.0f64;
+        for g in summed.iter().flatten() {
+            sq += f64::from(g.clone().powi_scalar(2).sum().into_scalar().elem::<f32>());
         }
         let norm = sq.sqrt();
         let scale = if norm > s.grad_clip {
@@ -113,8 +180,10 @@ pub fn train<B: AutodiffBackend>(
             1.0
         };
         let mut gp = GradientsParams::new();
-        for (id, g) in found {
-            gp.register(id, if scale < 1.0 { g.mul_scalar(scale) } else { g });
+        for (p, g) in model.params().into_iter().zip(summed) {
+            if let Some(g) = g {
+                gp.register(p.id, if scale < 1.0 { g.mul_scalar(scale) } else { g });
+            }
         }
         model = optim.step(s.lr, model, gp);
         metrics.push(StepMetrics {
@@ -122,7 +191,7 @@ pub fn train<B: AutodiffBackend>(
             kl: kl_v,
             clip_frac: clip_v,
             grad_norm: norm,
-            samples: mb as u32,
+            samples: total as u32,
             tokens,
         });
     }
@@ -149,10 +218,45 @@ mod tests {
             log_ratio_clamp: 10.0,
             lr: 1e-3,
             weight_decay: 0.0,
+            adam_eps: 1e-8,
             grad_clip: 1.0,
             steps: 1,
             minibatch: 8,
+            schedule: Schedule::Fixed,
         }
+    }
+
+    /// Fixed: `steps` minibatches of a cycled shuffle. One pass: every sample exactly once,
+    /// in `steps` parts of sizes differing by at most one, each split into micro-batches.
+    #[test]
+    fn schedules_cover_the_samples() {
+        let mut s = settings();
+        s.steps = 3;
+        s.minibatch = 4;
+        let fixed = plan(10, &s, 1);
+        assert_eq!(fixed.len(), 3);
+        assert!(fixed.iter().all(|m| m.len() == 1 && m[0].len() == 4));
+        let seen: Vec<usize> = fixed.iter().flatten().flatten().copied().collect();
+        assert_eq!(&seen[10..], &seen[..2], "the shuffle is cycled");
+        s.schedule = Schedule::OnePass;
+        let pass = plan(10, &s, 1);
+        let sizes: Vec<Vec<usize>> = pass
+            .iter()
+            .map(|m| m.iter().map(Vec::len).collect())
+            .collect();
+        assert_eq!(sizes, vec![vec![3], vec![3], vec![4]]);
+        let mut all: Vec<usize> = pass.iter().flatten().flatten().copied().collect();
+        all.sort();
+        assert_eq!(all, (0..10).collect::<Vec<_>>(), "exactly one pass");
+        s.minibatch = 2;
+        let sizes: Vec<Vec<usize>> = plan(10, &s, 1)
+            .iter()
+            .map(|m| m.iter().map(Vec::len).collect())
+            .collect();
+        assert_eq!(sizes, vec![vec![2, 1], vec![2, 1], vec![2, 2]]);
+        s.steps = 50;
+        assert_eq!(plan(10, &s, 1).len(), 10, "never more steps than samples");
+        assert!(plan(0, &s, 1).is_empty());
     }
 
     /// One token, hand-computed: old = ref = ln 0.5, new = ln 0.6, A = +1.

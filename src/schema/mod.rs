@@ -47,6 +47,9 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("status", Utf8, false),
                 f("spec", Utf8, false),
                 f("parent_task_id", Utf8, true),
+                f("rolled_out", Boolean, true),
+                f("seed_task_id", Utf8, true),
+                f("seed_spec", Utf8, true),
             ],
         ),
         table(
@@ -164,6 +167,21 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("rm_process_acc", Float64, true),
                 f("judged_trajectories", UInt32, false),
                 f("rm_outcome_acc", Float64, true),
+            ],
+        ),
+        table(
+            "judgements",
+            &["slot", "task_id"],
+            vec![
+                f("task_id", Utf8, false),
+                f("parent_task_id", Utf8, false),
+                f("direction", Utf8, false),
+                f("parent_acc", Float64, false),
+                f("acc", Float64, false),
+                f("decision", Utf8, false),
+                f("slot", UInt32, false),
+                f("spec", Utf8, false),
+                f("adapter", Utf8, false),
             ],
         ),
         table(

@@ -1,11 +1,13 @@
--- adapt (critic): the observations the policy faced at high-risk steps (every RM sample −1),
--- the ${top} most frequent per task. `steps` gives the observation the RM was shown; its oracle
--- column is not read.
+-- adapt (critic): the observations the policy faced at high-risk steps (every RM sample −1) of
+-- the task's rollouts (the failed ones only unless ${all}), the ${top} most frequent per task.
+-- `steps` gives the observation the RM was shown; its oracle column is not read.
 WITH risky AS (
-    SELECT task_id, traj_id, step_idx
-    FROM rm_samples
-    GROUP BY task_id, traj_id, step_idx
-    HAVING SUM(CASE WHEN score < 0 THEN 1 ELSE 0 END) = COUNT(*)
+    SELECT r.task_id, r.traj_id, r.step_idx
+    FROM rm_samples r
+    JOIN trajectories t ON t.traj_id = r.traj_id
+    WHERE ${all} OR t.outcome < 0
+    GROUP BY r.task_id, r.traj_id, r.step_idx
+    HAVING SUM(CASE WHEN r.score < 0 THEN 1 ELSE 0 END) = COUNT(*)
 ),
 seen AS (
     SELECT r.task_id, s.observation, COUNT(*) AS n

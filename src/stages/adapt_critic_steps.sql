@@ -1,13 +1,16 @@
--- adapt (critic): the reward model's verdicts per (task, step index) over all rollouts and
--- samples: sample count, shares judged good / bad, and how many rollouts had the step judged
--- bad by every sample ("high-risk"). Only RM outputs: never the environment's oracle.
+-- adapt (critic): the reward model's verdicts per (task, step index) over the task's rollouts
+-- (the failed ones only unless ${all}): sample count, shares judged good / bad, and how many
+-- rollouts had the step judged bad by every sample ("high-risk"). Only RM outputs (and the
+-- outcome that selects failed rollouts): never the environment's step oracle.
 WITH per_step AS (
-    SELECT task_id, traj_id, step_idx,
+    SELECT r.task_id, r.traj_id, r.step_idx,
            COUNT(*) AS samples,
-           SUM(CASE WHEN score > 0 THEN 1 ELSE 0 END) AS good,
-           SUM(CASE WHEN score < 0 THEN 1 ELSE 0 END) AS bad
-    FROM rm_samples
-    GROUP BY task_id, traj_id, step_idx
+           SUM(CASE WHEN r.score > 0 THEN 1 ELSE 0 END) AS good,
+           SUM(CASE WHEN r.score < 0 THEN 1 ELSE 0 END) AS bad
+    FROM rm_samples r
+    JOIN trajectories t ON t.traj_id = r.traj_id
+    WHERE ${all} OR t.outcome < 0
+    GROUP BY r.task_id, r.traj_id, r.step_idx
 )
 SELECT task_id, step_idx,
        CAST(SUM(samples) AS INT UNSIGNED) AS samples,

@@ -1,8 +1,10 @@
--- adapt (critic): the ${top} most frequent critique words of the RM's reasoning per task.
+-- adapt (critic): the ${top} most frequent critique words of the RM's reasoning per task, over
+-- its rollouts (the failed ones only unless ${all}).
 WITH words AS (
-    SELECT task_id, unnest(string_to_array(reasoning, ' ')) AS word
-    FROM rm_samples
-    WHERE reasoning <> ''
+    SELECT r.task_id, unnest(string_to_array(r.reasoning, ' ')) AS word
+    FROM rm_samples r
+    JOIN trajectories t ON t.traj_id = r.traj_id
+    WHERE r.reasoning <> '' AND (${all} OR t.outcome < 0)
 ),
 counts AS (
     SELECT task_id, word, COUNT(*) AS n

@@ -1,5 +1,7 @@
 //! Stage 4, `advantage`: `step_rewards` + `rm_samples` + `trajectories` → `policy_advantages`
-//! (`policy_advantages.sql`) and `rm_advantages` (`rm_advantages.sql`).
+//! (`policy_advantages.sql`) and `rm_advantages` (`rm_advantages.sql`). The pool (`tasks`) and
+//! this iteration's `judgements` decide which tasks may train at all: the active tasks rolled
+//! out and the accepted candidates, never a rejected one.
 
 use async_trait::async_trait;
 
@@ -15,7 +17,11 @@ pub const MIN_STD: f64 = 1e-8;
 /// The ε verl adds to the standard deviation.
 pub const VERL_EPS: f64 = 1e-6;
 
-pub struct Advantage;
+pub struct Advantage {
+    /// Whether a `judge` stage precedes this one in the DAG (environments with adaptation);
+    /// without one nothing is ever pending and `judgements` is empty.
+    pub judged: bool,
+}
 
 #[async_trait]
 impl Stage for Advantage {
@@ -23,7 +29,17 @@ impl Stage for Advantage {
         "advantage"
     }
     fn inputs(&self) -> &'static [&'static str] {
-        &["step_rewards", "rm_samples", "trajectories"]
+        if self.judged {
+            &[
+                "step_rewards",
+                "rm_samples",
+                "trajectories",
+                "tasks",
+                "judgements",
+            ]
+        } else {
+            &["step_rewards", "rm_samples", "trajectories", "tasks"]
+        }
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["policy_advantages", "rm_advantages"]
@@ -35,6 +51,13 @@ impl Stage for Advantage {
         Some("task_id")
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        if !self.judged {
+            let def = crate::schema::table_def("judgements").expect("a table of the schema");
+            let empty = datafusion::catalog::MemTable::try_new(def.schema, vec![vec![]])?;
+            let _ = ctx.session.deregister_table("judgements")?;
+            ctx.session
+                .register_table("judgements", std::sync::Arc::new(empty))?;
+        }
         let r = &ctx.config.reward;
         let policy = render(
             POLICY_SQL,
@@ -49,6 +72,7 @@ impl Stage for Advantage {
         let rm = render(
             RM_SQL,
             &[
+                ("mode", str_lit(r.advantage_mode.as_str())),
                 ("unparsable", f64_lit(r.unparsable_reward)),
                 ("min_std", f64_lit(MIN_STD)),
                 ("acc_min", f64_lit(r.rm_acc_min)),
@@ -80,11 +104,32 @@ mod tests {
     use crate::config::Config;
     use crate::stages::testutil::{ctx, f, i8s, output, register, s, u};
 
+    /// Without a `judge` stage: the stage supplies an empty `judgements` itself.
+    const ADV: Advantage = Advantage { judged: false };
+
+    /// Register `tasks`: every id active and rolled out.
+    fn pool(c: &crate::stage::StageContext, ids: &[&str]) {
+        let n = ids.len();
+        register(
+            c,
+            "tasks",
+            vec![
+                s(ids),
+                u(&(0..n as u32).collect::<Vec<_>>()),
+                s(&vec!["active"; n]),
+                s(&vec!["{}"; n]),
+                s(&vec![""; n]),
+                Arc::new(BooleanArray::from(vec![true; n])),
+            ],
+        );
+    }
+
     /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
     /// step_rewards as in the comments; rm_samples for the RM golden table.
     fn golden_ctx(sets: &[&str]) -> crate::stage::StageContext {
         let sets: Vec<String> = sets.iter().map(|s| s.to_string()).collect();
         let c = ctx(Config::from_toml_with_sets("[run]\nname='t'\n", "t", &sets).unwrap());
+        pool(&c, &["A", "B"]);
         register(
             &c,
             "trajectories",
@@ -192,7 +237,7 @@ mod tests {
     #[tokio::test]
     async fn golden_policy_reference() {
         let c = golden_ctx(&[]);
-        let b = output(&Advantage, &c, "policy_advantages").await;
+        let b = output(&ADV, &c, "policy_advantages").await;
         // Row order (task, traj, step): A-0/0 A-0/1 A-0/2 A-1/0 A-1/2 A-2/0 A-3/0 B-0/0 B-1/0.
         let std = 1.0625f64.sqrt();
         assert_eq!(u32s(&b, "group_size"), vec![4, 1, 2, 4, 2, 4, 4, 2, 2]);
@@ -224,7 +269,7 @@ mod tests {
     #[tokio::test]
     async fn golden_policy_verl() {
         let c = golden_ctx(&["reward.advantage_mode=verl", "reward.policy_acc_max=1.0"]);
-        let b = output(&Advantage, &c, "policy_advantages").await;
+        let b = output(&ADV, &c, "policy_advantages").await;
         let std = (4.25f64 / 3.0).sqrt();
         let e = VERL_EPS;
         let std_b = (0.125f64).sqrt(); // devs ±0.25 → Σ = 0.125, n − 1 = 1
@@ -249,7 +294,7 @@ mod tests {
     #[tokio::test]
     async fn golden_rm_advantages() {
         let c = golden_ctx(&[]);
-        let b = output(&Advantage, &c, "rm_advantages").await;
+        let b = output(&ADV, &c, "rm_advantages").await;
         // A-0/0: R_S = 1.5, 1.5, -1.5 → mean 0.5, pop std √2.
         // A-1/0: R_S = 1.0, -2 (unparsable), -1.0 → mean -2/3, pop std √14/3.
         // A-2/0: R_S = 1, 1, 1 → zero variance. B-0/0: filtered out (acc 1.0 > 0.8).
@@ -285,6 +330,89 @@ mod tests {
         );
     }
 
+    /// Judge before training: task A is a pending candidate. Rejected, none of its rows is
+    /// included in either table (B, an active task, still is); accepted, A trains exactly as an
+    /// active task would (the golden tables above).
+    #[tokio::test]
+    async fn rejected_candidates_never_train() {
+        let judged = Advantage { judged: true };
+        for (decision, want_a) in [("rejected", false), ("accepted", true)] {
+            let c = golden_ctx(&["reward.policy_acc_max=1.0", "reward.rm_acc_max=1.0"]);
+            register(
+                &c,
+                "tasks",
+                vec![
+                    s(&["A", "B"]),
+                    u(&[0, 1]),
+                    s(&["pending", "active"]),
+                    s(&["{}", "{}"]),
+                    s(&["P", ""]),
+                    Arc::new(BooleanArray::from(vec![true, true])),
+                ],
+            );
+            register(
+                &c,
+                "judgements",
+                vec![
+                    s(&["A"]),
+                    s(&["P"]),
+                    s(&["harder"]),
+                    f(&[1.0]),
+                    f(&[0.5]),
+                    s(&[decision]),
+                ],
+            );
+            let tasks = |b: &RecordBatch| -> Vec<String> {
+                let t = b.column_by_name("task_id").unwrap();
+                let t = t.as_any().downcast_ref::<StringArray>().unwrap();
+                (0..t.len()).map(|i| t.value(i).to_string()).collect()
+            };
+            let p = output(&judged, &c, "policy_advantages").await;
+            let r = output(&judged, &c, "rm_advantages").await;
+            for b in [&p, &r] {
+                let ids = tasks(b);
+                let inc = bools(b, "included");
+                let a_rows: Vec<bool> = (0..ids.len())
+                    .filter(|i| ids[*i] == "A")
+                    .map(|i| inc[i])
+                    .collect();
+                assert!(!a_rows.is_empty());
+                if want_a {
+                    assert!(a_rows.iter().any(|x| *x), "{decision}: {a_rows:?}");
+                } else {
+                    assert!(a_rows.iter().all(|x| !x), "{decision}: {a_rows:?}");
+                }
+                assert!(
+                    (0..ids.len()).any(|i| ids[i] == "B" && inc[i]),
+                    "{decision}: the active task trains"
+                );
+            }
+            if want_a {
+                let golden = output(&ADV, &golden_ctx(&[]), "policy_advantages").await;
+                assert_eq!(bools(&p, "included")[..7], bools(&golden, "included")[..7]);
+            }
+        }
+    }
+
+    /// The reference keeps only RM samples with a nonzero advantage: with an unparsable reward
+    /// of 0, A-1/0's R_S are 1, 0, −1 (mean 0), so its unparsable sample's advantage is exactly
+    /// 0 — excluded in reference mode, kept in verl mode.
+    #[tokio::test]
+    async fn zero_rm_advantages_are_dropped_in_reference_mode() {
+        for (mode, want) in [("reference", false), ("verl", true)] {
+            let c = golden_ctx(&[
+                "reward.unparsable_reward=0.0",
+                &format!("reward.advantage_mode=\"{mode}\""),
+            ]);
+            let b = output(&ADV, &c, "rm_advantages").await;
+            let adv = floats(&b, "advantage");
+            assert_eq!(adv[4], 0.0, "A-1/0 sample 1");
+            assert!(adv[3] != 0.0 && adv[5] != 0.0);
+            let inc = bools(&b, "included");
+            assert_eq!((inc[3], inc[4], inc[5]), (true, want, true), "{mode}");
+        }
+    }
+
     fn policy_stats(groups: &[Vec<f64>]) -> RecordBatch {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -297,6 +425,9 @@ mod tests {
             }
         }
         let task: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+        let mut ids = task.clone();
+        ids.dedup();
+        pool(&c, &ids);
         let traj: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
         let outcome: Vec<i8> = rows
             .iter()
@@ -334,7 +465,7 @@ mod tests {
             "rm_samples",
             vec![s(&[]), s(&[]), u(&[]), u(&[]), s(&[]), i8s(&[])],
         );
-        rt.block_on(output(&Advantage, &c, "policy_advantages"))
+        rt.block_on(output(&ADV, &c, "policy_advantages"))
     }
 
     proptest! {

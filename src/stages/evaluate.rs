@@ -1,8 +1,10 @@
 //! Stage `evaluate`: `tasks` + the updated policy → `evaluations`. Success on a fixed held-out
 //! set: `eval.tasks` tasks drawn from the environment with the seed `eval.seed` (the same set
 //! every iteration of a run), minus any task that is also in this iteration's training pool.
-//! The learned policy plays each once, greedily (its most likely action every step: a single
-//! deterministic rollout); the uniform policy plays `eval.rollouts` seeded rollouts.
+//! With `eval.mode = "sampled"` (the default, as the reference: 3 rollouts at T = 0.8) each task
+//! gets `eval.rollouts` seeded rollouts sampled at `eval.temperature`; with `"greedy"` the
+//! learned policy plays each once, taking its most likely action every step. The uniform policy
+//! always plays `eval.rollouts` seeded rollouts.
 //!
 //! A second, out-of-distribution set (`split = 'ood'`, `eval.ood_tasks` tasks) is drawn the same
 //! way from the environment one difficulty level harder than training
@@ -59,10 +61,11 @@ impl Stage for Evaluate {
         {
             sets.push(("ood", harder, eval.ood_tasks));
         }
-        let per_task = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
-            eval.rollouts
-        } else {
-            1
+        let uniform = ctx.config.policy.kind == crate::config::PolicyKind::Uniform;
+        let (per_task, temperature) = match eval.mode {
+            _ if uniform => (eval.rollouts, Some(eval.temperature)),
+            crate::config::EvalMode::Sampled => (eval.rollouts, Some(eval.temperature)),
+            crate::config::EvalMode::Greedy => (1, None),
         };
         let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
             &[][..]
@@ -101,7 +104,7 @@ impl Stage for Evaluate {
                 .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
                 .collect();
             let environment: Arc<dyn env::Environment> = Arc::from(environment);
-            let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, true)?;
+            let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, temperature)?;
             for (t, (task_id, _)) in tasks.iter().enumerate() {
                 let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
                     .iter()

@@ -3,14 +3,15 @@
 //! | stage | reads | writes |
 //! |---|---|---|
 //! | `synthetic` | — | `tasks`, `trajectories`, `steps`, `rm_samples` |
-//! | `pool` | `tasks`, `adaptations` (previous iteration) | `tasks` |
+//! | `pool` | `tasks`, `adaptations` (previous iteration) | `tasks` (+ which are rolled out) |
 //! | `rollout` | `tasks`, policy checkpoint | `trajectories`, `steps` |
 //! | `rm_score` | `steps`, RM checkpoint | `rm_samples` |
 //! | `reward_join` | `steps`, `trajectories`, `rm_samples` | `step_rewards` |
-//! | `advantage` | `step_rewards`, `rm_samples`, `trajectories` | `policy_advantages`, `rm_advantages` |
-//! | `update` | `steps`, `rm_samples`, both advantage tables, both checkpoints | `update_metrics`, new checkpoints |
 //! | `task_accuracy` | `trajectories`, `step_rewards`, `steps` | `task_accuracy` |
-//! | `adapt` | `tasks`, `task_accuracy`, `rm_samples`, `steps`, `adaptations` (previous iteration) | `adaptations` |
+//! | `judge` | `tasks`, `task_accuracy`, `adaptations` (previous iteration) | `judgements` |
+//! | `advantage` | `step_rewards`, `rm_samples`, `trajectories`, `tasks`, `judgements` | `policy_advantages`, `rm_advantages` |
+//! | `update` | `steps`, `rm_samples`, both advantage tables, both checkpoints | `update_metrics`, new checkpoints |
+//! | `adapt` | `tasks`, `task_accuracy`, `judgements`, `trajectories`, `rm_samples`, `steps` | `adaptations` |
 //! | `evaluate` | `tasks`, the new policy checkpoint | `evaluations` |
 //!
 //! Stages that run a model share [`trajectories`] (steps grouped into trajectories, for prompts).
@@ -18,6 +19,7 @@
 pub mod adapt;
 pub mod advantage;
 pub mod evaluate;
+pub mod judge;
 pub mod pool;
 pub mod reward_join;
 pub mod rm_score;

@@ -2,7 +2,9 @@
 --   reference: population std; std <= 1e-8 → 0; a group of one keeps its raw R;
 --              rows with advantage exactly 0 are not included in the update.
 --   verl:      unbiased std; (R − mean)/(std + 1e-6); a group of one → R/(1 + 1e-6).
--- Tasks whose accuracy is outside [policy_acc_min, policy_acc_max] are not included.
+-- Tasks whose accuracy is outside [policy_acc_min, policy_acc_max] are not included, nor are
+-- the samples of a pending candidate that `judge` rejected in this iteration (only active tasks
+-- and accepted candidates train, as in the reference implementation).
 --
 -- Exact group statistics in one aggregation: R is taken on a 1e-9 grid (DECIMAL(38, 9)), so
 -- Σ R, Σ R² and n·Σ R² − (Σ R)² are exact decimal arithmetic. The result does not depend on how
@@ -13,6 +15,12 @@ WITH acc AS (
            CAST(SUM(CASE WHEN outcome > 0 THEN 1 ELSE 0 END) AS DOUBLE) / CAST(COUNT(*) AS DOUBLE) AS task_acc
     FROM trajectories
     GROUP BY task_id
+),
+trained AS (
+    SELECT t.task_id
+    FROM tasks t
+    LEFT JOIN judgements j ON j.task_id = t.task_id
+    WHERE COALESCE(t.rolled_out, true) AND (t.status = 'active' OR j.decision = 'accepted')
 ),
 quantized AS (
     SELECT run_id, iter, task_id, traj_id, step_idx, reward,
@@ -36,13 +44,14 @@ stats AS (
 ),
 joined AS (
     SELECT q.run_id, q.iter, q.task_id, q.traj_id, q.step_idx, q.reward,
-           CAST(q.r AS DOUBLE) AS r, g.n, g.mean, a.task_acc,
+           CAST(q.r AS DOUBLE) AS r, g.n, g.mean, a.task_acc, tr.task_id IS NOT NULL AS trained,
            CASE WHEN ${mode} = 'verl' AND g.n > 1
                 THEN sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n - 1 AS DOUBLE)))
                 ELSE sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n AS DOUBLE))) END AS std
     FROM quantized q
     JOIN stats g ON q.task_id = g.task_id AND q.step_idx = g.step_idx
     JOIN acc a ON q.task_id = a.task_id
+    LEFT JOIN trained tr ON q.task_id = tr.task_id
 ),
 adv AS (
     SELECT *,
@@ -62,6 +71,6 @@ SELECT run_id, iter, task_id, traj_id, step_idx, reward,
        std AS group_std,
        task_acc,
        advantage,
-       (task_acc >= ${acc_min} AND task_acc <= ${acc_max}
+       (trained AND task_acc >= ${acc_min} AND task_acc <= ${acc_max}
         AND (${mode} = 'verl' OR advantage <> 0)) AS included
 FROM adv

@@ -2,7 +2,12 @@
 //! the environment's difficulty distribution (seeded by the run seed), one per slot. A later
 //! iteration applies the previous iteration's `adaptations` to the previous pool
 //! (`pool_next.sql`): accepted candidates take over their parent's slot, new candidates join as
-//! `pending` (rolled out like every other task, judged by this iteration's `adapt`).
+//! `pending` (judged by this iteration's `judge`). Every row keeps its slot's seed task (what
+//! `adapt.rewrite_from = "seed"` rewrites).
+//!
+//! Then the iteration's rollouts are picked (`pool_sample.sql`), as the reference
+//! implementation does: every pending candidate, plus `rollout.slots_per_iter` slots drawn
+//! (seeded) from the slots without a pending candidate, all of them when it is 0 (the default).
 
 use async_trait::async_trait;
 
@@ -15,6 +20,7 @@ use crate::stage::sql::{query, render};
 use crate::stage::{Stage, StageContext, TableOutput};
 
 const POOL_NEXT: &str = include_str!("pool_next.sql");
+const POOL_SAMPLE: &str = include_str!("pool_sample.sql");
 
 pub struct Pool;
 
@@ -31,36 +37,80 @@ impl Stage for Pool {
         &["tasks"]
     }
     fn config_sections(&self) -> &'static [&'static str] {
-        &["env"]
+        &["env", "rollout"]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        if ctx.iter > 0 {
+        let pool = if ctx.iter > 0 {
             let sql = render(POOL_NEXT, &[("iter", ctx.iter.to_string())])?;
-            return Ok(vec![(
-                "tasks",
-                TableOutput::Frame(query(&ctx.session, &sql).await?),
-            )]);
-        }
-        let environment = env::from_config(&ctx.config.env)?;
-        let specs = distinct_tasks(
-            environment.as_ref(),
-            ctx.config.run.seed,
-            ctx.config.env.initial_tasks,
+            query(&ctx.session, &sql).await?
+        } else {
+            ctx.session.read_batch(seed_pool(ctx)?)?
+        };
+        let _ = ctx.session.deregister_table("pool_all")?;
+        ctx.session.register_table("pool_all", pool.into_view())?;
+        let _ = ctx.session.deregister_table("slot_draws")?;
+        ctx.session.register_table(
+            "slot_draws",
+            slot_draws(ctx.seed, ctx.config.env.initial_tasks)?,
         )?;
-        let mut out = TableBuilder::new("tasks")?;
-        for (slot, (id, s)) in specs.iter().enumerate() {
-            out.push_str(id)
-                .push_u32(slot as u32)
-                .push_str("active")
-                .push_str(&canonical(s))
-                .push_opt_str(None);
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+        let slots = match ctx.config.rollout.slots_per_iter {
+            0 => u32::MAX,
+            n => n,
+        };
+        let sql = render(POOL_SAMPLE, &[("slots", slots.to_string())])?;
         Ok(vec![(
             "tasks",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
+            TableOutput::Frame(query(&ctx.session, &sql).await?),
         )])
     }
+}
+
+/// A seeded random key per slot (`slot`, `draw`): the order `pool_sample.sql` draws slots in.
+fn slot_draws(seed: u64, slots: u32) -> Result<std::sync::Arc<datafusion::catalog::MemTable>> {
+    use arrow::array::{UInt32Array, UInt64Array};
+    use arrow::datatypes::{DataType, Field, Schema};
+    let schema = std::sync::Arc::new(Schema::new(vec![
+        Field::new("slot", DataType::UInt32, false),
+        Field::new("draw", DataType::UInt64, false),
+    ]));
+    let draws: Vec<u64> = (0..slots)
+        .map(|s| derive_seed(seed, &["slot", &s.to_string()]))
+        .collect();
+    let batch = arrow::array::RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            std::sync::Arc::new(UInt32Array::from((0..slots).collect::<Vec<_>>())),
+            std::sync::Arc::new(UInt64Array::from(draws)),
+        ],
+    )?;
+    Ok(std::sync::Arc::new(datafusion::catalog::MemTable::try_new(
+        schema,
+        vec![vec![batch]],
+    )?))
+}
+
+/// Iteration 0's pool: `env.initial_tasks` distinct seed tasks, one per slot, each its slot's
+/// seed (`rolled_out` is decided by `pool_sample.sql`).
+fn seed_pool(ctx: &StageContext) -> Result<arrow::array::RecordBatch> {
+    let environment = env::from_config(&ctx.config.env)?;
+    let specs = distinct_tasks(
+        environment.as_ref(),
+        ctx.config.run.seed,
+        ctx.config.env.initial_tasks,
+    )?;
+    let mut out = TableBuilder::new("tasks")?;
+    for (slot, (id, s)) in specs.iter().enumerate() {
+        let spec = canonical(s);
+        out.push_str(id)
+            .push_u32(slot as u32)
+            .push_str("active")
+            .push_str(&spec)
+            .push_opt_str(None)
+            .push_opt_bool(None)
+            .push_str(id)
+            .push_str(&spec);
+    }
+    out.finish_with(&ctx.run_id, ctx.iter)
 }
 
 /// `count` distinct tasks (by task id): the first distinct ones of a draw, drawing more when a

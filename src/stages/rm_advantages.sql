@@ -2,7 +2,9 @@
 --   R_S(τ,i,j) = R(τ,i) · S(τ,i,j), or ${unparsable} when S is unparsable (0),
 -- standardized over the m samples of the same (task, τ, i) with population std.
 -- Zero-variance groups (std <= 1e-8) get advantage 0 and are not included; only tasks with
--- rm_acc_min <= acc <= rm_acc_max train the RM.
+-- rm_acc_min <= acc <= rm_acc_max train the RM, and only active tasks and accepted candidates
+-- (a candidate `judge` rejected never trains). In reference mode a sample whose advantage is
+-- exactly 0 is not included either (the reference keeps `r != 0` only).
 --
 -- Within a step R is constant, so R_S takes at most three values (R, −R, unparsable): the group
 -- mean and variance follow exactly from the step's verdict counts, which step_rewards carries
@@ -15,6 +17,12 @@ WITH acc AS (
     FROM trajectories
     GROUP BY task_id
 ),
+trained AS (
+    SELECT t.task_id
+    FROM tasks t
+    LEFT JOIN judgements j ON j.task_id = t.task_id
+    WHERE COALESCE(t.rolled_out, true) AND (t.status = 'active' OR j.decision = 'accepted')
+),
 means AS (
     SELECT task_id, traj_id, step_idx, reward, rm_count,
            CAST(rm_pos AS DOUBLE) AS n_pos,
@@ -26,18 +34,19 @@ means AS (
     WHERE rm_count > 0
 ),
 stats AS (
-    SELECT m.*, a.task_acc,
+    SELECT m.*, a.task_acc, tr.task_id IS NOT NULL AS trained,
            sqrt((n_pos * (reward - mean) * (reward - mean)
                  + n_neg * (-reward - mean) * (-reward - mean)
                  + n_unp * (${unparsable} - mean) * (${unparsable} - mean)) / CAST(rm_count AS DOUBLE)) AS std
     FROM means m
     JOIN acc a ON m.task_id = a.task_id
+    LEFT JOIN trained tr ON m.task_id = tr.task_id
 ),
 scored AS (
     SELECT s.run_id, s.iter, s.task_id, s.traj_id, s.step_idx, s.sample_idx, s.score,
            CASE WHEN s.score = 0 THEN ${unparsable}
                 ELSE g.reward * CAST(s.score AS DOUBLE) END AS consistency_reward,
-           g.rm_count, g.mean, g.std, g.task_acc
+           g.rm_count, g.mean, g.std, g.task_acc, g.trained
     FROM rm_samples s
     JOIN stats g
       ON s.traj_id = g.traj_id AND s.step_idx = g.step_idx
@@ -46,6 +55,11 @@ SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_
        rm_count AS group_size,
        std AS group_std,
        task_acc,
-       CASE WHEN std <= ${min_std} THEN CAST(0 AS DOUBLE) ELSE (consistency_reward - mean) / std END AS advantage,
-       (std > ${min_std} AND task_acc >= ${acc_min} AND task_acc <= ${acc_max}) AS included
-FROM scored
+       advantage,
+       (trained AND std > ${min_std} AND task_acc >= ${acc_min} AND task_acc <= ${acc_max}
+        AND (${mode} = 'verl' OR advantage <> 0)) AS included
+FROM (
+    SELECT *,
+           CASE WHEN std <= ${min_std} THEN CAST(0 AS DOUBLE) ELSE (consistency_reward - mean) / std END AS advantage
+    FROM scored
+) s

@@ -208,12 +208,13 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
 }
 
 /// Play `jobs` with the policy a config names: the learned one from `checkpoint`, or uniform.
+/// `temperature`: sample at it; `None`: greedy (the most likely admissible action).
 pub(crate) fn play_policy(
     config: &crate::config::Config,
     checkpoint: &[u8],
     environment: &Arc<dyn Environment>,
     jobs: &[Job<'_>],
-    greedy: bool,
+    temperature: Option<f64>,
 ) -> Result<Vec<Rolled>> {
     let cap = config.env.max_steps;
     if config.policy.kind == crate::config::PolicyKind::Uniform {
@@ -221,7 +222,10 @@ pub(crate) fn play_policy(
     }
     let spec = super::model_spec(config, crate::model::POLICY)?;
     let ck = spec.load(checkpoint)?;
-    let temperature = config.policy.temperature;
+    let (greedy, temperature) = match temperature {
+        Some(t) => (false, t),
+        None => (true, config.policy.temperature),
+    };
     crate::on_backend!(
         config.run.device,
         infer,
@@ -289,7 +293,8 @@ impl Stage for Rollout {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let tasks = query(
             &ctx.session,
-            "SELECT DISTINCT task_id, spec FROM tasks ORDER BY task_id",
+            // Runs made before slot sampling have no `rolled_out`: every task was rolled out.
+            "SELECT DISTINCT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true) ORDER BY task_id",
         )
         .await?
         .collect()
@@ -320,7 +325,13 @@ impl Stage for Rollout {
         } else {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
-        let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, false)?;
+        let rolled = play_policy(
+            &ctx.config,
+            policy_ck,
+            &environment,
+            &jobs,
+            Some(ctx.config.policy.temperature),
+        )?;
         let mut trajectories = TableBuilder::new("trajectories")?;
         let mut steps = TableBuilder::new("steps")?;
         for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {

@@ -147,7 +147,10 @@ impl Generator {
                         .push_u32(t.slot)
                         .push_str("active")
                         .push_str(&t.spec)
-                        .push_opt_str(None);
+                        .push_opt_str(None)
+                        .push_bool(true)
+                        .push_str(&t.task_id)
+                        .push_str(&t.spec);
                 }
             }
             "trajectories" => {

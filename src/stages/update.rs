@@ -2,7 +2,9 @@
 //!
 //! Reads the included rows of `policy_advantages` and `rm_advantages` (SQL beside this file),
 //! rebuilds each sample's prompt from `steps`, trains each model for `update.policy_steps` /
-//! `update.rm_steps` optimizer steps from the checkpoint its samples came from, and writes `update_metrics` plus both new
+//! `update.rm_steps` optimizer steps (`update.schedule`: fixed minibatches, or one accumulated
+//! pass as the reference) on log-probabilities at `update.logprob_temperature` (T = 1 by
+//! default) from the checkpoint its samples came from, and writes `update_metrics` plus both new
 //! checkpoints as artifacts. A model that is not trained this iteration (uniform policy, RM
 //! disabled, no included samples) is written back unchanged, so the next iteration always finds
 //! both checkpoints here.
@@ -40,9 +42,11 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         log_ratio_clamp: cfg.update.log_ratio_clamp,
         lr,
         weight_decay: cfg.update.weight_decay,
+        adam_eps: cfg.update.adam_eps,
         grad_clip: cfg.update.grad_clip,
         steps,
         minibatch: cfg.update.minibatch as usize,
+        schedule: cfg.update.schedule,
     }
 }
 
@@ -262,7 +266,10 @@ impl Stage for Update {
             } else {
                 let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
                 let seed = derive_seed(ctx.seed, &[POLICY]);
-                let t = cfg.policy.temperature;
+                let t = cfg
+                    .update
+                    .logprob_temperature
+                    .resolve(cfg.policy.temperature);
                 let (ck, metrics) = crate::on_backend!(
                     device,
                     train,
@@ -307,7 +314,10 @@ impl Stage for Update {
             } else {
                 let s = settings(cfg, cfg.update.rm_lr, cfg.update.rm_steps);
                 let seed = derive_seed(ctx.seed, &[RM]);
-                let t = cfg.reward_model.temperature;
+                let t = cfg
+                    .update
+                    .logprob_temperature
+                    .resolve(cfg.reward_model.temperature);
                 let (ck, metrics) = crate::on_backend!(
                     device,
                     train,
