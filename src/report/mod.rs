@@ -374,7 +374,15 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         chart(
             "Reward model agreement with the environment",
             "accuracy",
-            &lines_of(&rm, runs, &[("process", "process"), ("outcome", "outcome")]),
+            &lines_of(
+                &rm,
+                runs,
+                &[
+                    ("process", "process"),
+                    ("outcome", "outcome"),
+                    ("balanced_outcome", "balanced outcome"),
+                ],
+            ),
             Some((0.0, 1.0)),
         )?,
     ));
@@ -553,7 +561,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "rm-accuracy",
         "Reward model accuracy",
         format!(
-            "<p>Process: the majority verdict of a step against the environment's step oracle (solid). Outcome: the sign of a trajectory's summed verdicts against its outcome (dashed).</p>\n<figure>{}</figure>\n{}",
+            "<p>Process: the majority verdict of a step against the environment's step oracle. Outcome: the sign of a trajectory's summed verdicts against its outcome. Outcome accuracy moves with the success rate when the RM leans to one verdict (an RM that always says bad scores the failure share, column always_bad_outcome); balanced outcome is the mean of its hit rates on successes and on failures, 0.5 at chance whatever the success rate.</p>\n<figure>{}</figure>\n{}",
             chart_of("rm_accuracy"),
             rm.html()
         ),

@@ -64,11 +64,34 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         .ok()
         .scalar();
     assert_eq!(f.sql(q).ok().scalar(), pending_all);
-    // ... gets the same n = 8 rollouts as every active task ...
+    // ... gets the same n = 8 rollouts as every active task rolled out, INSTEAD of its parent
+    // (a slot with a pending candidate rolls out only the candidate) ...
     let q = "SELECT count(*) FROM tasks t LEFT JOIN \
              (SELECT iter, task_id, count(*) AS n FROM trajectories GROUP BY iter, task_id) r \
-             ON r.iter = t.iter AND r.task_id = t.task_id WHERE COALESCE(r.n, 0) <> 8";
+             ON r.iter = t.iter AND r.task_id = t.task_id \
+             WHERE COALESCE(r.n, 0) <> CASE WHEN t.rolled_out THEN 8 ELSE 0 END";
     assert_eq!(f.sql(q).ok().scalar(), "0");
+    let q = "SELECT count(*) FROM tasks p JOIN tasks a ON a.iter = p.iter AND a.slot = p.slot \
+             AND a.status = 'active' WHERE p.status = 'pending' AND (a.rolled_out OR NOT p.rolled_out)";
+    assert_eq!(f.sql(q).ok().scalar(), "0");
+    // ... is judged BEFORE training (`judgements`, the same decisions `adaptations` records),
+    // and a rejected candidate's samples are in neither advantage table's training set.
+    let q = "SELECT count(*) FROM judgements j JOIN adaptations a ON a.iter = j.iter \
+             AND a.candidate_task_id = j.task_id AND a.decision = j.decision";
+    let judged = f.sql(q).ok().scalar();
+    let q = "SELECT count(*) FROM adaptations WHERE decision IN ('accepted', 'rejected')";
+    assert_eq!(judged, f.sql(q).ok().scalar());
+    assert_eq!(
+        judged,
+        f.sql("SELECT count(*) FROM judgements").ok().scalar()
+    );
+    for table in ["policy_advantages", "rm_advantages"] {
+        let q = format!(
+            "SELECT count(*) FROM {table} p JOIN judgements j ON j.iter = p.iter \
+             AND j.task_id = p.task_id WHERE j.decision = 'rejected' AND p.included"
+        );
+        assert_eq!(f.sql(&q).ok().scalar(), "0", "{table}");
+    }
     // ... and is judged in the next iteration with the accuracy it reached there.
     let q = "SELECT count(*) FROM adaptations p JOIN adaptations j \
              ON j.iter = p.iter + 1 AND j.candidate_task_id = p.candidate_task_id \
@@ -114,6 +137,7 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         "high_risk_steps",
         "step_verdicts",
         "critique_words",
+        "failed_rollouts",
     ] {
         assert!(critic.contains(key), "{critic}");
     }
@@ -248,7 +272,10 @@ fn serve(mut stream: std::net::TcpStream, log: &Mutex<Seen>) {
     }
     std::thread::sleep(std::time::Duration::from_millis(50));
     log.lock().unwrap().in_flight -= 1;
-    let content = if messages.len() == 2 {
+    let system = messages[0]["content"].as_str().unwrap();
+    let content = if system.contains("failed rollout") {
+        "The policy looped. \\boxed{It walked into the same wall again and again.}".to_string()
+    } else if messages.len() == 2 {
         "I would make the task more interesting.".to_string()
     } else {
         let spec_line = user.lines().nth(1).unwrap();
@@ -365,15 +392,36 @@ fn openai_adapter_against_a_local_server() {
                 .iter()
                 .all(|a| *a == format!("Bearer {secret}"))
         );
+        // The reference's two calls: failure summaries of the failed rollouts first, then the
+        // rewrite request quoting them.
+        let summaries = s
+            .bodies
+            .iter()
+            .filter(|b| {
+                b["messages"][0]["content"]
+                    .as_str()
+                    .unwrap()
+                    .contains("failed rollout")
+            })
+            .count();
+        assert!(summaries > 0, "no failure summary was asked for");
+        let mut quoted = false;
         for b in &s.bodies {
             assert_eq!(b["model"], "test-model");
             assert_eq!(b["temperature"], 0.8);
             let user = b["messages"][1]["content"].as_str().unwrap();
-            assert!(
-                user.contains("high_risk_steps") && user.contains("accuracy"),
-                "{user}"
-            );
+            assert!(user.contains("high_risk_steps"), "{user}");
+            if b["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .contains("You rewrite")
+            {
+                assert!(user.contains("accuracy"), "{user}");
+                quoted |= user.contains("- Rollout ")
+                    && user.contains("It walked into the same wall again and again.");
+            }
         }
+        assert!(quoted, "a rewrite request quotes the failure summaries");
         let retry = s
             .bodies
             .iter()
@@ -382,6 +430,9 @@ fn openai_adapter_against_a_local_server() {
         let why = retry["messages"][3]["content"].as_str().unwrap();
         assert!(why.contains("no JSON object"), "{why}");
     }
+    // The summaries the rewrites used are recorded with the candidates.
+    let q = "SELECT count(*) FROM adaptations WHERE decision = 'pending' AND critic LIKE '%It walked into the same wall%'";
+    assert_ne!(f.sql(q).ok().scalar(), "0");
     // The candidates are the server's rewrites, judged in iteration 1.
     let q =
         "SELECT count(*) FROM adaptations WHERE iter = 1 AND decision IN ('accepted', 'rejected')";

@@ -555,6 +555,9 @@ fn gridnav_pipeline_runs_replays_and_is_deterministic() {
             // Static tasks (adaptation is tested in adapt.rs).
             "--set",
             "adapt.enabled=false",
+            // 8 evaluation rollouts per task: the OOD comparison below needs the resolution.
+            "--set",
+            "eval.rollouts=8",
         ])
         .ok();
     }
@@ -663,8 +666,8 @@ fn external_environment_runs_over_json_lines() {
     let cfg = external_config(&f, 10.0);
     let store = f.store_arg();
     f.rla(&["run", &cfg, "--store", &store]).ok();
-    // n = 4 rollouts of every pool task, active or pending (adaptation goes through the
-    // process's `mutate`).
+    // n = 4 rollouts of every pool task rolled out, active or pending (adaptation goes
+    // through the process's `mutate`).
     let pool: u64 = f
         .sql("SELECT count(*) FROM tasks")
         .ok()
@@ -672,6 +675,12 @@ fn external_environment_runs_over_json_lines() {
         .parse()
         .unwrap();
     assert!(pool > 2 * 6, "candidates joined the pool: {pool}");
+    let pool: u64 = f
+        .sql("SELECT count(*) FROM tasks WHERE rolled_out")
+        .ok()
+        .scalar()
+        .parse()
+        .unwrap();
     assert_eq!(
         f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
         (4 * pool).to_string()
