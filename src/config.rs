@@ -50,6 +50,74 @@ pub struct Config {
     pub adapt: AdaptConfig,
     #[serde(default)]
     pub eval: EvalConfig,
+    #[serde(default)]
+    pub pretrain: PretrainConfig,
+}
+
+/// `[pretrain]`: the warm start. At iteration 0 the `pretrain` stage trains the policy by
+/// behaviour cloning on planner (oracle) trajectories and the reward model on oracle-labelled
+/// steps, both on tasks one difficulty level EASIER than training and disjoint from the
+/// training pool, the held-out and the OOD sets; its checkpoints are the models' starting
+/// point (in place of a pretrained LLM). Environments without a planner (external) start cold.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PretrainConfig {
+    /// false: today's cold start from the seeded random weights.
+    pub enabled: bool,
+    /// Seed of the demonstration tasks' draw.
+    pub seed: u64,
+    /// Planner episodes the policy imitates.
+    pub policy_episodes: u32,
+    /// Passes over the policy's demonstration steps.
+    pub policy_epochs: u32,
+    /// Oracle-labelled steps the reward model learns its verdicts from.
+    pub rm_steps: u32,
+    /// Passes over the reward model's labelled steps.
+    pub rm_epochs: u32,
+    /// In the reward model's episodes, the share of steps where a uniformly random admissible
+    /// action replaces the planner's (so both verdicts occur).
+    pub random_action_prob: f64,
+    /// AdamW learning rate of both models.
+    pub lr: f64,
+    /// Samples per optimizer step.
+    pub minibatch: u32,
+}
+
+impl Default for PretrainConfig {
+    fn default() -> Self {
+        PretrainConfig {
+            enabled: true,
+            seed: 2_000_003,
+            policy_episodes: 128,
+            policy_epochs: 4,
+            rm_steps: 2048,
+            rm_epochs: 4,
+            random_action_prob: 0.5,
+            lr: 3e-3,
+            minibatch: 64,
+        }
+    }
+}
+
+impl PretrainConfig {
+    /// The section's own checks (keys `pretrain.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(
+            (0.0..=1.0).contains(&self.random_action_prob),
+            "pretrain.random_action_prob",
+            "must be in [0, 1]",
+        );
+        c.check(
+            self.lr >= 0.0 && self.lr < 1.0,
+            "pretrain.lr",
+            "must be in [0, 1)",
+        );
+        c.check(
+            self.minibatch >= 1,
+            "pretrain.minibatch",
+            "must be at least 1",
+        );
+    }
 }
 
 /// `[run]`: identity and execution of the run.
@@ -351,6 +419,7 @@ impl Config {
         self.reward.validate(&mut c);
         self.update.validate(&mut c);
         self.adapt.validate(&mut c);
+        self.pretrain.validate(&mut c);
         c.check(
             (1..=10_000).contains(&self.rollout.n),
             "rollout.n",

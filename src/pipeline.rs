@@ -16,6 +16,10 @@ use crate::stages;
 pub fn dag(cfg: &Config) -> Result<Dag> {
     let mut dag: Vec<Arc<dyn Stage>> = Vec::new();
     let episodes = cfg.env.name.has_episodes();
+    // The warm start (iteration 0 only) where the environment has a planner to imitate.
+    if episodes && cfg.pretrain.enabled && cfg.env.name.has_planner() {
+        dag.push(Arc::new(stages::pretrain::Pretrain));
+    }
     if episodes {
         dag.push(Arc::new(stages::pool::Pool));
         dag.push(Arc::new(stages::rollout::Rollout));
@@ -67,6 +71,36 @@ mod tests {
         );
     }
 
+    /// `pretrain` runs at iteration 0 only; a stage reads the latest checkpoint written before
+    /// it: at iteration 0 pretrain's, later the previous iteration's update's.
+    #[test]
+    fn warm_start_checkpoints_come_from_pretrain_then_update() {
+        let cfg = Config::from_toml("[run]\nname='x'\n[env]\nname='gridnav'\n", "t").unwrap();
+        let dag = dag(&cfg).unwrap();
+        let from = |stage: &str, iter: u32| dag.checkpoint_sources(stage, iter);
+        assert_eq!(from("rollout", 0), vec![("policy", Some(("pretrain", 0)))]);
+        assert_eq!(from("rollout", 3), vec![("policy", Some(("update", 2)))]);
+        assert_eq!(
+            from("update", 0),
+            vec![
+                ("policy", Some(("pretrain", 0))),
+                ("rm", Some(("pretrain", 0)))
+            ]
+        );
+        assert_eq!(from("pretrain", 0), vec![("policy", None), ("rm", None)]);
+        let cold = Config::from_toml(
+            "[run]\nname='x'\n[env]\nname='gridnav'\n[pretrain]\nenabled=false\n",
+            "t",
+        )
+        .unwrap();
+        let dag = super::dag(&cold).unwrap();
+        assert_eq!(dag.checkpoint_sources("rollout", 0), vec![("policy", None)]);
+        assert_eq!(
+            dag.checkpoint_sources("rollout", 1),
+            vec![("policy", Some(("update", 0)))]
+        );
+    }
+
     #[test]
     fn episode_environments_run_the_model_stages() {
         let cfg = Config::from_toml("[run]\nname='x'\n[env]\nname='gridnav'\n", "t").unwrap();
@@ -79,6 +113,7 @@ mod tests {
         assert_eq!(
             names,
             [
+                "pretrain",
                 "pool",
                 "rollout",
                 "rm_score",

@@ -87,24 +87,38 @@ impl Dag {
             .expect("stage of this DAG")
     }
 
-    /// Producer and iteration offset of every checkpoint a stage reads (`None`: no stage of
-    /// this DAG writes it, the initial checkpoint is used at every iteration).
+    /// Producer and iteration of every checkpoint a stage reads at `iter`: the latest write
+    /// before it (an earlier stage of the same iteration, else the last writer of an earlier
+    /// iteration, skipping stages that did not run there). `None`: nothing wrote it yet, the
+    /// initial checkpoint is used.
     pub fn checkpoint_sources(
         &self,
         stage: &str,
+        iter: u32,
     ) -> Vec<(&'static str, Option<(&'static str, u32)>)> {
         let me = self.index(stage);
         self.stages[me]
             .checkpoints_in()
             .iter()
             .map(|name| {
-                let producer = self
-                    .stages
+                let writes = |s: &&Arc<dyn Stage>, at: u32| {
+                    s.checkpoints_out().contains(name) && s.runs_at(at)
+                };
+                let same = self.stages[..me]
                     .iter()
-                    .enumerate()
-                    .find(|(_, s)| s.checkpoints_out().contains(name))
-                    .map(|(i, s)| (s.name(), u32::from(i >= me)));
-                (*name, producer)
+                    .rev()
+                    .find(|s| writes(s, iter))
+                    .map(|s| (s.name(), iter));
+                let earlier = || {
+                    (0..iter).rev().find_map(|at| {
+                        self.stages
+                            .iter()
+                            .rev()
+                            .find(|s| writes(s, at))
+                            .map(|s| (s.name(), at))
+                    })
+                };
+                (*name, same.or_else(earlier))
             })
             .collect()
     }

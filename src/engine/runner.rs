@@ -118,6 +118,9 @@ impl Engine {
             let started = Instant::now();
             let mut done: BTreeMap<(u32, String), Committed> = BTreeMap::new();
             for stage in self.dag.stages() {
+                if !stage.runs_at(iter) {
+                    continue;
+                }
                 let committed =
                     match catalog::read_stage(&self.store, &self.run_id, iter, stage.name()).await?
                     {
@@ -144,6 +147,7 @@ impl Engine {
                     .dag
                     .stages()
                     .iter()
+                    .filter(|s| s.runs_at(iter))
                     .map(|s| StageDigest {
                         stage: s.name().to_string(),
                         digest: done[&(iter, s.name().to_string())].digest.clone(),
@@ -329,8 +333,7 @@ impl Engine {
     ) -> Result<(BTreeMap<String, bytes::Bytes>, Vec<InputRef>)> {
         let mut out = BTreeMap::new();
         let mut refs = Vec::new();
-        for (name, producer) in self.dag.checkpoint_sources(stage.name()) {
-            let from = producer.and_then(|(p, off)| iter.checked_sub(off).map(|f| (p, f)));
+        for (name, from) in self.dag.checkpoint_sources(stage.name(), iter) {
             let (bytes, r) = match from {
                 Some((producer, from)) => {
                     let key = (from, producer.to_string());

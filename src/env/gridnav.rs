@@ -59,6 +59,19 @@ impl GridNavConfig {
         }
     }
 
+    /// One difficulty level easier (where `pretrain` draws its demonstrations): shortest paths
+    /// up to two steps shorter (at least 1), 5 points fewer walls, a budget factor × 1.25.
+    pub fn easier(&self) -> GridNavConfig {
+        let min_distance = self.min_distance.saturating_sub(2).max(1);
+        GridNavConfig {
+            size: self.size,
+            wall_density: (self.wall_density - 0.05).max(0.0),
+            min_distance,
+            max_distance: self.max_distance.saturating_sub(2).max(min_distance),
+            budget_factor: self.budget_factor * 1.25,
+        }
+    }
+
     /// The section's own checks (keys `env.gridnav.*`).
     pub fn validate(&self, c: &mut Checks) {
         c.check(
@@ -510,6 +523,12 @@ impl Episode for GridEpisode {
         self.spec.budget
     }
 
+    fn oracle_action(&self) -> Option<String> {
+        self.spec
+            .plan(&self.dist, self.pos)
+            .map(|a| ACTIONS[a].to_string())
+    }
+
     fn step(&mut self, action: &str) -> Result<Step> {
         let a = ACTIONS.iter().position(|x| *x == action).ok_or_else(|| {
             Error::Environment(format!("gridnav: inadmissible action {action:?}"))
@@ -598,6 +617,35 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// `oracle_action` is the planner: following it wins every task, and every step makes
+    /// progress; the easier level draws shorter tasks.
+    #[test]
+    fn oracle_action_wins_and_easier_is_easier() {
+        let e = env();
+        for spec in e.generate(3, 40).unwrap() {
+            let mut ep = e.reset(&spec).unwrap();
+            loop {
+                let a = ep.oracle_action().expect("a plan until the goal");
+                let st = ep.step(&a).unwrap();
+                assert_eq!(st.oracle_progress, Some(1));
+                if st.done {
+                    assert!(st.won);
+                    assert!(ep.oracle_action().is_none());
+                    break;
+                }
+            }
+        }
+        let easy = GridNav::new(e.cfg.easier());
+        let mean = |g: &GridNav| {
+            let v = g.generate(5, 100).unwrap();
+            v.iter()
+                .map(|s| Spec::parse(s).unwrap().shortest_path().unwrap() as f64)
+                .sum::<f64>()
+                / v.len() as f64
+        };
+        assert!(mean(&easy) < mean(&e), "{} vs {}", mean(&easy), mean(&e));
     }
 
     #[test]

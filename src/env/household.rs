@@ -388,6 +388,27 @@ impl HouseholdConfig {
     /// receptacle and distractor, a quarter more closed containers and hidden goal objects, a
     /// budget factor × 0.75 (at least 1). The goal types stay.
     pub fn harder(&self) -> HouseholdConfig {
+        self.shifted(1)
+    }
+
+    /// One difficulty level easier (where `pretrain` draws its demonstrations): one receptacle
+    /// and distractor fewer (the goal still fits), a quarter fewer closed containers and hidden
+    /// goal objects, a budget factor × 1.25. The goal types stay.
+    pub fn easier(&self) -> HouseholdConfig {
+        self.shifted(-1)
+    }
+
+    fn shifted(&self, level: i32) -> HouseholdConfig {
+        if level < 0 {
+            return HouseholdConfig {
+                receptacles: self.receptacles.saturating_sub(1).max(1),
+                distractors: self.distractors.saturating_sub(1),
+                closed_fraction: (self.closed_fraction - 0.25).max(0.0),
+                goal_types: self.goal_types.clone(),
+                hidden_prob: (self.hidden_prob - 0.25).max(0.0),
+                budget_factor: self.budget_factor * 1.25,
+            };
+        }
         HouseholdConfig {
             receptacles: self.receptacles + 1,
             distractors: self.distractors + 1,
@@ -1808,6 +1829,13 @@ impl Episode for HouseholdEpisode {
         self.task.spec.budget
     }
 
+    fn oracle_action(&self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        self.task.next_command(&self.state)
+    }
+
     fn step(&mut self, action: &str) -> Result<Step> {
         if self.done {
             return Err(err("step after the episode ended"));
@@ -1913,6 +1941,37 @@ mod tests {
             ..HouseholdConfig::default()
         });
         assert!(bad.generate(1, 1).is_err());
+    }
+
+    /// `oracle_action` is the planner: following it wins every task within its budget, each
+    /// step making progress; the easier level's plans are no longer on average.
+    #[test]
+    fn oracle_action_wins_and_easier_is_easier() {
+        let e = env();
+        let plans = |h: &Household| {
+            let specs = h.generate(11, 40).unwrap();
+            specs.iter().map(plan_of).sum::<u32>() as f64 / specs.len() as f64
+        };
+        for spec in e.generate(11, 40).unwrap() {
+            let mut ep = e.reset(&spec).unwrap();
+            loop {
+                let a = ep.oracle_action().expect("a plan until won");
+                let st = ep.step(&a).unwrap();
+                assert_eq!(st.oracle_progress, Some(1), "{a}");
+                if st.done {
+                    assert!(st.won);
+                    break;
+                }
+            }
+            assert!(ep.oracle_action().is_none());
+        }
+        let easy = Household::new(e.cfg.easier());
+        assert!(
+            plans(&easy) <= plans(&e),
+            "{} vs {}",
+            plans(&easy),
+            plans(&e)
+        );
     }
 
     #[test]

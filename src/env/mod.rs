@@ -35,6 +35,12 @@ impl EnvKind {
     pub fn has_episodes(self) -> bool {
         self != EnvKind::Synthetic
     }
+
+    /// Whether the environment has a planner ([`Episode::oracle_action`]) and an easier level
+    /// ([`easier_from_config`]): what `pretrain` needs.
+    pub fn has_planner(self) -> bool {
+        matches!(self, EnvKind::Gridnav | EnvKind::Household)
+    }
 }
 
 /// `[env]`: which environment generates tasks and how hard they are. Each environment owns its
@@ -190,6 +196,11 @@ pub trait Episode: Send {
     fn step(&mut self, action: &str) -> Result<Step>;
     /// The step budget of the task.
     fn max_steps(&self) -> u32;
+    /// The environment's planner: an admissible action on an optimal plan from here (`None`
+    /// where the environment has no planner, or once the task is solved). `pretrain` imitates it.
+    fn oracle_action(&self) -> Option<String> {
+        None
+    }
 }
 
 /// An environment.
@@ -236,6 +247,17 @@ pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
     Ok(match cfg.name {
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
+        EnvKind::External | EnvKind::Synthetic => None,
+    })
+}
+
+/// The environment one difficulty level easier than the config's (where `pretrain` draws its
+/// demonstrations: a distribution disjoint from training's), where the environment has
+/// difficulty knobs and a planner: gridnav and household.
+pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
+    Ok(match cfg.name {
+        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.easier()))),
+        EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.easier()))),
         EnvKind::External | EnvKind::Synthetic => None,
     })
 }

@@ -14,6 +14,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod policy;
 pub mod ppo;
+pub mod pretrain;
 pub mod prompt;
 pub mod reward;
 pub mod tokenizer;

@@ -39,6 +39,23 @@ use DataType::{Boolean, Float64, Int8, UInt32, UInt64, Utf8};
 pub fn all_tables() -> Vec<TableDef> {
     vec![
         table(
+            "demonstrations",
+            &["purpose", "task_id", "episode", "step_idx"],
+            vec![
+                f("purpose", Utf8, false),
+                f("task_id", Utf8, false),
+                f("episode", UInt32, false),
+                f("step_idx", UInt32, false),
+                f("observation", Utf8, false),
+                f("action", Utf8, false),
+                f("planner", Boolean, false),
+                f("oracle_progress", Int8, true),
+                f("next_observation", Utf8, false),
+                f("admissible", Utf8, false),
+                f("spec", Utf8, false),
+            ],
+        ),
+        table(
             "tasks",
             &["slot", "status", "task_id"],
             vec![

@@ -118,15 +118,23 @@ pub trait Stage: Send + Sync {
     fn partition_column(&self) -> Option<&'static str> {
         None
     }
-    /// Model checkpoints this stage reads, by name. Like tables: one written by an earlier stage
-    /// is read from the same iteration, one written by this or a later stage from the previous
-    /// iteration; at iteration 0 the engine provides the initial checkpoint (seeded).
+    /// Model checkpoints this stage reads, by name: the latest one written before it — by an
+    /// earlier stage of the same iteration, else by the last stage that wrote it in an earlier
+    /// iteration (stages that did not run there skipped); before any, the engine provides the
+    /// initial checkpoint (seeded).
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[]
     }
     /// Checkpoints this stage writes (as artifacts, every time).
     fn checkpoints_out(&self) -> &'static [&'static str] {
         &[]
+    }
+    /// Whether the stage runs at iteration `iter` (default: every iteration). Where it does not,
+    /// it commits nothing and no other stage may read its tables there (e.g. `pretrain`, which
+    /// runs at iteration 0 only and is read for its checkpoints).
+    fn runs_at(&self, iter: u32) -> bool {
+        let _ = iter;
+        true
     }
     /// Whether the outputs are a pure function of inputs, config and seed (checked by replay).
     fn deterministic(&self) -> bool {

@@ -26,6 +26,45 @@ use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Evaluate;
 
+/// An evaluation split: its name, its environment and its tasks (id, spec), sorted by id.
+pub(crate) type EvalSet = (
+    &'static str,
+    Arc<dyn env::Environment>,
+    Vec<(String, serde_json::Value)>,
+);
+
+/// The held-out set and (where the environment has a harder level and `eval.ood_tasks` > 0)
+/// the OOD set a config evaluates on, before removing tasks of the training pool: fixed per
+/// run (drawn with `eval.seed`).
+pub(crate) fn eval_sets(cfg: &crate::config::Config) -> Result<Vec<EvalSet>> {
+    let eval = &cfg.eval;
+    let mut sets: Vec<(&'static str, Box<dyn env::Environment>, u32)> =
+        vec![("held_out", env::from_config(&cfg.env)?, eval.tasks)];
+    if eval.ood_tasks > 0
+        && let Some(harder) = env::harder_from_config(&cfg.env)?
+    {
+        sets.push(("ood", harder, eval.ood_tasks));
+    }
+    let mut out = Vec::new();
+    for (split, environment, count) in sets {
+        // The held-out set keeps its historical seed label; the OOD set has its own.
+        let label = if split == "held_out" {
+            "held-out"
+        } else {
+            split
+        };
+        let mut tasks: Vec<(String, serde_json::Value)> = environment
+            .generate(derive_seed(eval.seed, &[label]), count)?
+            .into_iter()
+            .map(|spec| (env::task_id(environment.name(), &spec), spec))
+            .collect();
+        tasks.sort_by(|a, b| a.0.cmp(&b.0));
+        tasks.dedup_by(|a, b| a.0 == b.0);
+        out.push((split, Arc::from(environment), tasks));
+    }
+    Ok(out)
+}
+
 #[async_trait]
 impl Stage for Evaluate {
     fn name(&self) -> &'static str {
@@ -54,13 +93,6 @@ impl Stage for Evaluate {
             training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
         }
         let eval = &ctx.config.eval;
-        let mut sets: Vec<(&str, Box<dyn env::Environment>, u32)> =
-            vec![("held_out", env::from_config(&ctx.config.env)?, eval.tasks)];
-        if eval.ood_tasks > 0
-            && let Some(harder) = env::harder_from_config(&ctx.config.env)?
-        {
-            sets.push(("ood", harder, eval.ood_tasks));
-        }
         let uniform = ctx.config.policy.kind == crate::config::PolicyKind::Uniform;
         let (per_task, temperature) = match eval.mode {
             _ if uniform => (eval.rollouts, Some(eval.temperature)),
@@ -73,21 +105,8 @@ impl Stage for Evaluate {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
         let mut out = TableBuilder::new("evaluations")?;
-        for (split, environment, count) in sets {
-            // The held-out set keeps its historical seed label; the OOD set has its own.
-            let label = if split == "held_out" {
-                "held-out"
-            } else {
-                split
-            };
-            let mut tasks: Vec<(String, serde_json::Value)> = environment
-                .generate(derive_seed(eval.seed, &[label]), count)?
-                .into_iter()
-                .map(|spec| (env::task_id(environment.name(), &spec), spec))
-                .filter(|(id, _)| !training.contains(id))
-                .collect();
-            tasks.sort_by(|a, b| a.0.cmp(&b.0));
-            tasks.dedup_by(|a, b| a.0 == b.0);
+        for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
+            tasks.retain(|(id, _)| !training.contains(id));
             let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
                 .flat_map(|t| (0..per_task).map(move |r| (t, r)))
                 .map(|(t, r)| {
@@ -103,7 +122,6 @@ impl Stage for Evaluate {
                 .iter()
                 .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
                 .collect();
-            let environment: Arc<dyn env::Environment> = Arc::from(environment);
             let rolled = play_policy(&ctx.config, policy_ck, &environment, &jobs, temperature)?;
             for (t, (task_id, _)) in tasks.iter().enumerate() {
                 let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]

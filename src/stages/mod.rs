@@ -3,6 +3,7 @@
 //! | stage | reads | writes |
 //! |---|---|---|
 //! | `synthetic` | — | `tasks`, `trajectories`, `steps`, `rm_samples` |
+//! | `pretrain` (iteration 0) | — (planner demonstrations it plays) | `demonstrations`, initial `policy` / `rm` checkpoints |
 //! | `pool` | `tasks`, `adaptations` (previous iteration) | `tasks` (+ which are rolled out) |
 //! | `rollout` | `tasks`, policy checkpoint | `trajectories`, `steps` |
 //! | `rm_score` | `steps`, RM checkpoint | `rm_samples` |
@@ -21,6 +22,7 @@ pub mod advantage;
 pub mod evaluate;
 pub mod judge;
 pub mod pool;
+pub mod pretrain;
 pub mod reward_join;
 pub mod rm_score;
 pub mod rollout;

@@ -115,7 +115,7 @@ fn seed_pool(ctx: &StageContext) -> Result<arrow::array::RecordBatch> {
 
 /// `count` distinct tasks (by task id): the first distinct ones of a draw, drawing more when a
 /// small difficulty distribution repeats itself.
-fn distinct_tasks(
+pub(crate) fn distinct_tasks(
     environment: &dyn env::Environment,
     seed: u64,
     count: u32,

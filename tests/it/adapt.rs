@@ -17,10 +17,14 @@ const GROWTH: &str = concat!(
 );
 
 /// A small, quick gridnav loop (learned policy and RM, few optimizer steps).
-const SMALL_GRIDNAV: [&str; 3] = [
+const SMALL_GRIDNAV: [&str; 7] = [
     "env.initial_tasks=16",
     "update.policy_steps=4",
     "update.rm_steps=4",
+    "pretrain.policy_episodes=8",
+    "pretrain.policy_epochs=1",
+    "pretrain.rm_steps=64",
+    "pretrain.rm_epochs=1",
 ];
 
 #[test]
@@ -322,6 +326,8 @@ fn openai_adapter_against_a_local_server() {
             "--set",
             "update.rm_steps=2",
             "--set",
+            "pretrain.rm_steps=64",
+            "--set",
             "adapt.adapter=\"openai\"",
             "--set",
             "adapt.openai.model=\"test-model\"",
@@ -492,6 +498,10 @@ fn household_kill_and_resume_gives_the_same_tables() {
             "update.rm_steps=2",
             "--set",
             "update.minibatch=32",
+            "--set",
+            "pretrain.policy_episodes=8",
+            "--set",
+            "pretrain.rm_steps=64",
         ]
         .iter()
         .map(|s| s.to_string())

@@ -801,6 +801,10 @@ fn household_pipeline_runs_and_replays() {
         "update.rm_steps=1",
         "--set",
         "update.minibatch=32",
+        "--set",
+        "pretrain.policy_episodes=8",
+        "--set",
+        "pretrain.rm_steps=64",
     ])
     .ok();
     assert_eq!(

@@ -10,6 +10,15 @@ mod s3;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// A small warm start (the default budgets take ~12 s on gridnav, ~60 s on household): tests
+/// that are not about `pretrain` still run it, on a few demonstrations.
+pub const SMALL_PRETRAIN: [&str; 4] = [
+    "pretrain.policy_episodes=8",
+    "pretrain.policy_epochs=1",
+    "pretrain.rm_steps=64",
+    "pretrain.rm_epochs=1",
+];
+
 /// A temporary store directory with a small synthetic pipeline config.
 pub struct Fixture {
     pub dir: tempfile::TempDir,

@@ -17,6 +17,10 @@ const SMALL_MODELS: &[&str] = &[
     "update.policy_steps=2",
     "update.rm_steps=2",
     "update.minibatch=64",
+    "pretrain.policy_episodes=8",
+    "pretrain.policy_epochs=1",
+    "pretrain.rm_steps=64",
+    "pretrain.rm_epochs=1",
 ];
 
 fn run_gridnav(f: &Fixture, iterations: &str, sets: &[&str], extra: &[&str]) -> Run {
@@ -240,12 +244,13 @@ fn ablations_keep_the_shape_of_a_run() {
             .scalar(),
         "0"
     );
+    // Every stage, pretrain included (it plays its demonstrations; neither model is trained).
     let q = "SELECT count(DISTINCT stage) FROM stage_runs";
     assert_eq!(
         f.rla(&["sql", "--run", "uniform", "--format", "csv", q])
             .ok()
             .scalar(),
-        "10"
+        "11"
     );
 }
 
@@ -281,4 +286,123 @@ fn policy_learns_easy_gridnav() {
     let (first, last) = (success(0), success(4));
     println!("greedy held-out success: iteration 0 {first:.3}, iteration 4 {last:.3}");
     assert!(last >= first + 0.2, "{first} → {last}");
+}
+
+/// The warm start: `pretrain` commits at iteration 0 only, its `demonstrations` come from a
+/// distribution disjoint from the training pool, the held-out and the OOD sets, its checkpoints
+/// are content-addressed artifacts that iteration 0's rollout and update load (iteration 1's
+/// come from iteration 0's update), and replay re-executes it bit for bit. With
+/// `pretrain.enabled = false` the run starts cold from the seeded initial checkpoints.
+#[test]
+fn pretrain_is_a_committed_replayable_warm_start() {
+    let f = Fixture::new();
+    let mut sets: Vec<&str> = SMALL_MODELS
+        .iter()
+        .copied()
+        .filter(|s| !s.starts_with("pretrain."))
+        .collect();
+    sets.extend(crate::SMALL_PRETRAIN);
+    run_gridnav(&f, "2", &sets, &[]).ok();
+    let q = "SELECT iter FROM stage_runs WHERE stage = 'pretrain'";
+    assert_eq!(f.sql(q).ok().csv(), vec![vec!["0"]]);
+    let q = "SELECT purpose, count(*) > 0, count(DISTINCT task_id) > 1 FROM demonstrations GROUP BY purpose ORDER BY purpose";
+    assert_eq!(
+        f.sql(q).ok().csv(),
+        vec![vec!["policy", "true", "true"], vec!["rm", "true", "true"]]
+    );
+    // The policy imitates the planner; the RM sees both verdicts, labelled by the oracle.
+    let q = "SELECT bool_and(planner) FROM demonstrations WHERE purpose = 'policy'";
+    assert_eq!(f.sql(q).ok().scalar(), "true");
+    let q = "SELECT count(DISTINCT oracle_progress) FROM demonstrations WHERE purpose = 'rm'";
+    assert_eq!(f.sql(q).ok().scalar(), "2");
+    // Disjoint from the training pool (every iteration) and from both evaluation sets.
+    for other in ["tasks", "evaluations"] {
+        let q = format!(
+            "SELECT count(*) FROM demonstrations d JOIN {other} o ON o.task_id = d.task_id"
+        );
+        assert_eq!(f.sql(&q).ok().scalar(), "0", "{other}");
+    }
+    // Who loaded which checkpoint, by digest.
+    let pretrained = artifacts(&f, "gridnav", 0, "pretrain");
+    assert_eq!(pretrained.len(), 2);
+    for (name, digest, path) in &pretrained {
+        let bytes = std::fs::read(f.store().join(path)).unwrap();
+        assert_eq!(blake3::hash(&bytes).to_hex().to_string(), *digest, "{name}");
+    }
+    let input = |iter: u32, stage: &str, name: &str| -> (String, String) {
+        let path = f
+            .store()
+            .join(format!("gridnav/_commits/iter={iter:06}/{stage}.json"));
+        let m: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+        let i = m["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["tables"][0] == name && i["kind"] != "manifest")
+            .unwrap()
+            .clone();
+        (
+            i["kind"].as_str().unwrap().to_string(),
+            i["digest"].as_str().unwrap().to_string(),
+        )
+    };
+    let digest_of = |arts: &[(String, String, String)], name: &str| {
+        arts.iter().find(|a| a.0 == name).unwrap().1.clone()
+    };
+    for (stage, name) in [
+        ("rollout", "policy"),
+        ("update", "policy"),
+        ("update", "rm"),
+    ] {
+        assert_eq!(
+            input(0, stage, name),
+            ("artifact".to_string(), digest_of(&pretrained, name)),
+            "{stage} {name}"
+        );
+    }
+    assert_eq!(input(0, "pretrain", "policy").0, "init");
+    let updated0 = artifacts(&f, "gridnav", 0, "update");
+    assert_eq!(
+        input(1, "rollout", "policy"),
+        ("artifact".to_string(), digest_of(&updated0, "policy"))
+    );
+    let r = f
+        .rla(&["replay", "--run", "gridnav", "--iter", "0", "--verify"])
+        .ok();
+    for t in [
+        "pretrain       checkpoint:policy",
+        "pretrain       checkpoint:rm",
+        "pretrain       demonstrations",
+    ] {
+        assert!(
+            r.stdout.contains(&format!("ok  {t}")) && r.stdout.contains("(replayed)"),
+            "{t}: {}",
+            r.stdout
+        );
+    }
+    // Cold start: no pretrain stage, iteration 0 loads the seeded initial checkpoint.
+    let cold = Fixture::new();
+    let mut sets = sets.clone();
+    sets.push("pretrain.enabled=false");
+    run_gridnav(&cold, "1", &sets, &[]).ok();
+    let q = "SELECT count(*) FROM stage_runs WHERE stage = 'pretrain'";
+    assert_eq!(cold.sql(q).ok().scalar(), "0");
+    assert_eq!(
+        cold.sql("SELECT count(*) FROM demonstrations")
+            .ok()
+            .scalar(),
+        "0"
+    );
+    let path = cold
+        .store()
+        .join("gridnav/_commits/iter=000000/rollout.json");
+    let m: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert!(
+        m["inputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|i| i["kind"] == "init" && i["tables"][0] == "policy"),
+        "{m}"
+    );
 }

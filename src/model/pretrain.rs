@@ -1,0 +1,171 @@
+//! Supervised warm start (the `pretrain` stage): behaviour cloning for the policy — the
+//! cross-entropy of the demonstrated action among the admissible ones, at T = 1 — and
+//! teacher-forced responses for the reward model — the mean token log-likelihood of a short
+//! critique and the oracle's verdict. Both run the optimizer loop of PPO ([`ppo::train`]:
+//! AdamW, gradient clipping, seeded minibatches), with the supervised loss in place of the
+//! clipped surrogate.
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+
+use super::policy::{self, Decision};
+use super::ppo::{self, PpoSettings, StepMetrics};
+use super::reward::allowed_bias;
+use super::transformer::{bool_tensor, int_tensor};
+use super::{Checkpoint, ModelSpec, POLICY, RM};
+use crate::error::Result;
+
+/// Train the policy to pick `chosen[i]` among the admissible actions of `decisions[i]`.
+pub fn clone_policy<B: AutodiffBackend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    ck: &Checkpoint,
+    decisions: &[Decision],
+    chosen: &[usize],
+    s: &PpoSettings,
+    seed: u64,
+) -> Result<(Checkpoint, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device);
+    let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
+        let b = idx.len();
+        let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
+        let tokens: usize = decs
+            .iter()
+            .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
+            .sum();
+        let pick = int_tensor::<B, 2>(
+            idx.iter().map(|i| chosen[*i] as i64).collect(),
+            [b, 1],
+            device,
+        );
+        let lp = policy::log_probs(m, &decs, 1.0, spec.action_mean, device).gather(1, pick);
+        let loss = lp.clone().mean().neg();
+        // "kl" reports the demonstrated action's mean probability (how well it is imitated).
+        let p = lp.exp().mean().detach();
+        (loss, p, Tensor::zeros([1], device), tokens as u64)
+    });
+    Ok((
+        Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),
+        metrics,
+    ))
+}
+
+/// Train the reward model to answer `responses[i]` to `prompts[i]` (teacher forcing over the
+/// response tokens, sampling restricted to critique words and verdicts as when it generates).
+pub fn teach_rm<B: AutodiffBackend>(
+    device: &B::Device,
+    spec: &ModelSpec,
+    ck: &Checkpoint,
+    prompts: &[Vec<u32>],
+    responses: &[Vec<u32>],
+    s: &PpoSettings,
+    seed: u64,
+) -> Result<(Checkpoint, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device);
+    let bias = allowed_bias::<B>(&spec.tokenizer, spec.config.vocab, device);
+    let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
+        let b = idx.len();
+        let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
+        let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
+        let tokens: usize =
+            p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
+        let (last, cache, lens) = m.encode(&p, device);
+        let rows: Vec<usize> = (0..b).collect();
+        let (lp, valid) =
+            m.continuation_logprobs(&last, &cache, &lens, &rows, &r, Some(&bias), 1.0, device);
+        let l = valid.len() / b;
+        let valid = bool_tensor::<B, 2>(valid, [b, l], device).float();
+        let count = valid.clone().sum_dim(1);
+        let per_sample = (lp * valid).sum_dim(1).div(count);
+        let loss = per_sample.clone().mean().neg();
+        let p = per_sample.exp().mean().detach();
+        (loss, p, Tensor::zeros([1], device), tokens as u64)
+    });
+    Ok((
+        Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),
+        metrics,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::CpuTrain;
+    use crate::model::ppo::Schedule;
+
+    fn settings(steps: u32) -> PpoSettings {
+        PpoSettings {
+            clip_eps: 0.2,
+            kl_beta: 0.0,
+            log_ratio_clamp: 10.0,
+            lr: 1e-2,
+            weight_decay: 0.0,
+            adam_eps: 1e-8,
+            grad_clip: 1.0,
+            steps,
+            minibatch: 8,
+            schedule: Schedule::Fixed,
+        }
+    }
+
+    /// Behaviour cloning raises the demonstrated action's probability, and the RM learns to
+    /// answer the taught verdict: the loss falls from the first step to the last.
+    #[test]
+    fn supervised_losses_fall() {
+        let words: Vec<String> = ["north", "south", "east", "west", "at", "goal"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let pc = crate::model::config::PolicyConfig::default();
+        let rc = crate::model::config::RewardModelConfig::default();
+        let dev = Default::default();
+        let spec = ModelSpec::for_role(POLICY, &pc, &rc, &words).unwrap();
+        let ck = Checkpoint::decode(&crate::model::initial_checkpoint(&spec, 1)).unwrap();
+        let admissible: Vec<String> = ["north", "south", "east", "west"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let decisions: Vec<Decision> = (0..8)
+            .map(|i| {
+                spec.decision(
+                    "at goal",
+                    &[],
+                    if i % 2 == 0 { "at" } else { "goal" },
+                    &admissible,
+                )
+            })
+            .collect();
+        let chosen: Vec<usize> = (0..8).map(|i| i % 2).collect();
+        let (_, m) =
+            clone_policy::<CpuTrain>(&dev, &spec, &ck, &decisions, &chosen, &settings(30), 3)
+                .unwrap();
+        assert!(m.last().unwrap().loss < m[0].loss * 0.5, "{:?}", m);
+
+        let spec = ModelSpec::for_role(RM, &pc, &rc, &words).unwrap();
+        let ck = Checkpoint::decode(&crate::model::initial_checkpoint(&spec, 2)).unwrap();
+        let tok = &spec.tokenizer;
+        let good = vec![
+            tok.encode("progress")[0],
+            tok.special(crate::model::tokenizer::GOOD),
+        ];
+        let bad = vec![
+            tok.encode("wasted")[0],
+            tok.special(crate::model::tokenizer::BAD),
+        ];
+        let prompts: Vec<Vec<u32>> = (0..8)
+            .map(|i| tok.encode(if i % 2 == 0 { "north" } else { "south" }))
+            .collect();
+        let responses: Vec<Vec<u32>> = (0..8)
+            .map(|i| {
+                if i % 2 == 0 {
+                    good.clone()
+                } else {
+                    bad.clone()
+                }
+            })
+            .collect();
+        let (_, m) =
+            teach_rm::<CpuTrain>(&dev, &spec, &ck, &prompts, &responses, &settings(30), 4).unwrap();
+        assert!(m.last().unwrap().loss < m[0].loss * 0.5, "{:?}", m);
+    }
+}

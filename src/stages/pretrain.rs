@@ -1,0 +1,331 @@
+//! Stage `pretrain` (iteration 0 only): the warm start, in place of the pretrained LLM the
+//! paper starts from. It draws demonstration tasks from the environment one difficulty level
+//! EASIER than training ([`env::easier_from_config`], seed `pretrain.seed`), minus every task of
+//! the training pool, the held-out set and the OOD set, and
+//!
+//! - plays `pretrain.policy_episodes` episodes with the environment's planner
+//!   ([`env::Episode::oracle_action`]) and trains the policy by behaviour cloning on them
+//!   (`pretrain.policy_epochs` passes);
+//! - plays episodes where a uniformly random admissible action replaces the planner's with
+//!   probability `pretrain.random_action_prob` until `pretrain.rm_steps` steps are gathered,
+//!   and teaches the reward model the step oracle's verdict on each (`progress <good>` /
+//!   `wasted <bad>`, `pretrain.rm_epochs` passes).
+//!
+//! Its data is the committed `demonstrations` table; its outputs are the `policy` and `rm`
+//! checkpoints every later stage starts from (content-addressed artifacts like the update's).
+//! Deterministic on the CPU backend: `replay --verify` re-executes it.
+
+use async_trait::async_trait;
+
+use crate::config::{Config, PolicyKind};
+use crate::determinism::{Rng, canonical, derive_seed};
+use crate::env::{self, Environment};
+use crate::error::{Error, Result};
+use crate::model::policy::Decision;
+use crate::model::ppo::{PpoSettings, Schedule};
+use crate::model::pretrain::{clone_policy, teach_rm};
+use crate::model::tokenizer::{BAD, GOOD};
+use crate::model::{POLICY, RM, StepRow, Trajectory};
+use crate::schema::rows::TableBuilder;
+use crate::stage::{Stage, StageContext, TableOutput};
+
+pub struct Pretrain;
+
+/// One demonstration episode.
+struct Episode {
+    task_id: String,
+    spec: String,
+    steps: Vec<Demo>,
+}
+
+struct Demo {
+    row: StepRow,
+    planner: bool,
+    oracle: Option<i8>,
+}
+
+/// Play one episode: the planner's action, or (with probability `random`) a uniformly random
+/// admissible one. Stops when the episode ends, or after `cap` steps.
+fn play(
+    environment: &dyn Environment,
+    task_id: &str,
+    spec: &serde_json::Value,
+    random: f64,
+    rng: &mut Rng,
+    cap: u32,
+) -> Result<Episode> {
+    let mut ep = environment.reset(spec)?;
+    let limit = ep.max_steps().min(cap);
+    let mut steps = Vec::new();
+    while (steps.len() as u32) < limit {
+        let obs = ep.observation().clone();
+        let planned = ep.oracle_action().ok_or_else(|| {
+            Error::Environment(format!(
+                "pretrain: the {} planner has no action for task {task_id} at step {}",
+                environment.name(),
+                steps.len()
+            ))
+        })?;
+        let explore = random > 0.0 && rng.unit() < random;
+        let action = if explore {
+            obs.admissible[(rng.next_u64() % obs.admissible.len() as u64) as usize].clone()
+        } else {
+            planned.clone()
+        };
+        let st = ep.step(&action)?;
+        steps.push(Demo {
+            planner: action == planned,
+            oracle: st.oracle_progress,
+            row: StepRow {
+                step_idx: steps.len() as u32,
+                observation: obs.text,
+                action,
+                next_observation: ep.observation().text.clone(),
+                admissible: obs.admissible,
+            },
+        });
+        if st.done {
+            break;
+        }
+    }
+    Ok(Episode {
+        task_id: task_id.to_string(),
+        spec: canonical(spec),
+        steps,
+    })
+}
+
+/// The demonstration tasks: drawn from the easier level, none of them a training, held-out or
+/// OOD task.
+fn demonstration_tasks(
+    cfg: &Config,
+    environment: &dyn Environment,
+    count: u32,
+) -> Result<Vec<(String, serde_json::Value)>> {
+    let main = env::from_config(&cfg.env)?;
+    let mut exclude: std::collections::BTreeSet<String> =
+        super::pool::distinct_tasks(main.as_ref(), cfg.run.seed, cfg.env.initial_tasks)?
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+    for (_, _, tasks) in super::evaluate::eval_sets(cfg)? {
+        exclude.extend(tasks.into_iter().map(|t| t.0));
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let tasks: Vec<(String, serde_json::Value)> = environment
+        .generate(derive_seed(cfg.pretrain.seed, &["pretrain"]), count.max(1))?
+        .into_iter()
+        .map(|s| (env::task_id(environment.name(), &s), s))
+        .filter(|(id, _)| !exclude.contains(id) && seen.insert(id.clone()))
+        .collect();
+    if tasks.is_empty() {
+        return Err(Error::Environment(format!(
+            "pretrain: every task drawn from the easier {} distribution is a training, held-out or OOD task",
+            environment.name()
+        )));
+    }
+    Ok(tasks)
+}
+
+fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
+    let mb = cfg.pretrain.minibatch.max(1) as usize;
+    PpoSettings {
+        clip_eps: cfg.reward.clip_eps,
+        kl_beta: 0.0,
+        log_ratio_clamp: cfg.update.log_ratio_clamp,
+        lr: cfg.pretrain.lr,
+        weight_decay: cfg.update.weight_decay,
+        adam_eps: cfg.update.adam_eps,
+        grad_clip: cfg.update.grad_clip,
+        steps: (samples * epochs as usize).div_ceil(mb) as u32,
+        minibatch: mb,
+        schedule: Schedule::Fixed,
+    }
+}
+
+#[async_trait]
+impl Stage for Pretrain {
+    fn name(&self) -> &'static str {
+        "pretrain"
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["demonstrations"]
+    }
+    fn config_sections(&self) -> &'static [&'static str] {
+        &[
+            "env",
+            "policy",
+            "reward_model",
+            "update",
+            "eval",
+            "pretrain",
+        ]
+    }
+    /// The seeded initial models it starts from.
+    fn checkpoints_in(&self) -> &'static [&'static str] {
+        &[POLICY, RM]
+    }
+    fn checkpoints_out(&self) -> &'static [&'static str] {
+        &[POLICY, RM]
+    }
+    fn runs_at(&self, iter: u32) -> bool {
+        iter == 0
+    }
+    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        let cfg = &ctx.config;
+        let p = &cfg.pretrain;
+        let environment = env::easier_from_config(&cfg.env)?.ok_or_else(|| {
+            Error::config(format!(
+                "key `pretrain.enabled`: the {:?} environment has no planner to imitate; set pretrain.enabled = false",
+                cfg.env.name
+            ))
+        })?;
+        let tasks = demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(64))?;
+        let cap = cfg.env.max_steps;
+        // The planner's episodes (the policy's), then the RM's until rm_steps steps.
+        let mut policy_eps = Vec::new();
+        let mut rng = Rng::new(derive_seed(ctx.seed, &["policy"]));
+        for k in 0..p.policy_episodes as usize {
+            let (id, spec) = &tasks[k % tasks.len()];
+            policy_eps.push(play(environment.as_ref(), id, spec, 0.0, &mut rng, cap)?);
+        }
+        let mut rm_eps = Vec::new();
+        let mut rng = Rng::new(derive_seed(ctx.seed, &["rm"]));
+        let mut gathered = 0usize;
+        let mut k = p.policy_episodes as usize;
+        while gathered < p.rm_steps as usize {
+            let (id, spec) = &tasks[k % tasks.len()];
+            let mut ep = play(
+                environment.as_ref(),
+                id,
+                spec,
+                p.random_action_prob,
+                &mut rng,
+                cap,
+            )?;
+            ep.steps.truncate(p.rm_steps as usize - gathered);
+            gathered += ep.steps.len();
+            rm_eps.push(ep);
+            k += 1;
+        }
+
+        let mut out = TableBuilder::new("demonstrations")?;
+        for (purpose, eps) in [("policy", &policy_eps), ("rm", &rm_eps)] {
+            for (e, ep) in eps.iter().enumerate() {
+                for d in &ep.steps {
+                    out.push_str(purpose)
+                        .push_str(&ep.task_id)
+                        .push_u32(e as u32)
+                        .push_u32(d.row.step_idx)
+                        .push_str(&d.row.observation)
+                        .push_str(&d.row.action)
+                        .push_bool(d.planner)
+                        .push_opt_i8(d.oracle)
+                        .push_str(&d.row.next_observation)
+                        .push_str(&serde_json::to_string(&d.row.admissible).expect("strings"))
+                        .push_str(&ep.spec);
+                }
+            }
+        }
+        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+        let device = cfg.run.device;
+
+        // Policy: behaviour cloning on the planner's steps.
+        let policy_in = ctx.checkpoint(POLICY)?.clone();
+        let policy_out = if cfg.policy.kind == PolicyKind::Uniform || policy_eps.is_empty() {
+            policy_in
+        } else {
+            let spec = super::model_spec(cfg, POLICY)?;
+            let ck = spec.load(&policy_in)?;
+            let (mut decisions, mut chosen): (Vec<Decision>, Vec<usize>) = (vec![], vec![]);
+            for ep in &policy_eps {
+                let t = trajectory(ep);
+                for (i, d) in ep.steps.iter().enumerate() {
+                    let k = d.row.admissible.iter().position(|a| *a == d.row.action);
+                    let k = k.expect("the planner's action is admissible");
+                    decisions.push(spec.decision(
+                        t.task(),
+                        &t.past(i),
+                        &d.row.observation,
+                        &d.row.admissible,
+                    ));
+                    chosen.push(k);
+                }
+            }
+            let s = settings(cfg, decisions.len(), p.policy_epochs);
+            let seed = derive_seed(ctx.seed, &["train", POLICY]);
+            let (ck, metrics) = crate::on_backend!(
+                device,
+                train,
+                clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
+            )?;
+            report(POLICY, &metrics);
+            ck.encode()
+        };
+
+        // Reward model: the oracle's verdict on every labelled step.
+        let rm_in = ctx.checkpoint(RM)?.clone();
+        let rm_out = if !cfg.reward_model.enabled || rm_eps.is_empty() {
+            rm_in
+        } else {
+            let spec = super::model_spec(cfg, RM)?;
+            let ck = spec.load(&rm_in)?;
+            let tok = &spec.tokenizer;
+            let max = cfg.reward_model.max_tokens;
+            let answer = |word: &str, verdict: &'static str| -> Vec<u32> {
+                let mut v: Vec<u32> = if max >= 2 { tok.encode(word) } else { vec![] };
+                v.push(tok.special(verdict));
+                v
+            };
+            let (good, bad) = (answer("progress", GOOD), answer("wasted", BAD));
+            let (mut prompts, mut responses) = (vec![], vec![]);
+            for ep in &rm_eps {
+                let t = trajectory(ep);
+                for (i, d) in ep.steps.iter().enumerate() {
+                    let Some(label) = d.oracle else { continue };
+                    prompts.push(spec.rm_prompt(max, &t, i));
+                    responses.push(if label > 0 { good.clone() } else { bad.clone() });
+                }
+            }
+            if prompts.is_empty() {
+                rm_in
+            } else {
+                let s = settings(cfg, prompts.len(), p.rm_epochs);
+                let seed = derive_seed(ctx.seed, &["train", RM]);
+                let (ck, metrics) = crate::on_backend!(
+                    device,
+                    train,
+                    teach_rm(&spec, &ck, &prompts, &responses, &s, seed)
+                )?;
+                report(RM, &metrics);
+                ck.encode()
+            }
+        };
+        ctx.emit_artifact(POLICY, policy_out);
+        ctx.emit_artifact(RM, rm_out);
+        Ok(vec![(
+            "demonstrations",
+            TableOutput::Frame(ctx.session.read_batch(batch)?),
+        )])
+    }
+}
+
+fn trajectory(ep: &Episode) -> Trajectory {
+    Trajectory {
+        task_id: ep.task_id.clone(),
+        traj_id: String::new(),
+        steps: ep.steps.iter().map(|d| d.row.clone()).collect(),
+    }
+}
+
+fn report(model: &str, metrics: &[crate::model::ppo::StepMetrics]) {
+    if let (Some(first), Some(last)) = (metrics.first(), metrics.last()) {
+        tracing::info!(
+            model,
+            steps = metrics.len(),
+            first_loss = first.loss,
+            last_loss = last.loss,
+            "pretrain: supervised warm start"
+        );
+    }
+}
