@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The paper's ablation on household (pipelines/ablation/household.toml): three settings —
-# policy only (outcome reward, static tasks), + reward model, + reward model + adaptation — over
-# three seeds each, the same iteration budget; then the table (pipelines/sql/ablation.sql) and the
-# reports (all nine runs; seed 0 of each setting, also as SVG figures). Runs resume: rerunning
-# continues where it stopped.
+# The paper's ablation (pipelines/ablation/<env>.toml): three settings — policy only (outcome
+# reward, static tasks), + reward model, + reward model + adaptation — over three seeds each,
+# the same iteration budget, every run warm-started by `pretrain`; plus, per seed, the
+# pretrained models alone (`pre-s<seed>`: one iteration whose update takes no step, so its
+# evaluation and RM accuracy are those of the warm start). Then the table
+# (pipelines/sql/ablation.sql), the per-iteration curves and the reports (all runs; seed 0 of
+# each setting, also as SVG figures). Runs resume: rerunning continues where it stopped.
 #
-#   benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR]
-#   benches/ablation.sh                      # 5 iterations into ./runs-ablation, report in docs/ablation/
+#   benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+#   benches/ablation.sh                      # household, 8 iterations, ./runs-ablation/household, docs/ablation/household
+#   benches/ablation.sh 8 ./runs-ablation/gridnav docs/ablation/gridnav gridnav
 set -euo pipefail
 cd "$(dirname "$0")/.."
-iters=${1:-5}
-store=${2:-./runs-ablation}
-out=${3:-docs/ablation}
+iters=${1:-8}
+env=${4:-household}
+store=${2:-./runs-ablation/$env}
+out=${3:-docs/ablation/$env}
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 if [ -n "${RLA_PIPE_BIN:-}" ]; then
@@ -20,9 +24,13 @@ else
   cargo build --quiet
   bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
 fi
-pipeline=pipelines/ablation/household.toml
+pipeline=pipelines/ablation/$env.toml
+started=$(date +%s)
 runs=()
 for seed in 0 1 2; do
+  echo "== pre-s$seed" >&2
+  "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 \
+    --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
   for setting in policy rm rmadapt; do
     case "$setting" in
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
@@ -36,7 +44,13 @@ for seed in 0 1 2; do
       --set "run.seed=$seed" "${sets[@]}"
   done
 done
+echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
+echo "== the ablation ($env, $iters iterations)"
 "$bin" sql --store "$store" --file pipelines/sql/ablation.sql
+echo "== the warm start alone (pretrain, before any update)"
+"$bin" sql --store "$store" --file pipelines/sql/pretrain_alone.sql
+echo "== held-out success and RM process accuracy per iteration"
+"$bin" sql --store "$store" --file pipelines/sql/ablation_curves.sql
 mkdir -p "$out"
 # Every run in one report; the figures (SVG) from seed 0 of each setting, readable overlaid.
 "$bin" report --store "$store" "${runs[@]}" --out "$out/report-all.html"

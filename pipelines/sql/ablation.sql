@@ -1,9 +1,13 @@
 -- The ablation table (benches/ablation.sh): one row per setting over its seeds, at each run's
 -- last committed iteration. Runs are named abl-<setting>-s<seed>: setting `policy` (outcome
 -- reward, static tasks), `rm` (+ reward model), `rmadapt` (+ reward model + adaptation).
--- Held-out / OOD: greedy success after the last update (mean ± sample std over seeds, and the
--- range), and held-out averaged over all iterations; RM process accuracy of the last iteration; accepted tasks over the run; wall time of
--- the whole run (sum of its stage times).
+-- Held-out / OOD: success after the last update (eval.mode: 3 sampled rollouts per task at
+-- T = 0.8 by default; mean ± sample std over seeds, and the range), and held-out averaged over
+-- all iterations; RM process accuracy (first and last iteration) and balanced outcome accuracy
+-- (last iteration: the mean of the sign-of-summed-verdicts hit rates on successes and on
+-- failures, 0.5 = chance); accepted tasks over the run, the slope of their linear fit per
+-- iteration and the share of harder rewrites among them; wall time of the whole run (sum of its
+-- stage times).
 WITH runs AS (
     SELECT run_id, split_part(run_id, '-', 2) AS setting, MAX(iter) AS last
     FROM tasks
@@ -33,17 +37,60 @@ curve AS (
     ) per_iter
     GROUP BY run_id
 ),
-rm AS (
-    SELECT ta.run_id,
+rm_iter AS (
+    SELECT ta.run_id, ta.iter,
            SUM(ta.rm_process_acc * CAST(ta.judged_steps AS DOUBLE)) / CAST(SUM(ta.judged_steps) AS DOUBLE) AS rm_process
     FROM task_accuracy ta
-    JOIN runs r ON r.run_id = ta.run_id AND ta.iter = r.last
-    WHERE ta.judged_steps > 0
-    GROUP BY ta.run_id
+    WHERE ta.judged_steps > 0 AND ta.run_id LIKE 'abl-%'
+    GROUP BY ta.run_id, ta.iter
+),
+rm AS (
+    SELECT r.run_id,
+           MAX(CASE WHEN i.iter = 0 THEN i.rm_process END) AS rm_process_first,
+           MAX(CASE WHEN i.iter = r.last THEN i.rm_process END) AS rm_process
+    FROM runs r
+    JOIN rm_iter i ON i.run_id = r.run_id
+    GROUP BY r.run_id
+),
+votes AS (
+    SELECT s.run_id, s.traj_id,
+           SUM(CAST(s.rm_pos AS BIGINT) - CAST(s.rm_neg AS BIGINT)) AS vote,
+           SUM(s.rm_count) AS samples
+    FROM step_rewards s
+    JOIN runs r ON r.run_id = s.run_id AND s.iter = r.last
+    GROUP BY s.run_id, s.traj_id
+),
+recall AS (
+    SELECT t.run_id, t.outcome,
+           AVG(CASE WHEN signum(CAST(v.vote AS DOUBLE)) = CAST(t.outcome AS DOUBLE) THEN 1.0 ELSE 0.0 END) AS hit
+    FROM trajectories t
+    JOIN runs r ON r.run_id = t.run_id AND t.iter = r.last
+    JOIN votes v ON v.run_id = t.run_id AND v.traj_id = t.traj_id
+    WHERE v.samples > 0
+    GROUP BY t.run_id, t.outcome
+),
+balanced AS (
+    SELECT run_id, AVG(hit) AS rm_balanced_outcome FROM recall GROUP BY run_id
 ),
 accepted AS (
-    SELECT run_id, SUM(CASE WHEN decision = 'accepted' THEN 1 ELSE 0 END) AS accepted
+    SELECT run_id,
+           SUM(CASE WHEN decision = 'accepted' THEN 1 ELSE 0 END) AS accepted,
+           SUM(CASE WHEN decision = 'accepted' AND direction = 'harder' THEN 1 ELSE 0 END) AS harder
     FROM adaptations
+    GROUP BY run_id
+),
+growth AS (
+    SELECT t.run_id, t.iter,
+           SUM(COALESCE(a.n, 0)) OVER (PARTITION BY t.run_id ORDER BY t.iter) AS cumulative
+    FROM (SELECT DISTINCT run_id, iter FROM tasks WHERE run_id LIKE 'abl-%') t
+    LEFT JOIN (
+        SELECT run_id, iter, COUNT(*) AS n FROM adaptations WHERE decision = 'accepted' GROUP BY run_id, iter
+    ) a ON a.run_id = t.run_id AND a.iter = t.iter
+),
+fit AS (
+    SELECT run_id, regr_slope(CAST(cumulative AS DOUBLE), CAST(iter AS DOUBLE)) AS slope,
+           regr_r2(CAST(cumulative AS DOUBLE), CAST(iter AS DOUBLE)) AS r2
+    FROM growth
     GROUP BY run_id
 ),
 wall AS (
@@ -51,12 +98,15 @@ wall AS (
 ),
 per_run AS (
     SELECT r.setting, r.run_id, r.last, ev.held_out, ev.ood, c.held_out_curve, rm.rm_process,
-           COALESCE(a.accepted, 0) AS accepted, w.seconds
+           rm.rm_process_first, b.rm_balanced_outcome,
+           COALESCE(a.accepted, 0) AS accepted, a.harder, fit.slope, fit.r2, w.seconds
     FROM runs r
     LEFT JOIN ev ON ev.run_id = r.run_id
     LEFT JOIN curve c ON c.run_id = r.run_id
     LEFT JOIN rm ON rm.run_id = r.run_id
+    LEFT JOIN balanced b ON b.run_id = r.run_id
     LEFT JOIN accepted a ON a.run_id = r.run_id
+    LEFT JOIN fit ON fit.run_id = r.run_id
     LEFT JOIN wall w ON w.run_id = r.run_id
 )
 SELECT CASE setting WHEN 'policy' THEN 'policy only' WHEN 'rm' THEN '+ reward model'
@@ -69,8 +119,13 @@ SELECT CASE setting WHEN 'policy' THEN 'policy only' WHEN 'rm' THEN '+ reward mo
        round(AVG(held_out_curve), 3) AS held_out_all_iters,
        round(AVG(ood), 3) AS ood_mean,
        round(stddev(ood), 3) AS ood_std,
+       round(AVG(rm_process_first), 3) AS rm_process_first,
        round(AVG(rm_process), 3) AS rm_process_acc,
+       round(AVG(rm_balanced_outcome), 3) AS rm_balanced_outcome,
        round(AVG(CAST(accepted AS DOUBLE)), 1) AS accepted_tasks,
+       round(AVG(slope), 2) AS accepted_per_iter,
+       round(AVG(r2), 2) AS growth_r2,
+       round(CAST(SUM(harder) AS DOUBLE) / CAST(NULLIF(SUM(accepted), 0) AS DOUBLE), 2) AS harder_share,
        round(AVG(seconds), 0) AS wall_seconds
 FROM per_run
 GROUP BY per_run.setting

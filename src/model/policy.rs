@@ -77,6 +77,32 @@ pub fn log_probs<B: Backend>(
 }
 
 /// A `[rows, cols]` tensor on the host.
+/// `log π(chosen | decision)` `[idx.len(), 1]` of the minibatch `idx` (indices into `decisions`
+/// and `chosen`), and the tokens it scored (prompts + every admissible action).
+#[allow(clippy::too_many_arguments)]
+pub fn chosen_log_probs<B: Backend>(
+    model: &Transformer<B>,
+    decisions: &[Decision],
+    chosen: &[usize],
+    idx: &[usize],
+    temperature: f64,
+    mean: bool,
+    device: &B::Device,
+) -> (Tensor<B, 2>, u64) {
+    let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
+    let tokens: usize = decs
+        .iter()
+        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
+        .sum();
+    let pick = int_tensor::<B, 2>(
+        idx.iter().map(|i| chosen[*i] as i64).collect(),
+        [idx.len(), 1],
+        device,
+    );
+    let lp = log_probs(model, &decs, temperature, mean, device).gather(1, pick);
+    (lp, tokens as u64)
+}
+
 pub fn to_host<B: Backend>(t: Tensor<B, 2>) -> Vec<Vec<f32>> {
     let [_, cols] = t.dims();
     let flat = t

@@ -11,7 +11,7 @@ use burn::tensor::backend::AutodiffBackend;
 use super::policy::{self, Decision};
 use super::ppo::{self, PpoSettings, StepMetrics};
 use super::reward::allowed_bias;
-use super::transformer::{bool_tensor, int_tensor};
+use super::transformer::bool_tensor;
 use super::{Checkpoint, ModelSpec, POLICY, RM};
 use crate::error::Result;
 
@@ -27,22 +27,12 @@ pub fn clone_policy<B: AutodiffBackend>(
 ) -> Result<(Checkpoint, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device);
     let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
-        let b = idx.len();
-        let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
-        let tokens: usize = decs
-            .iter()
-            .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
-            .sum();
-        let pick = int_tensor::<B, 2>(
-            idx.iter().map(|i| chosen[*i] as i64).collect(),
-            [b, 1],
-            device,
-        );
-        let lp = policy::log_probs(m, &decs, 1.0, spec.action_mean, device).gather(1, pick);
+        let (lp, tokens) =
+            policy::chosen_log_probs(m, decisions, chosen, idx, 1.0, spec.action_mean, device);
         let loss = lp.clone().mean().neg();
         // "kl" reports the demonstrated action's mean probability (how well it is imitated).
         let p = lp.exp().mean().detach();
-        (loss, p, Tensor::zeros([1], device), tokens as u64)
+        (loss, p, Tensor::zeros([1], device), tokens)
     });
     Ok((
         Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),

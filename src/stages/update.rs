@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
 use crate::model::reward::allowed_bias;
-use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
+use crate::model::transformer::{bool_tensor, float_tensor};
 use crate::model::{Checkpoint, ModelSpec, POLICY, RM};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
@@ -97,24 +97,21 @@ fn train_policy<B: AutodiffBackend>(
     }
     let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
         let b = idx.len();
-        let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
-        let tokens: usize = decs
-            .iter()
-            .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
-            .sum();
-        let pick = int_tensor::<B, 2>(
-            idx.iter().map(|i| chosen[*i] as i64).collect(),
-            [b, 1],
+        let (new, tokens) = policy::chosen_log_probs(
+            m,
+            decisions,
+            chosen,
+            idx,
+            temperature,
+            spec.action_mean,
             device,
         );
-        let new =
-            policy::log_probs(m, &decs, temperature, spec.action_mean, device).gather(1, pick);
         let old_t = float_tensor::<B, 2>(idx.iter().map(|i| old[*i]).collect(), [b, 1], device);
         let adv_t =
             float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);
         let valid = float_tensor::<B, 2>(vec![1.0; b], [b, 1], device);
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
-        (loss, kl, clip, tokens as u64)
+        (loss, kl, clip, tokens)
     });
     Ok((
         Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),
