@@ -8,11 +8,18 @@
 -- failures, 0.5 = chance); accepted tasks over the run, the slope of their linear fit per
 -- iteration and the share of harder rewrites among them; wall time of the whole run (sum of its
 -- stage times).
-WITH runs AS (
-    SELECT run_id, split_part(run_id, '-', 2) AS setting, MAX(iter) AS last
-    FROM tasks
-    WHERE run_id LIKE 'abl-%'
+WITH reached AS (
+    SELECT run_id, MAX(iter) AS last
+    FROM stage_runs
+    WHERE run_id LIKE 'abl-%' AND stage = 'evaluate'
     GROUP BY run_id
+),
+-- Every run is compared at the last iteration ALL runs reached (a run extended further, or one
+-- interrupted, does not skew the comparison); later iterations are ignored.
+runs AS (
+    SELECT run_id, split_part(run_id, '-', 2) AS setting,
+           (SELECT MIN(last) FROM reached) AS last
+    FROM reached
 ),
 ev AS (
     SELECT e.run_id,
@@ -35,6 +42,7 @@ curve AS (
         WHERE split = 'held_out' AND run_id LIKE 'abl-%'
         GROUP BY run_id, iter
     ) per_iter
+    WHERE iter <= (SELECT MIN(last) FROM reached)
     GROUP BY run_id
 ),
 rm_iter AS (
@@ -77,12 +85,14 @@ accepted AS (
            SUM(CASE WHEN decision = 'accepted' THEN 1 ELSE 0 END) AS accepted,
            SUM(CASE WHEN decision = 'accepted' AND direction = 'harder' THEN 1 ELSE 0 END) AS harder
     FROM adaptations
+    WHERE iter <= (SELECT MIN(last) FROM reached)
     GROUP BY run_id
 ),
 growth AS (
     SELECT t.run_id, t.iter,
            SUM(COALESCE(a.n, 0)) OVER (PARTITION BY t.run_id ORDER BY t.iter) AS cumulative
-    FROM (SELECT DISTINCT run_id, iter FROM tasks WHERE run_id LIKE 'abl-%') t
+    FROM (SELECT DISTINCT run_id, iter FROM tasks
+          WHERE run_id LIKE 'abl-%' AND iter <= (SELECT MIN(last) FROM reached)) t
     LEFT JOIN (
         SELECT run_id, iter, COUNT(*) AS n FROM adaptations WHERE decision = 'accepted' GROUP BY run_id, iter
     ) a ON a.run_id = t.run_id AND a.iter = t.iter
@@ -94,7 +104,10 @@ fit AS (
     GROUP BY run_id
 ),
 wall AS (
-    SELECT run_id, SUM(seconds) AS seconds FROM stage_runs GROUP BY run_id
+    SELECT run_id, SUM(seconds) AS seconds
+    FROM stage_runs
+    WHERE iter <= (SELECT MIN(last) FROM reached)
+    GROUP BY run_id
 ),
 per_run AS (
     SELECT r.setting, r.run_id, r.last, ev.held_out, ev.ood, c.held_out_curve, rm.rm_process,
