@@ -1,10 +1,16 @@
 -- Per setting and iteration (benches/ablation.sh): held-out success (mean over seeds) and the
--- RM's process accuracy (mean over seeds), for the learning curves.
-WITH ev AS (
+-- RM's process accuracy (mean over seeds), for the learning curves, up to the last iteration
+-- every run reached (as the table).
+WITH reached AS (
+    SELECT MIN(last) AS last
+    FROM (SELECT run_id, MAX(iter) AS last FROM stage_runs
+          WHERE run_id LIKE 'abl-%' AND stage = 'evaluate' GROUP BY run_id) r
+),
+ev AS (
     SELECT run_id, iter,
            CAST(SUM(successes) AS DOUBLE) / CAST(SUM(rollouts) AS DOUBLE) AS held_out
     FROM evaluations
-    WHERE split = 'held_out' AND run_id LIKE 'abl-%'
+    WHERE split = 'held_out' AND run_id LIKE 'abl-%' AND iter <= (SELECT last FROM reached)
     GROUP BY run_id, iter
 ),
 rm AS (
