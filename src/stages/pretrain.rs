@@ -241,8 +241,17 @@ impl Stage for Pretrain {
             for ep in &policy_eps {
                 let t = trajectory(ep);
                 for (i, d) in ep.steps.iter().enumerate() {
-                    let k = d.row.admissible.iter().position(|a| *a == d.row.action);
-                    let k = k.expect("the planner's action is admissible");
+                    let k = d
+                        .row
+                        .admissible
+                        .iter()
+                        .position(|a| *a == d.row.action)
+                        .ok_or_else(|| {
+                            Error::Environment(format!(
+                                "pretrain: the planner's action {:?} for task {} step {i} is not admissible",
+                                d.row.action, ep.task_id
+                            ))
+                        })?;
                     decisions.push(spec.decision(
                         t.task(),
                         &t.past(i),
