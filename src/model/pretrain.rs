@@ -10,7 +10,7 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::policy::{self, Decision};
 use super::ppo::{self, PpoSettings, StepMetrics};
-use super::reward::allowed_bias;
+use super::reward::{allowed_bias, response_log_probs};
 use super::transformer::bool_tensor;
 use super::{Checkpoint, ModelSpec, POLICY, RM};
 use crate::error::Result;
@@ -55,21 +55,15 @@ pub fn teach_rm<B: AutodiffBackend>(
     let bias = allowed_bias::<B>(&spec.tokenizer, spec.config.vocab, device);
     let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
         let b = idx.len();
-        let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
-        let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
-        let tokens: usize =
-            p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
-        let (last, cache, lens) = m.encode(&p, device);
-        let rows: Vec<usize> = (0..b).collect();
-        let (lp, valid) =
-            m.continuation_logprobs(&last, &cache, &lens, &rows, &r, Some(&bias), 1.0, device);
+        let (lp, valid, tokens) =
+            response_log_probs(m, prompts, responses, idx, &bias, 1.0, device);
         let l = valid.len() / b;
         let valid = bool_tensor::<B, 2>(valid, [b, l], device).float();
         let count = valid.clone().sum_dim(1);
         let per_sample = (lp * valid).sum_dim(1).div(count);
         let loss = per_sample.clone().mean().neg();
         let p = per_sample.exp().mean().detach();
-        (loss, p, Tensor::zeros([1], device), tokens as u64)
+        (loss, p, Tensor::zeros([1], device), tokens)
     });
     Ok((
         Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),

@@ -34,6 +34,38 @@ pub fn allowed_ids(tok: &Tokenizer) -> Vec<u32> {
     v
 }
 
+/// Per-token log-probabilities `[idx.len(), longest]` of `responses[i]` as continuations of
+/// `prompts[i]` for the minibatch `idx` (sampling restricted by `bias`), the validity mask
+/// (row-major, `false` past a response's end) and the tokens it scored.
+#[allow(clippy::too_many_arguments)]
+pub fn response_log_probs<B: Backend>(
+    model: &Transformer<B>,
+    prompts: &[Vec<u32>],
+    responses: &[Vec<u32>],
+    idx: &[usize],
+    bias: &Tensor<B, 1>,
+    temperature: f64,
+    device: &B::Device,
+) -> (Tensor<B, 2>, Vec<bool>, u64) {
+    let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
+    let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
+    let tokens: usize =
+        p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
+    let (last, cache, lens) = model.encode(&p, device);
+    let rows: Vec<usize> = (0..idx.len()).collect();
+    let (lp, valid) = model.continuation_logprobs(
+        &last,
+        &cache,
+        &lens,
+        &rows,
+        &r,
+        Some(bias),
+        temperature,
+        device,
+    );
+    (lp, valid, tokens as u64)
+}
+
 /// A `[vocab]` bias: 0 for allowed tokens, −1e9 elsewhere.
 pub fn allowed_bias<B: Backend>(tok: &Tokenizer, vocab: usize, device: &B::Device) -> Tensor<B, 1> {
     let mut bias = vec![-1e9f32; vocab];

@@ -20,7 +20,7 @@ use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
-use crate::model::reward::allowed_bias;
+use crate::model::reward::{allowed_bias, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
 use crate::model::{Checkpoint, ModelSpec, POLICY, RM};
 use crate::schema::rows::{Columns, TableBuilder};
@@ -163,22 +163,8 @@ fn train_rm<B: AutodiffBackend>(
     let bias = allowed_bias::<B>(&spec.tokenizer, vocab, device);
     let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
         let b = idx.len();
-        let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
-        let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
-        let tokens: usize =
-            p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
-        let (last, cache, lens) = m.encode(&p, device);
-        let rows: Vec<usize> = (0..b).collect();
-        let (new, valid) = m.continuation_logprobs(
-            &last,
-            &cache,
-            &lens,
-            &rows,
-            &r,
-            Some(&bias),
-            temperature,
-            device,
-        );
+        let (new, valid, tokens) =
+            response_log_probs(m, prompts, responses, idx, &bias, temperature, device);
         let l = valid.len() / b;
         let mut old_v = vec![0f32; b * l];
         for (k, i) in idx.iter().enumerate() {
@@ -189,7 +175,7 @@ fn train_rm<B: AutodiffBackend>(
         let adv_t =
             float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
-        (loss, kl, clip, tokens as u64)
+        (loss, kl, clip, tokens)
     });
     Ok((
         Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),
