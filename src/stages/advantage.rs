@@ -11,6 +11,7 @@ use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SQL: &str = include_str!("policy_advantages.sql");
 const RM_SQL: &str = include_str!("rm_advantages.sql");
+const TRAINED_SQL: &str = include_str!("advantage_trained.sql");
 
 /// Groups whose standard deviation is at most this are "zero variance".
 pub const MIN_STD: f64 = 1e-8;
@@ -67,6 +68,7 @@ impl Stage for Advantage {
                 ("min_std", f64_lit(MIN_STD)),
                 ("acc_min", f64_lit(r.policy_acc_min)),
                 ("acc_max", f64_lit(r.policy_acc_max)),
+                ("trained", TRAINED_SQL.to_string()),
             ],
         )?;
         let rm = render(
@@ -77,6 +79,7 @@ impl Stage for Advantage {
                 ("min_std", f64_lit(MIN_STD)),
                 ("acc_min", f64_lit(r.rm_acc_min)),
                 ("acc_max", f64_lit(r.rm_acc_max)),
+                ("trained", TRAINED_SQL.to_string()),
             ],
         )?;
         Ok(vec![

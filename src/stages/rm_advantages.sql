@@ -18,10 +18,7 @@ WITH acc AS (
     GROUP BY task_id
 ),
 trained AS (
-    SELECT t.task_id
-    FROM tasks t
-    LEFT JOIN judgements j ON j.task_id = t.task_id
-    WHERE COALESCE(t.rolled_out, true) AND (t.status = 'active' OR j.decision = 'accepted')
+    ${trained}
 ),
 means AS (
     SELECT task_id, traj_id, step_idx, reward, rm_count,
