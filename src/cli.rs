@@ -11,6 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::config::{self, Config};
 use crate::engine::{Engine, replay};
 use crate::error::Error;
+use crate::model::Device;
+use crate::model::hf::{self, generate_text};
 use crate::store::{Store, catalog, gc, layout};
 
 #[derive(Parser, Debug)]
@@ -149,12 +151,81 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(long, value_name = "DIR")]
         svg_dir: Option<PathBuf>,
     },
+    /// Pretrained Hugging Face models (Llama, Qwen2, Qwen3): inspect a model directory, or
+    /// generate text with it.
+    #[command(subcommand)]
+    Model(ModelCommand),
     /// Write a commented iteration.toml with every key at its default.
     Init {
         /// Directory to write iteration.toml into.
         #[arg(default_value = ".")]
         dir: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCommand {
+    /// Architecture, parameters, dtypes, vocabulary and weights digest of a model directory
+    /// (config.json + model.safetensors[.index.json] + tokenizer.json); every tensor is checked
+    /// against config.json, none is loaded.
+    Inspect {
+        /// The model directory.
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+    /// Continue a prompt: greedy at --temperature 0, else sampled (top-p) with --seed. Stops at
+    /// the tokenizer's EOS or --max-tokens.
+    Generate {
+        /// The model directory.
+        dir: PathBuf,
+        #[arg(long)]
+        prompt: String,
+        /// Apply the tokenizer's chat template (the prompt is the user message).
+        #[arg(long)]
+        chat: bool,
+        /// A system message (with --chat).
+        #[arg(long, requires = "chat")]
+        system: Option<String>,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the model runs.
+        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+        device: DeviceArg,
+        /// json: an object with prompt_ids, generated_ids and text (and the digest, timings).
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum TextOrJson {
+    Text,
+    Json,
+}
+
+/// `run.device`'s values, for commands without a config.
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum DeviceArg {
+    Cpu,
+    Cuda,
+    Ndarray,
+}
+
+impl From<DeviceArg> for Device {
+    fn from(d: DeviceArg) -> Device {
+        match d {
+            DeviceArg::Cpu => Device::Cpu,
+            DeviceArg::Cuda => Device::Cuda,
+            DeviceArg::Ndarray => Device::Ndarray,
+        }
+    }
 }
 
 /// The store a read command opens (declared once, flattened into each command).
@@ -291,6 +362,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             steps,
             sets,
         } => bench_env(&pipeline, steps, &sets)?,
+        Command::Model(command) => model(command)?,
         Command::Init { dir } => init(&dir)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -609,4 +681,92 @@ fn write_parquet(
     tmp.persist(path)
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(rows)
+}
+
+fn model(command: ModelCommand) -> Result<()> {
+    match command {
+        ModelCommand::Inspect { dir, format } => {
+            let i = hf::inspect(&dir)?;
+            match format {
+                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&i)?),
+                TextOrJson::Text => {
+                    let dtypes: Vec<String> =
+                        i.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
+                    println!("model         {}", i.dir);
+                    println!("architecture  {}", i.architecture);
+                    println!(
+                        "parameters    {} ({:.1} M)",
+                        i.parameters,
+                        i.parameters as f64 / 1e6
+                    );
+                    println!("dtype         {}", dtypes.join(", "));
+                    println!(
+                        "shape         {} layers, hidden {}, {} query / {} key-value heads of {}, mlp {}",
+                        i.layers, i.hidden, i.heads, i.kv_heads, i.head_dim, i.intermediate
+                    );
+                    println!(
+                        "vocabulary    {} (tokenizer {}), tied embeddings: {}",
+                        i.vocab, i.tokenizer_vocab, i.tied_embeddings
+                    );
+                    if let Some(p) = i.max_positions {
+                        println!("context       {p} positions");
+                    }
+                    println!(
+                        "chat template {}, EOS ids {:?}",
+                        if i.chat_template { "yes" } else { "no" },
+                        i.eos_ids
+                    );
+                    println!(
+                        "weights       {} ({:.1} MB)",
+                        i.weight_files.join(", "),
+                        i.weight_bytes as f64 / 1e6
+                    );
+                    println!("digest        blake3:{}", i.digest);
+                }
+            }
+        }
+        ModelCommand::Generate {
+            dir,
+            prompt,
+            chat,
+            system,
+            max_tokens,
+            temperature,
+            top_p,
+            seed,
+            device,
+            format,
+        } => {
+            if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 || temperature < 0.0 {
+                bail!("--top-p must be in (0, 1] and --temperature ≥ 0");
+            }
+            let request = hf::GenerateRequest {
+                prompt,
+                chat,
+                system,
+                sampling: hf::Sampling {
+                    temperature,
+                    top_p,
+                    max_tokens,
+                    seed,
+                },
+            };
+            let device = Device::from(device);
+            let g = crate::on_backend!(device, infer, generate_text(&dir, &request))?;
+            match format {
+                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&g)?),
+                TextOrJson::Text => {
+                    println!("{}", g.text);
+                    eprintln!(
+                        "({} prompt + {} generated tokens, {:.1} tokens/s, loaded in {:.1} s)",
+                        g.prompt_ids.len(),
+                        g.generated_ids.len(),
+                        g.tokens_per_second,
+                        g.load_seconds
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
 }

@@ -12,6 +12,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod hf;
 pub mod policy;
 pub mod ppo;
 pub mod pretrain;

@@ -1,0 +1,322 @@
+//! The Llama / Qwen2 / Qwen3 decoder in burn, generic over the backend.
+//!
+//! Module and field names are the Hugging Face tensor names (`model.layers.3.self_attn.q_proj`,
+//! …), so burn-store maps a checkpoint onto the model by path; only the RMSNorm scale is
+//! renamed (`weight` in the checkpoint, burn's `gamma`) and linear weights transposed (`[out,
+//! in]` there, `[in, out]` in burn), see [`super::weights`].
+//!
+//! Layout choices checked against the checkpoints' own (the parity test compares logits with an
+//! independent numpy forward, `tests/hf/reference.py`):
+//! - RoPE in the rotate-half layout (the first and second halves of a head are the pair, not
+//!   interleaved neighbours as burn-nn's `RotaryEncoding`), angles `position × inv_freq`
+//!   computed on the host in f64;
+//! - grouped-query attention without repeating keys: the `g = heads / kv_heads` query heads of
+//!   a key/value head are folded into its rows (`[b, kv, g·t, d]`), so the cache holds only the
+//!   `kv_heads` (query head `h` reads key/value head `h / g`, as Hugging Face's `repeat_kv`);
+//! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
+
+use super::config::HfArch;
+use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
+use burn::module::{Module, Param};
+use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::activation::{silu, softmax};
+use burn::tensor::backend::Backend;
+use burn::tensor::Tensor;
+
+#[derive(Module, Debug)]
+pub struct Attention<B: Backend> {
+    pub q_proj: Linear<B>,
+    pub k_proj: Linear<B>,
+    pub v_proj: Linear<B>,
+    pub o_proj: Linear<B>,
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
+}
+
+#[derive(Module, Debug)]
+pub struct Mlp<B: Backend> {
+    pub gate_proj: Linear<B>,
+    pub up_proj: Linear<B>,
+    pub down_proj: Linear<B>,
+}
+
+#[derive(Module, Debug)]
+pub struct DecoderLayer<B: Backend> {
+    pub input_layernorm: RmsNorm<B>,
+    pub self_attn: Attention<B>,
+    pub post_attention_layernorm: RmsNorm<B>,
+    pub mlp: Mlp<B>,
+}
+
+#[derive(Module, Debug)]
+pub struct Decoder<B: Backend> {
+    pub embed_tokens: Embedding<B>,
+    pub layers: Vec<DecoderLayer<B>>,
+    pub norm: RmsNorm<B>,
+}
+
+/// A causal language model: `model` (the decoder) and `lm_head` (absent when tied to the
+/// embeddings).
+#[derive(Module, Debug)]
+pub struct CausalLm<B: Backend> {
+    pub model: Decoder<B>,
+    pub lm_head: Option<Linear<B>>,
+    #[module(skip)]
+    pub arch: HfArch,
+}
+
+/// Keys and values of every layer, `[batch, kv_heads, len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+impl<B: Backend> KvCache<B> {
+    pub fn empty() -> KvCache<B> {
+        KvCache { layers: Vec::new() }
+    }
+
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.layers.first().map(|(k, _)| k.dims()[2]).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The cache with row `r` taken from row `rows[r]`.
+    pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
+        let idx = int_tensor::<B, 1>(rows.iter().map(|&r| r as i64).collect(), [rows.len()], device);
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| (k.clone().select(0, idx.clone()), v.clone().select(0, idx.clone())))
+                .collect(),
+        }
+    }
+}
+
+fn zeros<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
+    Param::from_tensor(Tensor::zeros(shape, device))
+}
+
+fn linear<B: Backend>(d_in: usize, d_out: usize, bias: bool, device: &B::Device) -> Linear<B> {
+    Linear {
+        weight: zeros([d_in, d_out], device),
+        bias: bias.then(|| zeros([d_out], device)),
+    }
+}
+
+fn rms_norm<B: Backend>(d: usize, eps: f64, device: &B::Device) -> RmsNorm<B> {
+    RmsNorm {
+        gamma: Param::from_tensor(Tensor::ones([d], device)),
+        epsilon: eps,
+    }
+}
+
+/// `x [b, t, in] · W [in, out] (+ bias)` as one 2-D matmul (flex's fast path).
+fn apply<B: Backend>(x: Tensor<B, 3>, l: &Linear<B>) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let w = l.weight.val();
+    let out = w.dims()[1];
+    let y = x.reshape([b * t, d]).matmul(w);
+    let y = match &l.bias {
+        Some(bias) => y + bias.val().unsqueeze_dim(0),
+        None => y,
+    };
+    y.reshape([b, t, out])
+}
+
+/// Hugging Face's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin` on `[b, n, t, d]`, with
+/// `cos`/`sin` `[b, 1, t, d]`.
+fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
+    let d = x.dims()[3];
+    let x1 = x.clone().narrow(3, 0, d / 2);
+    let x2 = x.clone().narrow(3, d / 2, d / 2);
+    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    x * cos.clone() + rotated * sin.clone()
+}
+
+impl<B: Backend> CausalLm<B> {
+    /// A model of this shape with zero weights and unit norms (weights come from a checkpoint).
+    pub fn init(arch: &HfArch, device: &B::Device) -> CausalLm<B> {
+        let a = arch;
+        let (q, kv) = (a.heads * a.head_dim, a.kv_heads * a.head_dim);
+        let layers = (0..a.layers)
+            .map(|_| DecoderLayer {
+                input_layernorm: rms_norm(a.hidden, a.rms_eps, device),
+                self_attn: Attention {
+                    q_proj: linear(a.hidden, q, a.qkv_bias, device),
+                    k_proj: linear(a.hidden, kv, a.qkv_bias, device),
+                    v_proj: linear(a.hidden, kv, a.qkv_bias, device),
+                    o_proj: linear(q, a.hidden, a.o_bias, device),
+                    q_norm: a.qk_norm.then(|| rms_norm(a.head_dim, a.rms_eps, device)),
+                    k_norm: a.qk_norm.then(|| rms_norm(a.head_dim, a.rms_eps, device)),
+                },
+                post_attention_layernorm: rms_norm(a.hidden, a.rms_eps, device),
+                mlp: Mlp {
+                    gate_proj: linear(a.hidden, a.intermediate, a.mlp_bias, device),
+                    up_proj: linear(a.hidden, a.intermediate, a.mlp_bias, device),
+                    down_proj: linear(a.intermediate, a.hidden, a.mlp_bias, device),
+                },
+            })
+            .collect();
+        CausalLm {
+            model: Decoder {
+                embed_tokens: Embedding {
+                    weight: zeros([a.vocab, a.hidden], device),
+                },
+                layers,
+                norm: rms_norm(a.hidden, a.rms_eps, device),
+            },
+            lm_head: (!a.tied).then(|| linear(a.hidden, a.vocab, false, device)),
+            arch: arch.clone(),
+        }
+    }
+
+    pub fn vocab(&self) -> usize {
+        self.arch.vocab
+    }
+
+    /// RoPE `cos`, `sin` (`[b, 1, t, head_dim]`) at `positions` (row-major `[b, t]`).
+    fn rope_tables(&self, positions: &[i64], b: usize, t: usize, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let f = &self.arch.inv_freq;
+        let d = 2 * f.len();
+        let mut cos = Vec::with_capacity(b * t * d);
+        let mut sin = Vec::with_capacity(b * t * d);
+        for &p in positions {
+            for _ in 0..2 {
+                for &w in f {
+                    // f32 angles, as Hugging Face (`inv_freq.float() @ position.float()`).
+                    let angle = (w as f32) * (p as f32);
+                    cos.push(angle.cos());
+                    sin.push(angle.sin());
+                }
+            }
+        }
+        (
+            float_tensor::<B, 4>(cos, [b, 1, t, d], device),
+            float_tensor::<B, 4>(sin, [b, 1, t, d], device),
+        )
+    }
+
+    /// Logits `[b, t, vocab]` for `tokens` (`[b, t]`, row-major) at `positions` (same shape).
+    /// `mask` is `[b, t, cached + t]`, `true` where a query must not see a key. With a cache,
+    /// the new keys and values are appended to it.
+    pub fn forward(
+        &self,
+        tokens: &[i64],
+        positions: &[i64],
+        mask: &[bool],
+        (b, t): (usize, usize),
+        cache: Option<&mut KvCache<B>>,
+        device: &B::Device,
+    ) -> Tensor<B, 3> {
+        let a = &self.arch;
+        let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
+        let g = h / kv;
+        let cached = cache.as_ref().map(|c| c.len()).unwrap_or(0);
+        let keys = cached + t;
+        let tok = int_tensor::<B, 1>(tokens.to_vec(), [b * t], device);
+        let mut x = self
+            .model
+            .embed_tokens
+            .weight
+            .val()
+            .select(0, tok)
+            .reshape([b, t, a.hidden]);
+        let (cos, sin) = self.rope_tables(positions, b, t, device);
+        // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
+        let bias = bool_tensor::<B, 3>(mask.to_vec(), [b, t, keys], device)
+            .float()
+            .mul_scalar(-1e9)
+            .unsqueeze_dim::<4>(1)
+            .repeat_dim(1, g)
+            .reshape([b, 1, g * t, keys])
+            .repeat_dim(1, kv);
+        let scale = 1.0 / (hd as f64).sqrt();
+        let old: Option<Vec<(Tensor<B, 4>, Tensor<B, 4>)>> = cache
+            .as_ref()
+            .filter(|c| !c.layers.is_empty())
+            .map(|c| c.layers.clone());
+        let mut fresh = Vec::with_capacity(a.layers);
+        for (l, layer) in self.model.layers.iter().enumerate() {
+            let att = &layer.self_attn;
+            let normed = layer.input_layernorm.forward(x.clone());
+            let split = |y: Tensor<B, 3>, n: usize, norm: &Option<RmsNorm<B>>| {
+                let y = y.reshape([b, t, n, hd]);
+                let y = match norm {
+                    Some(norm) => norm.forward(y),
+                    None => y,
+                };
+                y.swap_dims(1, 2)
+            };
+            let q = split(apply(normed.clone(), &att.q_proj), h, &att.q_norm);
+            let k = split(apply(normed.clone(), &att.k_proj), kv, &att.k_norm);
+            let v = split(apply(normed, &att.v_proj), kv, &None);
+            let (q, mut k, mut v) = (rope(q, &cos, &sin), rope(k, &cos, &sin), v);
+            if let Some(layers) = &old {
+                let (ck, cv) = &layers[l];
+                k = Tensor::cat(vec![ck.clone(), k], 2);
+                v = Tensor::cat(vec![cv.clone(), v], 2);
+            }
+            fresh.push((k.clone(), v.clone()));
+            // Query head j·g + i reads key/value head j: fold the g heads into the rows.
+            let q = q.reshape([b, kv, g * t, hd]);
+            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + bias.clone();
+            let out = softmax(scores, 3)
+                .matmul(v)
+                .reshape([b, h, t, hd])
+                .swap_dims(1, 2)
+                .reshape([b, t, h * hd]);
+            x = x + apply(out, &att.o_proj);
+            let normed = layer.post_attention_layernorm.forward(x.clone());
+            let mlp = &layer.mlp;
+            let hidden = silu(apply(normed.clone(), &mlp.gate_proj)) * apply(normed, &mlp.up_proj);
+            x = x + apply(hidden, &mlp.down_proj);
+        }
+        if let Some(c) = cache {
+            c.layers = fresh;
+        }
+        let x = self.model.norm.forward(x);
+        match &self.lm_head {
+            Some(head) => apply(x, head),
+            None => {
+                let [b, t, d] = x.dims();
+                x.reshape([b * t, d])
+                    .matmul(self.model.embed_tokens.weight.val().transpose())
+                    .reshape([b, t, a.vocab])
+            }
+        }
+    }
+
+    /// Logits `[b, t, vocab]` of whole right-padded sequences (no cache): position `i` of row
+    /// `r` sees positions `≤ i` that are within the row's length.
+    pub fn forward_full(&self, seqs: &[Vec<u32>], device: &B::Device) -> Tensor<B, 3> {
+        let (tokens, positions, mask, b, t) = full_inputs(seqs);
+        self.forward(&tokens, &positions, &mask, (b, t), None, device)
+    }
+}
+
+/// Tokens, positions and the causal mask of right-padded sequences: `(tokens, positions, mask,
+/// b, t)`.
+pub fn full_inputs(seqs: &[Vec<u32>]) -> (Vec<i64>, Vec<i64>, Vec<bool>, usize, usize) {
+    let b = seqs.len();
+    let lens: Vec<usize> = seqs.iter().map(|s| s.len().max(1)).collect();
+    let t = lens.iter().copied().max().unwrap_or(1);
+    let mut tokens = Vec::with_capacity(b * t);
+    let mut positions = Vec::with_capacity(b * t);
+    let mut mask = Vec::with_capacity(b * t * t);
+    for (s, &len) in seqs.iter().zip(&lens) {
+        for i in 0..t {
+            tokens.push(s.get(i).copied().unwrap_or(0) as i64);
+            positions.push(i.min(len - 1) as i64);
+            for k in 0..t {
+                mask.push(!(k <= i && k < len));
+            }
+        }
+    }
+    (tokens, positions, mask, b, t)
+}

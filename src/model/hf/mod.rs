@@ -1,0 +1,175 @@
+//! Pretrained Hugging Face checkpoints: Llama, Qwen2 and Qwen3 causal language models read
+//! from a model directory (`config.json`, `model.safetensors` or a sharded
+//! `model.safetensors.index.json`, `tokenizer.json`, `tokenizer_config.json`).
+//!
+//! - [`config`]: `config.json` → [`HfArch`] (shapes, switches, RoPE frequencies), and the
+//!   tensors a checkpoint must hold;
+//! - [`arch`]: the decoder in burn ([`CausalLm`]), with a grouped-query KV cache;
+//! - [`weights`]: safetensors ↔ model through burn-store, checks naming tensor and shapes,
+//!   the weights' blake3 digest;
+//! - [`tokenizer`]: `tokenizer.json` + the chat template;
+//! - [`generate`]: batched sampling with the cache.
+
+pub mod arch;
+pub mod config;
+pub mod generate;
+pub mod tokenizer;
+pub mod weights;
+
+pub use arch::{CausalLm, KvCache};
+pub use config::{Architecture, HfArch};
+pub use generate::{Sampling, generate};
+pub use tokenizer::{ChatMessage, HfTokenizer};
+
+use crate::error::Result;
+use burn::tensor::backend::Backend;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+
+/// A loaded model directory.
+pub struct HfModel<B: Backend> {
+    pub dir: PathBuf,
+    pub model: CausalLm<B>,
+    pub tokenizer: HfTokenizer,
+    /// blake3 of the weight files (see [`weights::digest`]).
+    pub digest: String,
+}
+
+impl<B: Backend> HfModel<B> {
+    /// Load a model directory onto `device`.
+    pub fn open(dir: &Path, device: &B::Device) -> Result<HfModel<B>> {
+        let arch = HfArch::from_dir(dir)?;
+        let files = weights::weight_files(dir)?;
+        let tokenizer = HfTokenizer::from_dir(dir, &arch)?;
+        let model = weights::load::<B>(&arch, &files, device)?;
+        Ok(HfModel {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            digest: weights::digest(&files)?,
+        })
+    }
+}
+
+/// What `rla-pipe model inspect` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Inspection {
+    pub dir: String,
+    pub architecture: String,
+    pub parameters: usize,
+    /// Stored dtypes of the weights, with tensor counts.
+    pub dtypes: std::collections::BTreeMap<String, usize>,
+    pub vocab: usize,
+    pub tokenizer_vocab: usize,
+    pub hidden: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub intermediate: usize,
+    pub tied_embeddings: bool,
+    pub max_positions: Option<usize>,
+    pub eos_ids: Vec<u32>,
+    pub chat_template: bool,
+    pub weight_files: Vec<String>,
+    pub weight_bytes: u64,
+    /// blake3 of the weight files.
+    pub digest: String,
+}
+
+/// Inspect a model directory: its config, the checkpoint's headers (checked against it) and
+/// the weights' digest; no tensor is loaded.
+pub fn inspect(dir: &Path) -> Result<Inspection> {
+    let arch = HfArch::from_dir(dir)?;
+    let files = weights::weight_files(dir)?;
+    let headers = weights::read_headers(&files)?;
+    weights::check_tensors(&arch, &headers)?;
+    let tokenizer = HfTokenizer::from_dir(dir, &arch)?;
+    let mut dtypes = std::collections::BTreeMap::new();
+    for info in headers.values() {
+        *dtypes.entry(info.dtype.clone()).or_insert(0) += 1;
+    }
+    let weight_bytes = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map(|m| m.len()).unwrap_or(0))
+        .sum();
+    Ok(Inspection {
+        dir: dir.display().to_string(),
+        architecture: arch.architecture.hf_name().to_string(),
+        parameters: arch.parameters(),
+        dtypes,
+        vocab: arch.vocab,
+        tokenizer_vocab: tokenizer.vocab_size(),
+        hidden: arch.hidden,
+        layers: arch.layers,
+        heads: arch.heads,
+        kv_heads: arch.kv_heads,
+        head_dim: arch.head_dim,
+        intermediate: arch.intermediate,
+        tied_embeddings: arch.tied,
+        max_positions: arch.max_positions,
+        eos_ids: tokenizer.eos_ids.clone(),
+        chat_template: tokenizer.has_chat_template(),
+        weight_files: files
+            .iter()
+            .map(|f| f.file_name().unwrap_or_default().to_string_lossy().into_owned())
+            .collect(),
+        weight_bytes,
+        digest: weights::digest(&files)?,
+    })
+}
+
+/// What `rla-pipe model generate` asks for.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the chat template.
+    pub chat: bool,
+    /// A system message (chat only).
+    pub system: Option<String>,
+    pub sampling: Sampling,
+}
+
+/// What `rla-pipe model generate` answers.
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    pub prompt_ids: Vec<u32>,
+    pub generated_ids: Vec<u32>,
+    /// The generated text (special tokens dropped).
+    pub text: String,
+    /// The model's weights digest.
+    pub digest: String,
+    pub load_seconds: f64,
+    /// Generated tokens per second (prompt encoding included).
+    pub tokens_per_second: f64,
+}
+
+/// Load a model directory and continue one prompt (`on_backend!`-callable).
+pub fn generate_text<B: Backend>(device: &B::Device, dir: &Path, req: &GenerateRequest) -> Result<Generation> {
+    let started = std::time::Instant::now();
+    let m = HfModel::<B>::open(dir, device)?;
+    let load_seconds = started.elapsed().as_secs_f64();
+    let prompt_ids = if req.chat {
+        let mut messages = Vec::new();
+        if let Some(system) = &req.system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", &req.prompt));
+        let text = m.tokenizer.apply_chat_template(&messages, true)?;
+        m.tokenizer.encode(&text, false)?
+    } else {
+        m.tokenizer.encode(&req.prompt, true)?
+    };
+    let started = std::time::Instant::now();
+    let generated = generate(&m.model, std::slice::from_ref(&prompt_ids), &m.tokenizer.eos_ids, &req.sampling, device)?;
+    let seconds = started.elapsed().as_secs_f64();
+    let generated_ids = generated.into_iter().next().unwrap_or_default();
+    Ok(Generation {
+        text: m.tokenizer.decode(&generated_ids, true)?,
+        tokens_per_second: generated_ids.len() as f64 / seconds.max(1e-9),
+        prompt_ids,
+        generated_ids,
+        digest: m.digest,
+        load_seconds,
+    })
+}

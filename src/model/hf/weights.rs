@@ -1,0 +1,241 @@
+//! Hugging Face safetensors weights ↔ the burn model, through burn-store's safetensors store.
+//!
+//! Loading checks every tensor of the checkpoint against the list `config.json` implies
+//! ([`HfArch::expected_tensors`]) before any data is read: a missing, unknown or
+//! shape-mismatched tensor (or an unsupported dtype, a truncated file, a shard the index names
+//! but that does not hold the tensor) is an error naming the tensor, the file and both shapes.
+//! Then burn-store applies the tensors by path with two adapters (linear weights transposed,
+//! f16/bf16 widened to f32) and one key remapping (the checkpoint's RMSNorm `weight` is burn's
+//! `gamma`). Saving goes the other way and writes the same Hugging Face key layout in f32.
+
+use super::arch::CausalLm;
+use super::config::HfArch;
+use crate::error::{Error, Result};
+use burn::tensor::DType;
+use burn::tensor::backend::Backend;
+use burn_store::{
+    BurnToPyTorchAdapter, ModuleAdapter, ModuleSnapshot, PyTorchToBurnAdapter, SafetensorsStore,
+    TensorSnapshot,
+};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+/// Tensors a checkpoint may hold that the model does not use.
+fn ignorable(name: &str, arch: &HfArch) -> bool {
+    name.ends_with("rotary_emb.inv_freq") || (arch.tied && name == "lm_head.weight")
+}
+
+/// The weight files of a model directory, in a fixed order: `model.safetensors`, or the shards
+/// `model.safetensors.index.json` names (sorted).
+pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
+    let single = dir.join("model.safetensors");
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index)
+            .map_err(|e| Error::Model(format!("{}: {e}", index.display())))?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Model(format!("{}: line {}: {e}", index.display(), e.line())))?;
+        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
+            Error::Model(format!("{}: key `weight_map`: missing or not an object", index.display()))
+        })?;
+        let mut files: Vec<String> = Vec::new();
+        for (tensor, file) in map {
+            let file = file.as_str().ok_or_else(|| {
+                Error::Model(format!(
+                    "{}: key `weight_map.{tensor}`: not a file name",
+                    index.display()
+                ))
+            })?;
+            if file.contains('/') || file.contains("..") {
+                return Err(Error::Model(format!(
+                    "{}: key `weight_map.{tensor}`: {file:?} is not a file of the directory",
+                    index.display()
+                )));
+            }
+            files.push(file.to_string());
+        }
+        files.sort();
+        files.dedup();
+        Ok(files.into_iter().map(|f| dir.join(f)).collect())
+    } else if single.exists() {
+        Ok(vec![single])
+    } else {
+        Err(Error::Model(format!(
+            "{}: no model.safetensors or model.safetensors.index.json",
+            dir.display()
+        )))
+    }
+}
+
+/// One tensor as a checkpoint's header declares it.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub file: PathBuf,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// Read the headers of `files` (no tensor data): name → info.
+pub fn read_headers(files: &[PathBuf]) -> Result<BTreeMap<String, TensorInfo>> {
+    let mut out = BTreeMap::new();
+    for file in files {
+        let handle =
+            std::fs::File::open(file).map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
+        // SAFETY: the map is read-only and dropped before this function returns; a file changed
+        // underneath would give wrong header values, which the checks below then report.
+        let bytes = unsafe { memmap2::Mmap::map(&handle) }
+            .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
+            Error::Model(format!("{}: not a readable safetensors file: {e}", file.display()))
+        })?;
+        // `read_metadata` checks the offsets against the header; check them against the file.
+        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+            Error::Model(format!(
+                "{}: truncated or corrupt safetensors file ({} bytes): {e}",
+                file.display(),
+                bytes.len()
+            ))
+        })?;
+        for (name, view) in st.tensors() {
+            let info = meta.info(&name).expect("a listed tensor has header info");
+            let dtype = format!("{:?}", info.dtype);
+            if out
+                .insert(
+                    name.clone(),
+                    TensorInfo {
+                        file: file.clone(),
+                        dtype,
+                        shape: view.shape().to_vec(),
+                    },
+                )
+                .is_some()
+            {
+                return Err(Error::Model(format!(
+                    "{}: tensor `{name}` is also in another shard",
+                    file.display()
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Check a checkpoint's tensors against the model `config.json` describes.
+pub fn check_tensors(arch: &HfArch, found: &BTreeMap<String, TensorInfo>) -> Result<()> {
+    let expected = arch.expected_tensors();
+    for (name, shape) in &expected {
+        let Some(info) = found.get(name) else {
+            return Err(Error::Model(format!(
+                "tensor `{name}` (shape {shape:?} from config.json) is missing from the checkpoint"
+            )));
+        };
+        if &info.shape != shape {
+            return Err(Error::Model(format!(
+                "tensor `{name}` in {}: shape {:?}, but config.json implies {shape:?}",
+                info.file.display(),
+                info.shape
+            )));
+        }
+        if !matches!(info.dtype.as_str(), "F32" | "F16" | "BF16") {
+            return Err(Error::Model(format!(
+                "tensor `{name}` in {}: dtype {} is not supported (F32, F16, BF16)",
+                info.file.display(),
+                info.dtype
+            )));
+        }
+    }
+    let known: std::collections::HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+    if let Some((name, info)) = found
+        .iter()
+        .find(|(n, _)| !known.contains(n.as_str()) && !ignorable(n, arch))
+    {
+        return Err(Error::Model(format!(
+            "tensor `{name}` in {} (shape {:?}) is not part of a {} with this config.json",
+            info.file.display(),
+            info.shape,
+            arch.architecture.hf_name()
+        )));
+    }
+    Ok(())
+}
+
+/// Widens f16 / bf16 tensors to f32 as burn-store reads them.
+#[derive(Clone)]
+struct WidenToF32;
+
+impl ModuleAdapter for WidenToF32 {
+    fn adapt(&self, s: &TensorSnapshot) -> TensorSnapshot {
+        if s.dtype == DType::F32 {
+            return s.clone();
+        }
+        let data = s.clone_data_fn();
+        TensorSnapshot::from_closure(
+            Rc::new(move || data().map(|d| d.convert::<f32>())),
+            DType::F32,
+            s.shape.clone(),
+            s.path_stack.clone().unwrap_or_default(),
+            s.container_stack.clone().unwrap_or_default(),
+            s.tensor_id.unwrap_or_default(),
+        )
+    }
+
+    fn clone_box(&self) -> Box<dyn ModuleAdapter> {
+        Box::new(self.clone())
+    }
+}
+
+/// The model of `arch` with the weights of `files` (checked with [`check_tensors`] first).
+pub fn load<B: Backend>(arch: &HfArch, files: &[PathBuf], device: &B::Device) -> Result<CausalLm<B>> {
+    let headers = read_headers(files)?;
+    check_tensors(arch, &headers)?;
+    let mut model = CausalLm::<B>::init(arch, device);
+    let mut applied = 0usize;
+    for file in files {
+        let mut store = SafetensorsStore::from_file(file)
+            .with_from_adapter(PyTorchToBurnAdapter.chain(WidenToF32))
+            .with_key_remapping(r"norm\.weight$", "norm.gamma")
+            .allow_partial(true)
+            .validate(false);
+        let result = model
+            .load_from(&mut store)
+            .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
+        if let Some(e) = result.errors.first() {
+            return Err(Error::Model(format!("{}: {e:?}", file.display())));
+        }
+        applied += result.applied.len();
+    }
+    let want = arch.expected_tensors().len();
+    if applied != want {
+        return Err(Error::Model(format!(
+            "{} of the {want} tensors of the model were loaded",
+            applied
+        )));
+    }
+    Ok(model)
+}
+
+/// The model's weights as one f32 safetensors file in the Hugging Face key layout.
+pub fn to_safetensors<B: Backend>(model: &CausalLm<B>) -> Result<Vec<u8>> {
+    let mut store = SafetensorsStore::from_bytes(None)
+        .with_to_adapter(BurnToPyTorchAdapter)
+        .with_key_remapping(r"norm\.gamma$", "norm.weight")
+        .metadata("format", "pt");
+    model
+        .save_into(&mut store)
+        .map_err(|e| Error::Model(format!("saving safetensors: {e}")))?;
+    store
+        .get_bytes()
+        .map_err(|e| Error::Model(format!("saving safetensors: {e}")))
+}
+
+/// The blake3 digest of a checkpoint's weights: the weight files' bytes, in [`weight_files`]
+/// order (hex).
+pub fn digest(files: &[PathBuf]) -> Result<String> {
+    let mut h = blake3::Hasher::new();
+    for f in files {
+        let mut file = std::fs::File::open(f).map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
+        std::io::copy(&mut file, &mut h).map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
