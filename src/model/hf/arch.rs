@@ -19,9 +19,9 @@ use super::config::HfArch;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
+use burn::tensor::Tensor;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::Tensor;
 
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
@@ -87,12 +87,21 @@ impl<B: Backend> KvCache<B> {
 
     /// The cache with row `r` taken from row `rows[r]`.
     pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
-        let idx = int_tensor::<B, 1>(rows.iter().map(|&r| r as i64).collect(), [rows.len()], device);
+        let idx = int_tensor::<B, 1>(
+            rows.iter().map(|&r| r as i64).collect(),
+            [rows.len()],
+            device,
+        );
         KvCache {
             layers: self
                 .layers
                 .iter()
-                .map(|(k, v)| (k.clone().select(0, idx.clone()), v.clone().select(0, idx.clone())))
+                .map(|(k, v)| {
+                    (
+                        k.clone().select(0, idx.clone()),
+                        v.clone().select(0, idx.clone()),
+                    )
+                })
                 .collect(),
         }
     }
@@ -181,7 +190,13 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// RoPE `cos`, `sin` (`[b, 1, t, head_dim]`) at `positions` (row-major `[b, t]`).
-    fn rope_tables(&self, positions: &[i64], b: usize, t: usize, device: &B::Device) -> (Tensor<B, 4>, Tensor<B, 4>) {
+    fn rope_tables(
+        &self,
+        positions: &[i64],
+        b: usize,
+        t: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
         let f = &self.arch.inv_freq;
         let d = 2 * f.len();
         let mut cos = Vec::with_capacity(b * t * d);

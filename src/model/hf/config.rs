@@ -129,7 +129,9 @@ impl HfArch {
         let c: RawConfig = serde_path_to_error::deserialize(&raw)
             .map_err(|e| Error::Model(format!("key `{}`: {}", e.path(), e.inner())))?;
         let name = c.architectures.first().ok_or_else(|| {
-            Error::Model("key `architectures`: missing (expected e.g. [\"LlamaForCausalLM\"])".into())
+            Error::Model(
+                "key `architectures`: missing (expected e.g. [\"LlamaForCausalLM\"])".into(),
+            )
         })?;
         let architecture = Architecture::from_hf_name(name).ok_or_else(|| {
             Error::Model(format!(
@@ -195,7 +197,11 @@ impl HfArch {
             mlp_bias: c.mlp_bias,
             qk_norm: architecture == Architecture::Qwen3,
             max_positions: c.max_position_embeddings,
-            bos: c.bos_token_id.as_ref().and_then(ids).and_then(|v| v.first().copied()),
+            bos: c
+                .bos_token_id
+                .as_ref()
+                .and_then(ids)
+                .and_then(|v| v.first().copied()),
             eos: c.eos_token_id.as_ref().and_then(ids).unwrap_or_default(),
             dtype: c.torch_dtype.or(c.dtype),
             raw,
@@ -258,7 +264,10 @@ impl HfArch {
     pub fn config_json(&self, dtype: &str) -> String {
         let mut raw = self.raw.clone();
         if let Some(o) = raw.as_object_mut() {
-            o.insert("torch_dtype".into(), serde_json::Value::String(dtype.into()));
+            o.insert(
+                "torch_dtype".into(),
+                serde_json::Value::String(dtype.into()),
+            );
         }
         serde_json::to_string_pretty(&raw).expect("a JSON value serializes")
     }
@@ -348,12 +357,19 @@ mod tests {
         assert_eq!(a.eos, vec![1, 2]);
         let t = a.expected_tensors();
         assert!(t.iter().all(|(n, _)| n != "lm_head.weight"));
-        let q = t.iter().find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight");
+        let q = t
+            .iter()
+            .find(|(n, _)| n == "model.layers.1.self_attn.q_proj.weight");
         assert_eq!(q.unwrap().1, vec![64, 32]);
-        let k = t.iter().find(|(n, _)| n == "model.layers.0.self_attn.k_norm.weight");
+        let k = t
+            .iter()
+            .find(|(n, _)| n == "model.layers.0.self_attn.k_norm.weight");
         assert_eq!(k.unwrap().1, vec![16]);
         // 64·32 + 2·(32 + 64·32 + 2·32·32 + 32·64 + 2·16 + 32 + 3·48·32) + 32
-        assert_eq!(a.parameters(), 2048 + 2 * (32 + 2048 + 2048 + 2048 + 32 + 32 + 4608) + 32);
+        assert_eq!(
+            a.parameters(),
+            2048 + 2 * (32 + 2048 + 2048 + 2048 + 32 + 32 + 4608) + 32
+        );
         assert!(a.config_json("float32").contains("\"some_future_key\""));
     }
 
@@ -362,14 +378,19 @@ mod tests {
         let e = HfArch::from_json(&QWEN3.replace("Qwen3ForCausalLM", "GPT2LMHeadModel"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("architectures") && e.contains("GPT2LMHeadModel"), "{e}");
+        assert!(
+            e.contains("architectures") && e.contains("GPT2LMHeadModel"),
+            "{e}"
+        );
         let e = HfArch::from_json(&QWEN3.replace("\"vocab_size\": 64", "\"vocab_size\": \"x\""))
             .unwrap_err()
             .to_string();
         assert!(e.contains("vocab_size"), "{e}");
-        let e = HfArch::from_json(&QWEN3.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"))
-            .unwrap_err()
-            .to_string();
+        let e = HfArch::from_json(
+            &QWEN3.replace("\"num_key_value_heads\": 2", "\"num_key_value_heads\": 3"),
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("num_key_value_heads"), "{e}");
     }
 

@@ -93,7 +93,14 @@ pub fn generate<B: Backend>(
     // Encode the right-padded prompts once.
     let (tokens, positions, mask, b, t0) = full_inputs(prompts);
     let mut cache = KvCache::empty();
-    let logits = model.forward(&tokens, &positions, &mask, (b, t0), Some(&mut cache), device);
+    let logits = model.forward(
+        &tokens,
+        &positions,
+        &mask,
+        (b, t0),
+        Some(&mut cache),
+        device,
+    );
     let logits: Vec<f32> = logits
         .into_data()
         .to_vec()
@@ -129,7 +136,10 @@ pub fn generate<B: Backend>(
         // Row r's new token sits at position len_r + step and sees its prompt (keys < len_r)
         // and its generated tokens (keys t0 ..= t0 + step).
         let keys = t0 + step + 1;
-        let positions: Vec<i64> = live.iter().map(|&r| (prompts[r].len() + step) as i64).collect();
+        let positions: Vec<i64> = live
+            .iter()
+            .map(|&r| (prompts[r].len() + step) as i64)
+            .collect();
         let mut mask = Vec::with_capacity(live.len() * keys);
         for &r in &live {
             for k in 0..keys {
@@ -137,7 +147,14 @@ pub fn generate<B: Backend>(
             }
         }
         let tokens: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-        let logits = model.forward(&tokens, &positions, &mask, (live.len(), 1), Some(&mut cache), device);
+        let logits = model.forward(
+            &tokens,
+            &positions,
+            &mask,
+            (live.len(), 1),
+            Some(&mut cache),
+            device,
+        );
         let logits: Vec<f32> = logits
             .into_data()
             .to_vec()
@@ -175,8 +192,9 @@ mod tests {
             top_p: 0.9,
             ..nucleus
         };
-        let drawn: std::collections::BTreeSet<u32> =
-            (0..200).map(|_| pick(&[10.0, 9.0, 0.0, 0.0], &wider, &mut rng)).collect();
+        let drawn: std::collections::BTreeSet<u32> = (0..200)
+            .map(|_| pick(&[10.0, 9.0, 0.0, 0.0], &wider, &mut rng))
+            .collect();
         assert_eq!(drawn.into_iter().collect::<Vec<_>>(), vec![0, 1]);
     }
 }

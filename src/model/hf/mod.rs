@@ -112,7 +112,12 @@ pub fn inspect(dir: &Path) -> Result<Inspection> {
         chat_template: tokenizer.has_chat_template(),
         weight_files: files
             .iter()
-            .map(|f| f.file_name().unwrap_or_default().to_string_lossy().into_owned())
+            .map(|f| {
+                f.file_name()
+                    .unwrap_or_default()
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .collect(),
         weight_bytes,
         digest: weights::digest(&files)?,
@@ -145,7 +150,11 @@ pub struct Generation {
 }
 
 /// Load a model directory and continue one prompt (`on_backend!`-callable).
-pub fn generate_text<B: Backend>(device: &B::Device, dir: &Path, req: &GenerateRequest) -> Result<Generation> {
+pub fn generate_text<B: Backend>(
+    device: &B::Device,
+    dir: &Path,
+    req: &GenerateRequest,
+) -> Result<Generation> {
     let started = std::time::Instant::now();
     let m = HfModel::<B>::open(dir, device)?;
     let load_seconds = started.elapsed().as_secs_f64();
@@ -161,7 +170,13 @@ pub fn generate_text<B: Backend>(device: &B::Device, dir: &Path, req: &GenerateR
         m.tokenizer.encode(&req.prompt, true)?
     };
     let started = std::time::Instant::now();
-    let generated = generate(&m.model, std::slice::from_ref(&prompt_ids), &m.tokenizer.eos_ids, &req.sampling, device)?;
+    let generated = generate(
+        &m.model,
+        std::slice::from_ref(&prompt_ids),
+        &m.tokenizer.eos_ids,
+        &req.sampling,
+        device,
+    )?;
     let seconds = started.elapsed().as_secs_f64();
     let generated_ids = generated.into_iter().next().unwrap_or_default();
     Ok(Generation {

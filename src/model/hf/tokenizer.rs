@@ -46,7 +46,8 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
     if !path.exists() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(path).map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Model(format!("{}: {e}", path.display())))?;
     serde_json::from_str(&text)
         .map(Some)
         .map_err(|e| Error::Model(format!("{}: line {}: {e}", path.display(), e.line())))
@@ -126,18 +127,29 @@ impl HfTokenizer {
 
     /// The chat template applied to `messages` (text, not yet tokenized: templates write
     /// their own BOS, so encode it with `special = false`).
-    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self
-            .chat_template
-            .as_deref()
-            .ok_or_else(|| Error::Model("the tokenizer has no chat template (tokenizer_config.json `chat_template`)".into()))?;
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let template = self.chat_template.as_deref().ok_or_else(|| {
+            Error::Model(
+                "the tokenizer has no chat template (tokenizer_config.json `chat_template`)".into(),
+            )
+        })?;
         let mut env = minijinja::Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> std::result::Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_template("chat", template)
             .map_err(|e| Error::Model(format!("chat template: {e}")))?;
         let ctx = minijinja::context! {

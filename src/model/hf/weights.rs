@@ -36,9 +36,15 @@ pub fn weight_files(dir: &Path) -> Result<Vec<PathBuf>> {
             .map_err(|e| Error::Model(format!("{}: {e}", index.display())))?;
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::Model(format!("{}: line {}: {e}", index.display(), e.line())))?;
-        let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| {
-            Error::Model(format!("{}: key `weight_map`: missing or not an object", index.display()))
-        })?;
+        let map = v
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| {
+                Error::Model(format!(
+                    "{}: key `weight_map`: missing or not an object",
+                    index.display()
+                ))
+            })?;
         let mut files: Vec<String> = Vec::new();
         for (tensor, file) in map {
             let file = file.as_str().ok_or_else(|| {
@@ -80,14 +86,17 @@ pub struct TensorInfo {
 pub fn read_headers(files: &[PathBuf]) -> Result<BTreeMap<String, TensorInfo>> {
     let mut out = BTreeMap::new();
     for file in files {
-        let handle =
-            std::fs::File::open(file).map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
+        let handle = std::fs::File::open(file)
+            .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
         // SAFETY: the map is read-only and dropped before this function returns; a file changed
         // underneath would give wrong header values, which the checks below then report.
         let bytes = unsafe { memmap2::Mmap::map(&handle) }
             .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
-            Error::Model(format!("{}: not a readable safetensors file: {e}", file.display()))
+            Error::Model(format!(
+                "{}: not a readable safetensors file: {e}",
+                file.display()
+            ))
         })?;
         // `read_metadata` checks the offsets against the header; check them against the file.
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
@@ -186,7 +195,11 @@ impl ModuleAdapter for WidenToF32 {
 }
 
 /// The model of `arch` with the weights of `files` (checked with [`check_tensors`] first).
-pub fn load<B: Backend>(arch: &HfArch, files: &[PathBuf], device: &B::Device) -> Result<CausalLm<B>> {
+pub fn load<B: Backend>(
+    arch: &HfArch,
+    files: &[PathBuf],
+    device: &B::Device,
+) -> Result<CausalLm<B>> {
     let headers = read_headers(files)?;
     check_tensors(arch, &headers)?;
     let mut model = CausalLm::<B>::init(arch, device);
@@ -220,6 +233,9 @@ pub fn to_safetensors<B: Backend>(model: &CausalLm<B>) -> Result<Vec<u8>> {
     let mut store = SafetensorsStore::from_bytes(None)
         .with_to_adapter(BurnToPyTorchAdapter)
         .with_key_remapping(r"norm\.gamma$", "norm.weight")
+        // One metadata key: burn-store's defaults sit in a HashMap, whose order (and so the
+        // file's bytes) would change from run to run.
+        .clear_metadata()
         .metadata("format", "pt");
     model
         .save_into(&mut store)
@@ -234,8 +250,10 @@ pub fn to_safetensors<B: Backend>(model: &CausalLm<B>) -> Result<Vec<u8>> {
 pub fn digest(files: &[PathBuf]) -> Result<String> {
     let mut h = blake3::Hasher::new();
     for f in files {
-        let mut file = std::fs::File::open(f).map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
-        std::io::copy(&mut file, &mut h).map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
+        let mut file =
+            std::fs::File::open(f).map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
+        std::io::copy(&mut file, &mut h)
+            .map_err(|e| Error::Model(format!("{}: {e}", f.display())))?;
     }
     Ok(h.finalize().to_hex().to_string())
 }

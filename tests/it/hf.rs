@@ -1,0 +1,576 @@
+//! Pretrained Hugging Face checkpoints: tiny random Llama, Qwen2 and Qwen3 model directories
+//! written by the test itself (config.json, safetensors, tokenizer files; no download), their
+//! logits against an independent numpy forward (`tests/hf/reference.py`, numpy pip-installed
+//! if missing), the KV cache against full recomputation, save → load round trips, and the
+//! errors of bad checkpoints through the real binary.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use rla_pipe::determinism::Rng;
+use rla_pipe::model::Cpu;
+use rla_pipe::model::hf::{self, CausalLm, HfArch, Sampling, weights};
+
+use crate::Fixture;
+
+const VOCAB: usize = 64;
+
+/// A tiny config of each architecture: GQA everywhere (4 query / 2 key-value heads), Llama with
+/// llama3 RoPE scaling and attention biases, Qwen2 with its q/k/v biases and tied embeddings,
+/// Qwen3 with q/k norms and a head_dim that is not hidden / heads.
+fn tiny_config(arch: &str) -> serde_json::Value {
+    let mut c = serde_json::json!({
+        "architectures": [arch],
+        "vocab_size": VOCAB,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 128,
+        "hidden_act": "silu",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "tie_word_embeddings": false,
+        "torch_dtype": "float32",
+    });
+    let o = c.as_object_mut().unwrap();
+    match arch {
+        "LlamaForCausalLM" => {
+            o.insert("model_type".into(), "llama".into());
+            o.insert("attention_bias".into(), true.into());
+            o.insert(
+                "rope_scaling".into(),
+                serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+            );
+        }
+        "Qwen2ForCausalLM" => {
+            o.insert("model_type".into(), "qwen2".into());
+            o.insert("tie_word_embeddings".into(), true.into());
+            o.insert("rope_theta".into(), 1000000.0.into());
+        }
+        "Qwen3ForCausalLM" => {
+            o.insert("model_type".into(), "qwen3".into());
+            o.insert("head_dim".into(), 16.into());
+            o.insert("rms_norm_eps".into(), 1e-6.into());
+        }
+        _ => {}
+    }
+    c
+}
+
+/// Random weights for every tensor `config` implies, in `dtype` ("F32" or "BF16").
+fn tiny_weights(config: &serde_json::Value, seed: u64, dtype: &str) -> Vec<u8> {
+    let arch = HfArch::from_json(&config.to_string()).unwrap();
+    let mut rng = Rng::new(seed);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (name, shape) in arch.expected_tensors() {
+        let n: usize = shape.iter().product();
+        let values: Vec<f32> = (0..n)
+            .map(|_| {
+                let u = rng.unit() as f32 * 2.0 - 1.0;
+                if name.ends_with("norm.weight") {
+                    1.0 + 0.2 * u
+                } else {
+                    0.3 * u
+                }
+            })
+            .collect();
+        let bytes = match dtype {
+            "F32" => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            "BF16" => values
+                .iter()
+                .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
+                .collect(),
+            other => panic!("{other}"),
+        };
+        tensors.push((name, shape, bytes));
+    }
+    let dt = if dtype == "F32" {
+        safetensors::Dtype::F32
+    } else {
+        safetensors::Dtype::BF16
+    };
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(n, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(dt, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize(views, None).unwrap()
+}
+
+/// A word-level tokenizer over `t0 … t63` (t1 = `<|im_start|>`, t2 = `<|im_end|>` as
+/// specials) with a ChatML template.
+fn write_tokenizer(dir: &Path) {
+    let mut vocab = serde_json::Map::new();
+    for i in 0..VOCAB {
+        let word = match i {
+            1 => "<|im_start|>".to_string(),
+            2 => "<|im_end|>".to_string(),
+            _ => format!("t{i}"),
+        };
+        vocab.insert(word, i.into());
+    }
+    let special = |id: usize, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(1, "<|im_start|>"), special(2, "<|im_end|>")],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{% for m in messages %}{{ '<|im_start|> ' + m['role'] + ' ' + m['content'] + ' <|im_end|> ' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|> t3 ' }}{% endif %}";
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>",
+            "bos_token": "<|im_start|>"})
+        .to_string(),
+    )
+    .unwrap();
+}
+
+/// Write a tiny model directory.
+fn tiny_model(dir: &Path, arch: &str, dtype: &str) -> serde_json::Value {
+    std::fs::create_dir_all(dir).unwrap();
+    let config = tiny_config(arch);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        tiny_weights(&config, 17, dtype),
+    )
+    .unwrap();
+    write_tokenizer(dir);
+    config
+}
+
+fn load(dir: &Path) -> CausalLm<Cpu> {
+    let arch = HfArch::from_dir(dir).unwrap();
+    let files = weights::weight_files(dir).unwrap();
+    weights::load::<Cpu>(&arch, &files, &Default::default()).unwrap()
+}
+
+fn logits(model: &CausalLm<Cpu>, seqs: &[Vec<u32>]) -> Vec<f32> {
+    model
+        .forward_full(seqs, &Default::default())
+        .into_data()
+        .to_vec()
+        .unwrap()
+}
+
+fn python(code: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", code])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Logits of the numpy reference: `[seq][pos][vocab]`, flattened.
+fn reference_logits(dir: &Path, seqs: &[Vec<u32>]) -> Vec<f64> {
+    if !python("import numpy") {
+        let ok = Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "numpy"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "the parity test needs numpy: pip install numpy");
+    }
+    let ids = dir.join("ids.json");
+    let out = dir.join("reference.json");
+    std::fs::write(&ids, serde_json::to_string(seqs).unwrap()).unwrap();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hf/reference.py");
+    let o = Command::new("python3")
+        .args([
+            script,
+            dir.to_str().unwrap(),
+            ids.to_str().unwrap(),
+            out.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    v["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s.as_array().unwrap().iter())
+        .flat_map(|p| p.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()))
+        .collect()
+}
+
+const ARCHS: [&str; 3] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"];
+
+#[test]
+fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {
+    let f = Fixture::new();
+    let seqs: Vec<Vec<u32>> = vec![
+        vec![
+            1, 5, 9, 33, 2, 17, 40, 63, 8, 12, 3, 44, 50, 7, 6, 21, 19, 30, 31, 4,
+        ],
+        vec![
+            60, 3, 3, 3, 45, 2, 11, 9, 1, 0, 13, 24, 35, 46, 57, 58, 59, 14, 15, 16,
+        ],
+    ];
+    for arch in ARCHS {
+        for dtype in ["F32", "BF16"] {
+            let dir = f.dir.path().join(format!("{arch}-{dtype}"));
+            tiny_model(&dir, arch, dtype);
+            let ours = logits(&load(&dir), &seqs);
+            let reference = reference_logits(&dir, &seqs);
+            assert_eq!(ours.len(), reference.len());
+            let worst = ours
+                .iter()
+                .zip(&reference)
+                .map(|(a, b)| (*a as f64 - b).abs())
+                .fold(0.0, f64::max);
+            assert!(worst <= 1e-4, "{arch} {dtype}: max |Δlogit| = {worst}");
+            // A test that could not fail would pass with garbage: the logits are not flat.
+            let spread = reference.iter().cloned().fold(f64::MIN, f64::max)
+                - reference.iter().cloned().fold(f64::MAX, f64::min);
+            assert!(spread > 1.0, "{arch}: logits spread {spread}");
+        }
+    }
+}
+
+#[test]
+fn kv_cache_generation_equals_full_recomputation() {
+    let f = Fixture::new();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let model = load(&dir);
+        // Prompts of different lengths: the right padding must stay invisible.
+        let prompts: Vec<Vec<u32>> = vec![
+            vec![1, 5, 9, 33],
+            vec![7, 8],
+            vec![9, 10, 11, 12, 13, 14, 15],
+        ];
+        let greedy = Sampling {
+            temperature: 0.0,
+            top_p: 1.0,
+            max_tokens: 12,
+            seed: 0,
+        };
+        let cached = hf::generate(&model, &prompts, &[], &greedy, &Default::default()).unwrap();
+        for (p, got) in prompts.iter().zip(&cached) {
+            let mut seq = p.clone();
+            for _ in 0..greedy.max_tokens {
+                let l = logits(&model, std::slice::from_ref(&seq));
+                let last = &l[(seq.len() - 1) * VOCAB..seq.len() * VOCAB];
+                let best = (0..VOCAB).fold(0, |b, i| if last[i] > last[b] { i } else { b });
+                seq.push(best as u32);
+            }
+            assert_eq!(got, &seq[p.len()..].to_vec(), "{arch}: prompt {p:?}");
+        }
+        // And the cached forward's logits equal the full forward's, not only their argmax.
+        let arch_cfg = HfArch::from_dir(&dir).unwrap();
+        assert_eq!(arch_cfg.vocab, VOCAB);
+        let full = logits(&model, &[vec![3, 4, 5, 6]]);
+        let mut cache = hf::KvCache::empty();
+        let d = Default::default();
+        let _ = model.forward(
+            &[3, 4, 5],
+            &[0, 1, 2],
+            &causal(3, 0),
+            (1, 3),
+            Some(&mut cache),
+            &d,
+        );
+        let step: Vec<f32> = model
+            .forward(&[6], &[3], &[false; 4], (1, 1), Some(&mut cache), &d)
+            .into_data()
+            .to_vec()
+            .unwrap();
+        let worst = step
+            .iter()
+            .zip(&full[3 * VOCAB..])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            worst < 1e-5,
+            "{arch}: cached vs full logits differ by {worst}"
+        );
+    }
+}
+
+fn causal(t: usize, cached: usize) -> Vec<bool> {
+    let mut m = Vec::new();
+    for i in 0..t {
+        for k in 0..cached + t {
+            m.push(k > cached + i);
+        }
+    }
+    m
+}
+
+#[test]
+fn save_then_load_is_bit_identical() {
+    let f = Fixture::new();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "BF16");
+        let model = load(&dir);
+        let saved = weights::to_safetensors(&model).unwrap();
+        let again = f.dir.path().join(format!("{arch}-saved"));
+        std::fs::create_dir_all(&again).unwrap();
+        let arch_cfg = HfArch::from_dir(&dir).unwrap();
+        std::fs::write(again.join("config.json"), arch_cfg.config_json("float32")).unwrap();
+        std::fs::write(again.join("model.safetensors"), &saved).unwrap();
+        let reloaded = load(&again);
+        let resaved = weights::to_safetensors(&reloaded).unwrap();
+        let first_difference = resaved.iter().zip(&saved).position(|(a, b)| a != b);
+        assert!(
+            resaved == saved,
+            "{arch}: {} vs {} bytes, first difference at {first_difference:?}",
+            resaved.len(),
+            saved.len()
+        );
+        // The saved file is in the Hugging Face layout: the same names and shapes as the
+        // original, f32.
+        let names = |bytes: &[u8]| -> BTreeMap<String, Vec<usize>> {
+            let st = safetensors::SafeTensors::deserialize(bytes).unwrap();
+            st.tensors()
+                .into_iter()
+                .map(|(n, v)| {
+                    assert_eq!(v.dtype(), safetensors::Dtype::F32);
+                    (n, v.shape().to_vec())
+                })
+                .collect()
+        };
+        let original: BTreeMap<String, Vec<usize>> =
+            arch_cfg.expected_tensors().into_iter().collect();
+        assert_eq!(names(&saved), original);
+        let seqs = vec![vec![3, 4, 5, 6, 7]];
+        assert_eq!(logits(&model, &seqs), logits(&reloaded, &seqs), "{arch}");
+    }
+}
+
+#[test]
+fn model_inspect_and_generate_through_the_binary() {
+    let f = Fixture::new();
+    let dir = f.dir.path().join("qwen3");
+    tiny_model(&dir, "Qwen3ForCausalLM", "BF16");
+    let d = dir.to_str().unwrap();
+    let r = f.rla(&["model", "inspect", d, "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let v: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(v["architecture"], "Qwen3ForCausalLM");
+    assert_eq!(v["kv_heads"], 2);
+    assert_eq!(v["dtypes"]["BF16"], 25);
+    assert_eq!(v["eos_ids"], serde_json::json!([2]));
+    let digest = blake3::hash(&std::fs::read(dir.join("model.safetensors")).unwrap());
+    assert_eq!(v["digest"], digest.to_hex().as_str());
+    let text = f.rla(&["model", "inspect", d]);
+    assert!(text.stdout.contains("Qwen3ForCausalLM") && text.stdout.contains("blake3:"));
+
+    let generate = |extra: &[&str]| {
+        let mut args = vec![
+            "model",
+            "generate",
+            d,
+            "--prompt",
+            "t5 t6 t7",
+            "--max-tokens",
+            "6",
+            "--format",
+            "json",
+        ];
+        args.extend_from_slice(extra);
+        let r = f.rla(&args);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()
+    };
+    let g = generate(&[]);
+    assert_eq!(g["prompt_ids"], serde_json::json!([5, 6, 7]));
+    let ids = g["generated_ids"].as_array().unwrap();
+    assert!(!ids.is_empty() && ids.len() <= 6);
+    // Greedy is greedy: the numpy reference's argmax continuation.
+    let expected = reference_greedy(&dir, &[5, 6, 7], ids.len());
+    let got: Vec<u64> = ids.iter().map(|x| x.as_u64().unwrap()).collect();
+    assert_eq!(got, expected);
+    // Sampling is seeded: equal seeds, equal ids.
+    let s1 = generate(&["--temperature", "1.0", "--seed", "3"]);
+    let s2 = generate(&["--temperature", "1.0", "--seed", "3"]);
+    assert_eq!(s1["generated_ids"], s2["generated_ids"]);
+    // The chat template frames the prompt.
+    let c = generate(&["--chat"]);
+    assert_eq!(c["prompt_ids"], serde_json::json!([1, 0, 5, 6, 7, 2, 1, 3]));
+}
+
+/// The reference's greedy continuation (`--greedy N`).
+fn reference_greedy(dir: &Path, prompt: &[u32], n: usize) -> Vec<u64> {
+    let _ = reference_logits(dir, &[prompt.to_vec()]);
+    let ids = dir.join("ids.json");
+    let out = dir.join("greedy.json");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/hf/reference.py");
+    let o = Command::new("python3")
+        .args([
+            script,
+            dir.to_str().unwrap(),
+            ids.to_str().unwrap(),
+            out.to_str().unwrap(),
+            "--greedy",
+            &n.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap();
+    v["generated"][0]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn bad_checkpoints_are_clear_errors() {
+    let f = Fixture::new();
+    let inspect = |dir: &Path| f.rla(&["model", "inspect", dir.to_str().unwrap()]);
+    let fresh = |name: &str| {
+        let dir = f.dir.path().join(name);
+        let config = tiny_model(&dir, "LlamaForCausalLM", "F32");
+        (dir, config)
+    };
+
+    // A tensor missing: named, with the shape config.json implies.
+    let (dir, mut config) = fresh("missing");
+    config["num_hidden_layers"] = 3.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("model.layers.2.input_layernorm.weight") && r.stderr.contains("[32]"),
+        "{}",
+        r.stderr
+    );
+
+    // A wrong shape: both shapes named.
+    let (dir, mut config) = fresh("shape");
+    config["intermediate_size"] = 40.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("model.layers.0.mlp.gate_proj.weight")
+            && r.stderr.contains("[48, 32]")
+            && r.stderr.contains("[40, 32]"),
+        "{}",
+        r.stderr
+    );
+
+    // An unknown tensor.
+    let (dir, mut config) = fresh("unknown");
+    config["num_hidden_layers"] = 1.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("model.layers.1.") && r.stderr.contains("not part of"),
+        "{}",
+        r.stderr
+    );
+
+    // A truncated file.
+    let (dir, _) = fresh("truncated");
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), &bytes[..bytes.len() - 100]).unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("model.safetensors") && r.stderr.contains("truncated"),
+        "{}",
+        r.stderr
+    );
+
+    // An unknown architecture, and a config that is not JSON.
+    let (dir, mut config) = fresh("arch");
+    config["architectures"] = serde_json::json!(["MambaForCausalLM"]);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("config.json") && r.stderr.contains("MambaForCausalLM"),
+        "{}",
+        r.stderr
+    );
+    std::fs::write(dir.join("config.json"), "{\n  \"vocab_size\": ,\n}").unwrap();
+    let r = inspect(&dir);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("config.json") && r.stderr.contains("line 2"),
+        "{}",
+        r.stderr
+    );
+
+    // Not a model directory at all; generation errors the same way, without a panic.
+    let r = f.rla(&[
+        "model",
+        "generate",
+        f.dir.path().to_str().unwrap(),
+        "--prompt",
+        "x",
+    ]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("config.json") && !r.stderr.contains("panicked"),
+        "{}",
+        r.stderr
+    );
+}
+
+#[test]
+fn sharded_checkpoints_load_like_one_file() {
+    let f = Fixture::new();
+    let one = f.dir.path().join("one");
+    let config = tiny_model(&one, "Qwen2ForCausalLM", "F32");
+    // Split the tensors over two shards + an index.
+    let sharded = f.dir.path().join("sharded");
+    std::fs::create_dir_all(&sharded).unwrap();
+    std::fs::write(sharded.join("config.json"), config.to_string()).unwrap();
+    write_tokenizer(&sharded);
+    let bytes = std::fs::read(one.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut map = serde_json::Map::new();
+    let mut shards: [Vec<(String, safetensors::tensor::TensorView)>; 2] = [Vec::new(), Vec::new()];
+    for (name, view) in st.tensors() {
+        let k = usize::from(name.contains("layers.1") || name.starts_with("model.norm"));
+        let file = format!("model-0000{}-of-00002.safetensors", k + 1);
+        map.insert(name.clone(), file.into());
+        shards[k].push((name, view));
+    }
+    for (k, views) in shards.into_iter().enumerate() {
+        let file = sharded.join(format!("model-0000{}-of-00002.safetensors", k + 1));
+        std::fs::write(file, safetensors::serialize(views, None).unwrap()).unwrap();
+    }
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    let seqs = vec![vec![1, 2, 3, 4, 5, 6]];
+    assert_eq!(logits(&load(&one), &seqs), logits(&load(&sharded), &seqs));
+    let r = f.rla(&[
+        "model",
+        "inspect",
+        sharded.to_str().unwrap(),
+        "--format",
+        "json",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("model-00002-of-00002.safetensors"));
+}
