@@ -13,6 +13,7 @@
 pub mod checkpoint;
 pub mod config;
 pub mod hf;
+pub mod lm;
 pub mod policy;
 pub mod ppo;
 pub mod pretrain;
@@ -29,6 +30,7 @@ pub use config::{
 };
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
+pub use lm::Lm;
 pub use transformer::{ModelConfig, Transformer};
 
 /// The CPU backend.

@@ -8,7 +8,8 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 
-use super::transformer::{Transformer, bool_tensor, int_tensor};
+use super::lm::Lm;
+use super::transformer::{bool_tensor, int_tensor};
 
 /// One decision: a prompt and the token ids of its admissible actions.
 #[derive(Debug, Clone)]
@@ -21,8 +22,8 @@ pub struct Decision {
 /// past a decision's action count are padding (≈ −1e9 before normalization, never read).
 /// `mean`: an action's logit is its mean token log-likelihood instead of the sum (length
 /// normalization, `policy.action_score = "mean"`).
-pub fn log_probs<B: Backend>(
-    model: &Transformer<B>,
+pub fn log_probs<B: Backend, M: Lm<B>>(
+    model: &M,
     decisions: &[Decision],
     temperature: f64,
     mean: bool,
@@ -80,8 +81,8 @@ pub fn log_probs<B: Backend>(
 /// `log π(chosen | decision)` `[idx.len(), 1]` of the minibatch `idx` (indices into `decisions`
 /// and `chosen`), and the tokens it scored (prompts + every admissible action).
 #[allow(clippy::too_many_arguments)]
-pub fn chosen_log_probs<B: Backend>(
-    model: &Transformer<B>,
+pub fn chosen_log_probs<B: Backend, M: Lm<B>>(
+    model: &M,
     decisions: &[Decision],
     chosen: &[usize],
     idx: &[usize],

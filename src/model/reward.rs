@@ -9,7 +9,8 @@ use burn::tensor::backend::Backend;
 
 use super::policy::to_host;
 use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
-use super::transformer::{Transformer, bool_tensor, float_tensor, int_tensor};
+use super::lm::Lm;
+use super::transformer::{bool_tensor, float_tensor, int_tensor};
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 
@@ -38,8 +39,8 @@ pub fn allowed_ids(tok: &Tokenizer) -> Vec<u32> {
 /// `prompts[i]` for the minibatch `idx` (sampling restricted by `bias`), the validity mask
 /// (row-major, `false` past a response's end) and the tokens it scored.
 #[allow(clippy::too_many_arguments)]
-pub fn response_log_probs<B: Backend>(
-    model: &Transformer<B>,
+pub fn response_log_probs<B: Backend, M: Lm<B>>(
+    model: &M,
     prompts: &[Vec<u32>],
     responses: &[Vec<u32>],
     idx: &[usize],
@@ -93,8 +94,8 @@ pub fn parse(tok: &Tokenizer, tokens: &[u32]) -> (String, i8) {
 
 /// `m` judgements for each prompt; sample `j` of prompt `p` draws from `derive_seed(seeds[p], j)`.
 #[allow(clippy::too_many_arguments)]
-pub fn generate<B: Backend>(
-    model: &Transformer<B>,
+pub fn generate<B: Backend, M: Lm<B>>(
+    model: &M,
     tok: &Tokenizer,
     prompts: &[Vec<u32>],
     seeds: &[u64],

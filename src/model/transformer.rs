@@ -11,7 +11,7 @@
 //! actions scored, RM critiques generated) without recomputing the prompt.
 
 use burn::module::{Module, Param};
-use burn::tensor::activation::{log_softmax, silu, softmax};
+use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
@@ -271,126 +271,24 @@ impl<B: Backend> Transformer<B> {
         }
         linear(rms_norm(x, &self.norm_f), &self.head)
     }
+}
 
-    /// Encode right-padded prompts: the raw next-token logits after each prompt (`[batch,
-    /// vocab]`, at its last real token), the cache, and the prompt lengths.
-    pub fn encode(
+impl<B: Backend> super::lm::Lm<B> for Transformer<B> {
+    fn forward(
         &self,
-        prompts: &[Vec<u32>],
-        device: &B::Device,
-    ) -> (Tensor<B, 2>, KvCache<B>, Vec<usize>) {
-        let b = prompts.len();
-        let lens: Vec<usize> = prompts.iter().map(|p| p.len().max(1)).collect();
-        let t = *lens.iter().max().unwrap_or(&1);
-        let mut toks = Vec::with_capacity(b * t);
-        let mut pos = Vec::with_capacity(b * t);
-        let mut mask = Vec::with_capacity(b * t * t);
-        for (p, &len) in prompts.iter().zip(&lens) {
-            for i in 0..t {
-                toks.push(p.get(i).copied().unwrap_or(0) as i64);
-                pos.push(i.min(len - 1) as i64);
-                for k in 0..t {
-                    mask.push(!(k <= i && k < len));
-                }
-            }
-        }
-        let mut cache = KvCache { layers: Vec::new() };
-        let logits = self.forward(
-            int_tensor(toks, [b, t], device),
-            int_tensor(pos, [b, t], device),
-            bool_tensor(mask, [b, t, t], device),
-            Some(&mut cache),
-        );
-        let last = int_tensor::<B, 1>(
-            lens.iter()
-                .enumerate()
-                .map(|(r, l)| (r * t + l - 1) as i64)
-                .collect(),
-            [b],
-            device,
-        );
-        let v = self.vocab();
-        (logits.reshape([b * t, v]).select(0, last), cache, lens)
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        Transformer::forward(self, tokens, positions, mask, cache)
     }
 
-    /// Per-token log-probabilities of continuations after encoded prompts.
-    ///
-    /// `rows[r]` names the prompt continuation `r` follows, `conts[r]` its tokens (non-empty).
-    /// `last` are the prompts' raw next-token logits from [`Self::encode`];
-    /// `bias` (`[vocab]`, optional) is added to every logit before `log_softmax` (−∞-like
-    /// entries restrict the vocabulary) and `temperature` divides the logits.
-    /// Returns `[n, max_len]` log-probabilities and the `[n, max_len]` validity mask (host).
-    #[allow(clippy::too_many_arguments)]
-    pub fn continuation_logprobs(
-        &self,
-        last: &Tensor<B, 2>,
-        cache: &KvCache<B>,
-        prompt_lens: &[usize],
-        rows: &[usize],
-        conts: &[Vec<u32>],
-        bias: Option<&Tensor<B, 1>>,
-        temperature: f64,
-        device: &B::Device,
-    ) -> (Tensor<B, 2>, Vec<bool>) {
-        let n = rows.len();
-        let v = self.vocab();
-        let lmax = conts.iter().map(|c| c.len()).max().unwrap_or(1).max(1);
-        let mut valid = vec![false; n * lmax];
-        for (r, c) in conts.iter().enumerate() {
-            for j in 0..c.len() {
-                valid[r * lmax + j] = true;
-            }
-        }
-        let norm = |logits: Tensor<B, 2>| {
-            let mut l = logits;
-            if temperature != 1.0 {
-                l = l.div_scalar(temperature);
-            }
-            if let Some(bias) = bias {
-                l = l + bias.clone().unsqueeze_dim(0);
-            }
-            log_softmax(l, 1)
-        };
-        let row_idx = int_tensor::<B, 1>(rows.iter().map(|r| *r as i64).collect(), [n], device);
-        // First token: from the prompt's last position.
-        let first_lp = norm(last.clone().select(0, row_idx));
-        let first_tok =
-            int_tensor::<B, 2>(conts.iter().map(|c| c[0] as i64).collect(), [n, 1], device);
-        let mut parts = vec![first_lp.gather(1, first_tok)];
-        if lmax > 1 {
-            let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
-            let t = lmax - 1;
-            let mut toks = Vec::with_capacity(n * t);
-            let mut pos = Vec::with_capacity(n * t);
-            let mut mask = Vec::with_capacity(n * t * (tp + t));
-            let mut next = Vec::with_capacity(n * t);
-            for (r, c) in conts.iter().enumerate() {
-                let plen = prompt_lens[rows[r]];
-                for j in 0..t {
-                    toks.push(c.get(j).copied().unwrap_or(0) as i64);
-                    next.push(c.get(j + 1).copied().unwrap_or(0) as i64);
-                    pos.push(((plen + j).min(self.context() - 1)) as i64);
-                    for k in 0..tp {
-                        mask.push(k >= plen);
-                    }
-                    for k in 0..t {
-                        mask.push(k > j);
-                    }
-                }
-            }
-            let mut c = cache.select_rows(rows, device);
-            let logits = self.forward(
-                int_tensor(toks, [n, t], device),
-                int_tensor(pos, [n, t], device),
-                bool_tensor(mask, [n, t, tp + t], device),
-                Some(&mut c),
-            );
-            let lp = norm(logits.reshape([n * t, v]));
-            let next = int_tensor::<B, 2>(next, [n * t, 1], device);
-            parts.push(lp.gather(1, next).reshape([n, t]));
-        }
-        let all = Tensor::cat(parts, 1);
-        let mask = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
-        (all.mask_fill(mask, 0.0), valid)
+    fn vocab(&self) -> usize {
+        Transformer::vocab(self)
+    }
+
+    fn context(&self) -> usize {
+        Transformer::context(self)
     }
 }

@@ -22,7 +22,7 @@ use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
 use crate::model::reward::{allowed_bias, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
-use crate::model::{Checkpoint, ModelSpec, POLICY, RM};
+use crate::model::{Checkpoint, Lm, ModelSpec, POLICY, RM};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};

@@ -67,12 +67,11 @@ def load_weights(model_dir, dtype):
 
 
 def rope_inv_freq(cfg, head_dim):
-    theta = cfg.get("rope_theta", 10000.0)
+    # transformers < 5: rope_theta + rope_scaling; transformers >= 5 saves both in rope_parameters
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    theta = rs.get("rope_theta", cfg.get("rope_theta")) or 10000.0
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    rs = cfg.get("rope_scaling")
-    if not rs:
-        return inv_freq
-    kind = rs.get("rope_type", rs.get("type"))
+    kind = rs.get("rope_type", rs.get("type", "default"))
     if kind == "default":
         return inv_freq
     if kind != "llama3":

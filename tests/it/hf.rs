@@ -11,6 +11,7 @@ use std::process::{Command, Stdio};
 use rla_pipe::determinism::Rng;
 use rla_pipe::model::Cpu;
 use rla_pipe::model::hf::{self, CausalLm, HfArch, Sampling, weights};
+use rla_pipe::model::transformer::{bool_tensor, int_tensor};
 
 use crate::Fixture;
 

@@ -16,10 +16,12 @@
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
 
 use super::config::HfArch;
+pub use crate::model::transformer::KvCache;
+use crate::model::lm::Lm;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
-use burn::tensor::Tensor;
+use burn::tensor::{Bool, Int, Tensor};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 
@@ -63,48 +65,6 @@ pub struct CausalLm<B: Backend> {
     pub lm_head: Option<Linear<B>>,
     #[module(skip)]
     pub arch: HfArch,
-}
-
-/// Keys and values of every layer, `[batch, kv_heads, len, head_dim]`.
-#[derive(Debug, Clone)]
-pub struct KvCache<B: Backend> {
-    pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
-}
-
-impl<B: Backend> KvCache<B> {
-    pub fn empty() -> KvCache<B> {
-        KvCache { layers: Vec::new() }
-    }
-
-    /// Cached positions.
-    pub fn len(&self) -> usize {
-        self.layers.first().map(|(k, _)| k.dims()[2]).unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The cache with row `r` taken from row `rows[r]`.
-    pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
-        let idx = int_tensor::<B, 1>(
-            rows.iter().map(|&r| r as i64).collect(),
-            [rows.len()],
-            device,
-        );
-        KvCache {
-            layers: self
-                .layers
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone().select(0, idx.clone()),
-                        v.clone().select(0, idx.clone()),
-                    )
-                })
-                .collect(),
-        }
-    }
 }
 
 fn zeros<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
@@ -189,62 +149,43 @@ impl<B: Backend> CausalLm<B> {
         self.arch.vocab
     }
 
-    /// RoPE `cos`, `sin` (`[b, 1, t, head_dim]`) at `positions` (row-major `[b, t]`).
-    fn rope_tables(
-        &self,
-        positions: &[i64],
-        b: usize,
-        t: usize,
-        device: &B::Device,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let f = &self.arch.inv_freq;
-        let d = 2 * f.len();
-        let mut cos = Vec::with_capacity(b * t * d);
-        let mut sin = Vec::with_capacity(b * t * d);
-        for &p in positions {
-            for _ in 0..2 {
-                for &w in f {
-                    // f32 angles, as Hugging Face (`inv_freq.float() @ position.float()`).
-                    let angle = (w as f32) * (p as f32);
-                    cos.push(angle.cos());
-                    sin.push(angle.sin());
-                }
-            }
-        }
-        (
-            float_tensor::<B, 4>(cos, [b, 1, t, d], device),
-            float_tensor::<B, 4>(sin, [b, 1, t, d], device),
-        )
+    /// RoPE `cos`, `sin` (`[b, 1, t, head_dim]`) at `positions` (`[b, t]`): f32 angles
+    /// `position × inv_freq`, as Hugging Face computes them.
+    fn rope_tables(&self, positions: Tensor<B, 2, Int>) -> (Tensor<B, 4>, Tensor<B, 4>) {
+        let device = positions.device();
+        let f: Vec<f32> = self.arch.inv_freq.iter().map(|&w| w as f32).collect();
+        let half = f.len();
+        let freq = float_tensor::<B, 3>(f, [1, 1, half], &device);
+        let angles = positions.float().unsqueeze_dim::<3>(2) * freq;
+        let angles = Tensor::cat(vec![angles.clone(), angles], 2).unsqueeze_dim::<4>(1);
+        (angles.clone().cos(), angles.sin())
     }
 
-    /// Logits `[b, t, vocab]` for `tokens` (`[b, t]`, row-major) at `positions` (same shape).
-    /// `mask` is `[b, t, cached + t]`, `true` where a query must not see a key. With a cache,
-    /// the new keys and values are appended to it.
+    /// Logits `[b, t, vocab]` for `tokens` at `positions` (both `[b, t]`). `mask` is `[b, t,
+    /// cached + t]`, `true` where a query must not see a key. With a cache, the new keys and
+    /// values are appended to it.
     pub fn forward(
         &self,
-        tokens: &[i64],
-        positions: &[i64],
-        mask: &[bool],
-        (b, t): (usize, usize),
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
         cache: Option<&mut KvCache<B>>,
-        device: &B::Device,
     ) -> Tensor<B, 3> {
         let a = &self.arch;
         let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
         let g = h / kv;
-        let cached = cache.as_ref().map(|c| c.len()).unwrap_or(0);
-        let keys = cached + t;
-        let tok = int_tensor::<B, 1>(tokens.to_vec(), [b * t], device);
+        let [b, t] = tokens.dims();
+        let keys = mask.dims()[2];
         let mut x = self
             .model
             .embed_tokens
             .weight
             .val()
-            .select(0, tok)
+            .select(0, tokens.reshape([b * t]))
             .reshape([b, t, a.hidden]);
-        let (cos, sin) = self.rope_tables(positions, b, t, device);
+        let (cos, sin) = self.rope_tables(positions);
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
-        let bias = bool_tensor::<B, 3>(mask.to_vec(), [b, t, keys], device)
+        let bias = mask
             .float()
             .mul_scalar(-1e9)
             .unsqueeze_dim::<4>(1)
@@ -311,7 +252,33 @@ impl<B: Backend> CausalLm<B> {
     /// `r` sees positions `≤ i` that are within the row's length.
     pub fn forward_full(&self, seqs: &[Vec<u32>], device: &B::Device) -> Tensor<B, 3> {
         let (tokens, positions, mask, b, t) = full_inputs(seqs);
-        self.forward(&tokens, &positions, &mask, (b, t), None, device)
+        self.forward(
+            int_tensor(tokens, [b, t], device),
+            int_tensor(positions, [b, t], device),
+            bool_tensor(mask, [b, t, t], device),
+            None,
+        )
+    }
+}
+
+impl<B: Backend> Lm<B> for CausalLm<B> {
+    fn forward(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        CausalLm::forward(self, tokens, positions, mask, cache)
+    }
+
+    fn vocab(&self) -> usize {
+        self.arch.vocab
+    }
+
+    /// `max_position_embeddings` (RoPE has no table; without the key, 1 << 20).
+    fn context(&self) -> usize {
+        self.arch.max_positions.unwrap_or(1 << 20)
     }
 }
 

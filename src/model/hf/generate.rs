@@ -3,7 +3,9 @@
 //! Sampling: greedy at temperature 0, else softmax(logits / T) restricted to the top-p nucleus,
 //! drawn from a seeded generator per row (equal seeds, equal text).
 
-use super::arch::{CausalLm, KvCache, full_inputs};
+use super::arch::{KvCache, full_inputs};
+use crate::model::lm::Lm;
+use crate::model::transformer::{bool_tensor, int_tensor};
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
 use burn::tensor::backend::Backend;
@@ -62,8 +64,8 @@ pub fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
 
 /// Continue every prompt until one of `eos` (kept in the output) or `max_tokens`; returns the
 /// generated ids per prompt.
-pub fn generate<B: Backend>(
-    model: &CausalLm<B>,
+pub fn generate<B: Backend, M: Lm<B>>(
+    model: &M,
     prompts: &[Vec<u32>],
     eos: &[u32],
     s: &Sampling,
@@ -73,12 +75,11 @@ pub fn generate<B: Backend>(
         return Err(Error::Model("an empty prompt cannot be continued".into()));
     }
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
-    if let Some(max) = model.arch.max_positions
-        && longest + s.max_tokens > max
-    {
+    let max = model.context();
+    if longest + s.max_tokens > max {
         return Err(Error::Model(format!(
-            "prompt ({longest} tokens) + max tokens ({}) exceed the model's \
-             max_position_embeddings ({max})",
+            "prompt ({longest} tokens) + max tokens ({}) exceed the model's context ({max} \
+             positions)",
             s.max_tokens
         )));
     }
@@ -92,14 +93,12 @@ pub fn generate<B: Backend>(
     }
     // Encode the right-padded prompts once.
     let (tokens, positions, mask, b, t0) = full_inputs(prompts);
-    let mut cache = KvCache::empty();
+    let mut cache = KvCache { layers: Vec::new() };
     let logits = model.forward(
-        &tokens,
-        &positions,
-        &mask,
-        (b, t0),
+        int_tensor(tokens, [b, t0], device),
+        int_tensor(positions, [b, t0], device),
+        bool_tensor(mask, [b, t0, t0], device),
         Some(&mut cache),
-        device,
     );
     let logits: Vec<f32> = logits
         .into_data()
@@ -147,13 +146,12 @@ pub fn generate<B: Backend>(
             }
         }
         let tokens: Vec<i64> = next.iter().map(|&t| t as i64).collect();
+        let n = live.len();
         let logits = model.forward(
-            &tokens,
-            &positions,
-            &mask,
-            (live.len(), 1),
+            int_tensor(tokens, [n, 1], device),
+            int_tensor(positions, [n, 1], device),
+            bool_tensor(mask, [n, 1, keys], device),
             Some(&mut cache),
-            device,
         );
         let logits: Vec<f32> = logits
             .into_data()
