@@ -28,9 +28,9 @@ pub use config::{
     ActionScore, Device, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
     UpdateConfig,
 };
+pub use lm::Lm;
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
-pub use lm::Lm;
 pub use transformer::{ModelConfig, Transformer};
 
 /// The CPU backend.

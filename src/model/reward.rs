@@ -7,9 +7,9 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use super::lm::Lm;
 use super::policy::to_host;
 use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
-use super::lm::Lm;
 use super::transformer::{bool_tensor, float_tensor, int_tensor};
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;

@@ -280,18 +280,25 @@ fn kv_cache_generation_equals_full_recomputation() {
         let arch_cfg = HfArch::from_dir(&dir).unwrap();
         assert_eq!(arch_cfg.vocab, VOCAB);
         let full = logits(&model, &[vec![3, 4, 5, 6]]);
-        let mut cache = hf::KvCache::empty();
+        let mut cache = hf::KvCache { layers: Vec::new() };
         let d = Default::default();
+        let ints = |v: Vec<i64>| {
+            let n = v.len();
+            int_tensor::<Cpu, 2>(v, [1, n], &d)
+        };
         let _ = model.forward(
-            &[3, 4, 5],
-            &[0, 1, 2],
-            &causal(3, 0),
-            (1, 3),
+            ints(vec![3, 4, 5]),
+            ints(vec![0, 1, 2]),
+            bool_tensor(causal(3, 0), [1, 3, 3], &d),
             Some(&mut cache),
-            &d,
         );
         let step: Vec<f32> = model
-            .forward(&[6], &[3], &[false; 4], (1, 1), Some(&mut cache), &d)
+            .forward(
+                ints(vec![6]),
+                ints(vec![3]),
+                bool_tensor(vec![false; 4], [1, 1, 4], &d),
+                Some(&mut cache),
+            )
             .into_data()
             .to_vec()
             .unwrap();

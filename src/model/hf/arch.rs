@@ -16,14 +16,14 @@
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
 
 use super::config::HfArch;
-pub use crate::model::transformer::KvCache;
 use crate::model::lm::Lm;
+pub use crate::model::transformer::KvCache;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
-use burn::tensor::{Bool, Int, Tensor};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
+use burn::tensor::{Bool, Int, Tensor};
 
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {

@@ -4,10 +4,10 @@
 //! drawn from a seeded generator per row (equal seeds, equal text).
 
 use super::arch::{KvCache, full_inputs};
-use crate::model::lm::Lm;
-use crate::model::transformer::{bool_tensor, int_tensor};
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
+use crate::model::lm::Lm;
+use crate::model::transformer::{bool_tensor, int_tensor};
 use burn::tensor::backend::Backend;
 
 /// How tokens are picked.
