@@ -7,12 +7,11 @@
 //! supplies both the "old" log-probabilities of the ratio and the KL reference; they are
 //! recomputed here with the same code path as training, so the first step's ratio is exactly 1.
 
-use burn::module::AutodiffModule;
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
-use super::transformer::Transformer;
 use crate::determinism::Rng;
 
 /// PPO settings (from `[reward]` and `[update]`).
@@ -122,16 +121,13 @@ pub fn ppo_loss<B: Backend>(
 /// Run the optimizer steps [`plan`] lays out over `n` samples. `loss_of(model, indices)` returns
 /// a micro-batch's (loss, kl, clip_frac, tokens); a step's gradient is the size-weighted sum of
 /// its micro-batches' gradients (one micro-batch: exactly its gradient).
-pub fn train<B: AutodiffBackend>(
-    mut model: Transformer<B>,
+pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
+    mut model: M,
     n: usize,
     s: &PpoSettings,
     seed: u64,
-    mut loss_of: impl FnMut(
-        &Transformer<B>,
-        &[usize],
-    ) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
-) -> (Transformer<B>, Vec<StepMetrics>) {
+    mut loss_of: impl FnMut(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
+) -> (M, Vec<StepMetrics>) {
     let mut metrics = Vec::new();
     let steps = plan(n, s, seed);
     if steps.is_empty() {
@@ -140,13 +136,12 @@ pub fn train<B: AutodiffBackend>(
     let mut optim = AdamWConfig::new()
         .with_weight_decay(s.weight_decay as f32)
         .with_epsilon(s.adam_eps as f32)
-        .init::<B, Transformer<B>>();
+        .init::<B, M>();
     let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
     for micro in steps {
         let total: usize = micro.iter().map(Vec::len).sum();
         let (mut loss_v, mut kl_v, mut clip_v, mut tokens) = (0.0, 0.0, 0.0, 0u64);
-        let mut summed: Vec<Option<Tensor<B::InnerBackend, 2>>> =
-            (0..model.params().len()).map(|_| None).collect();
+        let mut summed = GradientsParams::new();
         for batch in &micro {
             let (loss, kl, clip, t) = loss_of(&model, batch);
             let w = batch.len() as f64 / total as f64;
@@ -160,32 +155,24 @@ pub fn train<B: AutodiffBackend>(
                 loss.mul_scalar(w)
             };
             let grads = loss.backward();
-            for (slot, p) in summed.iter_mut().zip(model.params()) {
-                if let Some(g) = p.grad(&grads) {
-                    *slot = Some(match slot.take() {
-                        Some(a) => a + g,
-                        None => g,
-                    });
-                }
-            }
+            model.visit(&mut Accumulate {
+                grads: &grads,
+                into: &mut summed,
+            });
         }
-        let mut sq = 0.0f64;
-        for g in summed.iter().flatten() {
-            sq += f64::from(g.clone().powi_scalar(2).sum().into_scalar().elem::<f32>());
-        }
-        let norm = sq.sqrt();
-        let scale = if norm > s.grad_clip {
-            s.grad_clip / (norm + 1e-6)
-        } else {
-            1.0
+        let mut norm = SquaredNorm {
+            grads: &summed,
+            sq: 0.0,
         };
-        let mut gp = GradientsParams::new();
-        for (p, g) in model.params().into_iter().zip(summed) {
-            if let Some(g) = g {
-                gp.register(p.id, if scale < 1.0 { g.mul_scalar(scale) } else { g });
-            }
+        model.visit(&mut norm);
+        let norm = norm.sq.sqrt();
+        if norm > s.grad_clip {
+            model.visit(&mut Scale {
+                grads: &mut summed,
+                by: s.grad_clip / (norm + 1e-6),
+            });
         }
-        model = optim.step(s.lr, model, gp);
+        model = optim.step(s.lr, model, summed);
         metrics.push(StepMetrics {
             loss: loss_v,
             kl: kl_v,
@@ -198,8 +185,55 @@ pub fn train<B: AutodiffBackend>(
     (model, metrics)
 }
 
+/// Adds a backward pass's gradient of every float parameter to `into` (parameter order, so
+/// sums are formed in the same order on every run).
+struct Accumulate<'a, B: AutodiffBackend> {
+    grads: &'a B::Gradients,
+    into: &'a mut GradientsParams,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Accumulate<'_, B> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = param.grad(self.grads) {
+            let sum = match self.into.remove::<B::InnerBackend, D>(param.id) {
+                Some(a) => a + g,
+                None => g,
+            };
+            self.into.register(param.id, sum);
+        }
+    }
+}
+
+/// The squared global norm of the gradients, summed in parameter order.
+struct SquaredNorm<'a> {
+    grads: &'a GradientsParams,
+    sq: f64,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
+            self.sq += f64::from(g.powi_scalar(2).sum().into_scalar().elem::<f32>());
+        }
+    }
+}
+
+/// Multiplies every gradient by `by` (global-norm clipping).
+struct Scale<'a> {
+    grads: &'a mut GradientsParams,
+    by: f64,
+}
+
+impl<B: AutodiffBackend> ModuleVisitor<B> for Scale<'_> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
+            self.grads.register(param.id, g.mul_scalar(self.by));
+        }
+    }
+}
+
 /// The inner-backend (no autodiff) copy of a model, for the snapshot's log-probabilities.
-pub fn snapshot<B: AutodiffBackend>(model: &Transformer<B>) -> Transformer<B::InnerBackend> {
+pub fn snapshot<B: AutodiffBackend, M: AutodiffModule<B>>(model: &M) -> M::InnerModule {
     model.valid()
 }
 
