@@ -51,7 +51,7 @@ pub fn initial_checkpoints() -> InitialCheckpoint {
     Arc::new(|cfg: &Config, name: &str| {
         let spec = stages::model_spec(cfg, name)?;
         let seed = crate::determinism::derive_seed(cfg.run.seed, &["init", name]);
-        Ok(crate::model::initial_checkpoint(&spec, seed))
+        crate::model::initial_checkpoint(&spec, seed)
     })
 }
 

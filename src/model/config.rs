@@ -84,6 +84,10 @@ pub struct PolicyConfig {
     /// An action's logit: `sum` of its token log-likelihoods (DESIGN.md) or their `mean` (length
     /// normalization: an untrained LM otherwise strongly prefers the shortest commands).
     pub action_score: ActionScore,
+    /// Where the weights start: `""` (rla-pipe's small transformer, seeded from `run.seed`;
+    /// shape from `d_model`, `layers`, `heads`) or `"hf:DIR"` (a Hugging Face Llama / Qwen2 /
+    /// Qwen3 model directory: its architecture, weights, tokenizer and chat template).
+    pub init: String,
 }
 
 impl Default for PolicyConfig {
@@ -98,6 +102,7 @@ impl Default for PolicyConfig {
             history: 0,
             tokenizer: String::new(),
             action_score: ActionScore::Sum,
+            init: String::new(),
         }
     }
 }
@@ -123,6 +128,9 @@ pub struct RewardModelConfig {
     pub history: usize,
     /// A Hugging Face `tokenizer.json`; empty: the environment's word-level vocabulary.
     pub tokenizer: String,
+    /// Where the weights start: `""` (the small transformer) or `"hf:DIR"` (a pretrained
+    /// Hugging Face model directory), as `policy.init`.
+    pub init: String,
 }
 
 impl Default for RewardModelConfig {
@@ -138,7 +146,51 @@ impl Default for RewardModelConfig {
             context: 96,
             history: 0,
             tokenizer: String::new(),
+            init: String::new(),
         }
+    }
+}
+
+/// A model's starting point (`policy.init`, `reward_model.init`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Init {
+    /// rla-pipe's small transformer, seeded.
+    Small,
+    /// A Hugging Face model directory.
+    Hf(std::path::PathBuf),
+}
+
+impl Init {
+    /// Parse `init` (key `<section>.init`); `tokenizer` must then be empty (a pretrained model
+    /// brings its own).
+    /// Errors are `(key, message)`.
+    pub fn parse(
+        section: &str,
+        init: &str,
+        tokenizer: &str,
+    ) -> std::result::Result<Init, (String, String)> {
+        if init.is_empty() {
+            return Ok(Init::Small);
+        }
+        let key = format!("{section}.init");
+        let Some(dir) = init.strip_prefix("hf:") else {
+            return Err((
+                key,
+                format!("{init:?} is not \"\" (the small transformer) or \"hf:DIR\""),
+            ));
+        };
+        if dir.is_empty() {
+            return Err((key, "\"hf:\" needs a model directory".into()));
+        }
+        if !tokenizer.is_empty() {
+            return Err((
+                format!("{section}.tokenizer"),
+                format!(
+                    "a pretrained model ({key} = {init:?}) brings its own tokenizer; leave it empty"
+                ),
+            ));
+        }
+        Ok(Init::Hf(dir.into()))
     }
 }
 
@@ -173,6 +225,9 @@ fn validate_shape(
 impl PolicyConfig {
     /// The section's own checks (keys `policy.*`).
     pub fn validate(&self, c: &mut Checks) {
+        if let Err((key, msg)) = Init::parse("policy", &self.init, &self.tokenizer) {
+            c.check(false, &key, msg);
+        }
         validate_shape(
             "policy",
             (
@@ -190,6 +245,9 @@ impl PolicyConfig {
 impl RewardModelConfig {
     /// The section's own checks (keys `reward_model.*`).
     pub fn validate(&self, c: &mut Checks) {
+        if let Err((key, msg)) = Init::parse("reward_model", &self.init, &self.tokenizer) {
+            c.check(false, &key, msg);
+        }
         validate_shape(
             "reward_model",
             (

@@ -151,3 +151,41 @@ pub trait Lm<B: Backend> {
         (all.mask_fill(mask, 0.0), valid)
     }
 }
+
+/// Either model family, as the stages hold it.
+#[derive(burn::module::Module, Debug)]
+pub enum AnyLm<B: Backend> {
+    /// rla-pipe's small transformer.
+    Small(super::Transformer<B>),
+    /// A pretrained Hugging Face decoder.
+    Hf(super::hf::CausalLm<B>),
+}
+
+impl<B: Backend> Lm<B> for AnyLm<B> {
+    fn forward(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        match self {
+            AnyLm::Small(m) => Lm::forward(m, tokens, positions, mask, cache),
+            AnyLm::Hf(m) => Lm::forward(m, tokens, positions, mask, cache),
+        }
+    }
+
+    fn vocab(&self) -> usize {
+        match self {
+            AnyLm::Small(m) => Lm::vocab(m),
+            AnyLm::Hf(m) => Lm::vocab(m),
+        }
+    }
+
+    fn context(&self) -> usize {
+        match self {
+            AnyLm::Small(m) => Lm::context(m),
+            AnyLm::Hf(m) => Lm::context(m),
+        }
+    }
+}

@@ -25,10 +25,10 @@ pub mod transformer;
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
 pub use config::{
-    ActionScore, Device, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
+    ActionScore, Device, Init, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
     UpdateConfig,
 };
-pub use lm::Lm;
+pub use lm::{AnyLm, Lm};
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
 pub use transformer::{ModelConfig, Transformer};
@@ -89,31 +89,82 @@ pub fn unavailable(device: Device) -> Error {
 pub const POLICY: &str = "policy";
 pub const RM: &str = "rm";
 
-/// Everything that defines a role's model: its tokenizer and its shape.
+/// A pretrained model a role starts from (`<section>.init = "hf:DIR"`).
+pub struct HfSpec {
+    pub dir: std::path::PathBuf,
+    pub arch: hf::HfArch,
+    pub tokenizer: hf::HfTokenizer,
+    /// blake3 of the directory's weight files: the identity of the starting weights.
+    pub digest: String,
+}
+
+/// Everything that defines a role's model: its tokenizer and its shape, or the pretrained
+/// model it starts from.
 pub struct ModelSpec {
     pub role: &'static str,
+    /// The word-level tokenizer (the small transformer's).
     pub tokenizer: Tokenizer,
+    /// The small transformer's shape; for a pretrained model only `context` (the prompt +
+    /// response token budget) is used.
     pub config: ModelConfig,
     pub history: usize,
     /// Policy only: score an action by its mean token log-likelihood (else the sum).
     pub action_mean: bool,
+    /// The pretrained model, when the role starts from one.
+    pub hf: Option<HfSpec>,
+}
+
+/// A role's weights as the store holds them.
+pub enum Weights {
+    Small(Checkpoint),
+    /// f32 safetensors in the Hugging Face key layout.
+    Hf {
+        arch: hf::HfArch,
+        bytes: Vec<u8>,
+    },
+}
+
+impl Weights {
+    /// The model on `device`.
+    pub fn to_model<B: burn::tensor::backend::Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<AnyLm<B>> {
+        Ok(match self {
+            Weights::Small(ck) => AnyLm::Small(ck.to_model(device)),
+            Weights::Hf { arch, bytes } => {
+                AnyLm::Hf(hf::weights::load_bytes(arch, bytes, "checkpoint", device)?)
+            }
+        })
+    }
+
+    /// The bytes the store keeps.
+    pub fn encode(&self) -> bytes::Bytes {
+        match self {
+            Weights::Small(ck) => ck.encode(),
+            Weights::Hf { bytes, .. } => bytes::Bytes::from(bytes.clone()),
+        }
+    }
 }
 
 impl ModelSpec {
     /// The spec of a role (`policy` or `rm`): its section's shape and tokenizer, over the
-    /// environment's vocabulary `words` (for the built-in word-level tokenizer).
+    /// environment's vocabulary `words` (for the built-in word-level tokenizer), or the
+    /// pretrained model its `init` names.
     pub fn for_role(
         role: &str,
         policy: &PolicyConfig,
         reward_model: &RewardModelConfig,
         words: &[String],
     ) -> Result<ModelSpec> {
-        let (role, path, d, l, h, c, history) = match role {
+        let (role, section, path, init, d, l, h, c, history) = match role {
             POLICY => {
                 let p = policy;
                 (
                     POLICY,
+                    "policy",
                     &p.tokenizer,
+                    &p.init,
                     p.d_model,
                     p.layers,
                     p.heads,
@@ -125,7 +176,9 @@ impl ModelSpec {
                 let r = reward_model;
                 (
                     RM,
+                    "reward_model",
                     &r.tokenizer,
+                    &r.init,
                     r.d_model,
                     r.layers,
                     r.heads,
@@ -135,6 +188,40 @@ impl ModelSpec {
             }
             other => return Err(Error::Model(format!("no model role {other:?}"))),
         };
+        let action_mean = role == POLICY && policy.action_score == ActionScore::Mean;
+        let init = Init::parse(section, init, path)
+            .map_err(|(key, msg)| Error::Config(format!("key `{key}`: {msg}")))?;
+        if let Init::Hf(dir) = init {
+            let arch = hf::HfArch::from_dir(&dir)?;
+            let tokenizer = hf::HfTokenizer::from_dir(&dir, &arch)?;
+            if !tokenizer.has_chat_template() {
+                return Err(Error::Model(format!(
+                    "{}: the model has no chat template (tokenizer_config.json `chat_template`); \
+                     rla-pipe prompts pretrained models through it",
+                    dir.display()
+                )));
+            }
+            let digest = hf::directory_digest(&dir)?;
+            return Ok(ModelSpec {
+                role,
+                tokenizer: Tokenizer::words(words),
+                config: ModelConfig {
+                    vocab: arch.vocab,
+                    d_model: arch.hidden,
+                    layers: arch.layers,
+                    heads: arch.heads,
+                    context: c,
+                },
+                history,
+                action_mean,
+                hf: Some(HfSpec {
+                    dir,
+                    arch,
+                    tokenizer,
+                    digest,
+                }),
+            });
+        }
         let tokenizer = Tokenizer::for_config(path, words)?;
         let config = ModelConfig {
             vocab: tokenizer.vocab_size(),
@@ -149,7 +236,8 @@ impl ModelSpec {
             tokenizer,
             config,
             history,
-            action_mean: role == POLICY && policy.action_score == ActionScore::Mean,
+            action_mean,
+            hf: None,
         })
     }
 
@@ -161,37 +249,112 @@ impl ModelSpec {
         past: &[(&str, &str)],
         obs: &str,
         admissible: &[String],
-    ) -> policy::Decision {
-        let actions: Vec<Vec<u32>> = admissible
-            .iter()
-            .map(|a| prompt::action(&self.tokenizer, a))
-            .collect();
+    ) -> Result<policy::Decision> {
+        let actions: Vec<Vec<u32>> = match &self.hf {
+            Some(h) => admissible
+                .iter()
+                .map(|a| hf::prompt::action(&h.tokenizer, a))
+                .collect::<Result<_>>()?,
+            None => admissible
+                .iter()
+                .map(|a| prompt::action(&self.tokenizer, a))
+                .collect(),
+        };
         let longest = actions.iter().map(Vec::len).max().unwrap_or(1);
         let budget = self.config.context.saturating_sub(longest).max(2);
-        policy::Decision {
-            prompt: prompt::policy(&self.tokenizer, self.history, budget, task, past, obs),
-            actions,
-        }
+        let prompt = match &self.hf {
+            Some(h) => hf::prompt::policy(
+                &h.tokenizer,
+                self.history,
+                budget,
+                task,
+                past,
+                obs,
+                admissible,
+            )?,
+            None => prompt::policy(&self.tokenizer, self.history, budget, task, past, obs),
+        };
+        Ok(policy::Decision { prompt, actions })
     }
 
     /// The reward model's prompt for step `i` of a trajectory, leaving room for `max_tokens`.
-    pub fn rm_prompt(&self, max_tokens: usize, t: &Trajectory, i: usize) -> Vec<u32> {
+    pub fn rm_prompt(&self, max_tokens: usize, t: &Trajectory, i: usize) -> Result<Vec<u32>> {
         let s = &t.steps[i];
         let budget = self.config.context.saturating_sub(max_tokens).max(2);
-        prompt::reward(
-            &self.tokenizer,
-            self.history,
-            budget,
-            t.task(),
-            &t.past(i),
-            &s.observation,
-            &s.action,
-            &s.next_observation,
-        )
+        let past = t.past(i);
+        Ok(match &self.hf {
+            Some(h) => hf::prompt::reward(
+                &h.tokenizer,
+                self.history,
+                budget,
+                t.task(),
+                &past,
+                &s.observation,
+                &s.action,
+                &s.next_observation,
+            )?,
+            None => prompt::reward(
+                &self.tokenizer,
+                self.history,
+                budget,
+                t.task(),
+                &past,
+                &s.observation,
+                &s.action,
+                &s.next_observation,
+            ),
+        })
+    }
+
+    /// What the reward model may write and how its verdict is read.
+    pub fn verdicts(&self) -> reward::Verdicts<'_> {
+        match &self.hf {
+            Some(h) => reward::Verdicts::Text(&h.tokenizer),
+            None => reward::Verdicts::Words(&self.tokenizer),
+        }
+    }
+
+    /// The reward model's taught answer for a verdict (the warm start): `progress <good>` /
+    /// `wasted <bad>` (the verdict alone when `max_tokens` < 2), or `\boxed{1}` / `\boxed{-1}`
+    /// ending the turn for a pretrained model.
+    pub fn taught_verdict(&self, good: bool, max_tokens: usize) -> Result<Vec<u32>> {
+        if let Some(h) = &self.hf {
+            return hf::prompt::verdict(&h.tokenizer, good);
+        }
+        let tok = &self.tokenizer;
+        let (word, verdict) = if good {
+            ("progress", tokenizer::GOOD)
+        } else {
+            ("wasted", tokenizer::BAD)
+        };
+        let mut v: Vec<u32> = if max_tokens >= 2 {
+            tok.encode(word)
+        } else {
+            vec![]
+        };
+        v.push(tok.special(verdict));
+        Ok(v)
     }
 
     /// Load a checkpoint of this spec (its shape must match the config).
-    pub fn load(&self, bytes: &[u8]) -> Result<Checkpoint> {
+    pub fn load(&self, bytes: &[u8]) -> Result<Weights> {
+        if let Some(h) = &self.hf {
+            if bytes.starts_with(b"RLAPIPE-CKPT") {
+                return Err(Error::Model(format!(
+                    "checkpoint is a small-transformer {} model, the config wants {} ({})",
+                    self.role,
+                    h.arch.architecture.hf_name(),
+                    h.dir.display()
+                )));
+            }
+            let mut headers = std::collections::BTreeMap::new();
+            hf::weights::check_bytes(bytes, &mut headers)?;
+            hf::weights::check_tensors(&h.arch, &headers)?;
+            return Ok(Weights::Hf {
+                arch: h.arch.clone(),
+                bytes: bytes.to_vec(),
+            });
+        }
         let ck = Checkpoint::decode(bytes)?;
         if ck.config != self.config || ck.role != self.role {
             return Err(Error::Model(format!(
@@ -199,12 +362,33 @@ impl ModelSpec {
                 ck.role, ck.config, self.role, self.config
             )));
         }
-        Ok(ck)
+        Ok(Weights::Small(ck))
+    }
+
+    /// The weights of a trained model of this spec.
+    pub fn weights_of<B: burn::tensor::backend::Backend>(
+        &self,
+        model: &AnyLm<B>,
+    ) -> Result<Weights> {
+        Ok(match model {
+            AnyLm::Small(m) => Weights::Small(Checkpoint::from_model(self.role, &self.config, m)),
+            AnyLm::Hf(m) => Weights::Hf {
+                arch: m.arch.clone(),
+                bytes: hf::weights::to_safetensors(m)?,
+            },
+        })
     }
 }
 
-/// The seeded initial checkpoint of a spec: the same bytes for the same spec and seed on
-/// every machine.
-pub fn initial_checkpoint(spec: &ModelSpec, seed: u64) -> bytes::Bytes {
-    Checkpoint::init(spec.role, &spec.config, seed).encode()
+/// The initial checkpoint of a spec: the seeded small transformer (the same bytes for the same
+/// spec and seed on every machine), or the pretrained model's weights as f32 safetensors.
+pub fn initial_checkpoint(spec: &ModelSpec, seed: u64) -> Result<bytes::Bytes> {
+    match &spec.hf {
+        Some(h) => {
+            let files = hf::weights::weight_files(&h.dir)?;
+            let model = hf::weights::load::<Cpu>(&h.arch, &files, &Default::default())?;
+            Ok(bytes::Bytes::from(hf::weights::to_safetensors(&model)?))
+        }
+        None => Ok(Checkpoint::init(spec.role, &spec.config, seed).encode()),
+    }
 }

@@ -10,22 +10,22 @@ use burn::tensor::backend::AutodiffBackend;
 
 use super::policy::{self, Decision};
 use super::ppo::{self, PpoSettings, StepMetrics};
-use super::reward::{allowed_bias, response_log_probs};
+use super::reward::response_log_probs;
 use super::transformer::bool_tensor;
-use super::{Checkpoint, ModelSpec, POLICY, RM};
+use super::{ModelSpec, Weights};
 use crate::error::Result;
 
 /// Train the policy to pick `chosen[i]` among the admissible actions of `decisions[i]`.
 pub fn clone_policy<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Checkpoint,
+    ck: &Weights,
     decisions: &[Decision],
     chosen: &[usize],
     s: &PpoSettings,
     seed: u64,
-) -> Result<(Checkpoint, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device);
+) -> Result<(Weights, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device)?;
     let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
         let (lp, tokens) =
             policy::chosen_log_probs(m, decisions, chosen, idx, 1.0, spec.action_mean, device);
@@ -34,10 +34,7 @@ pub fn clone_policy<B: AutodiffBackend>(
         let p = lp.exp().mean().detach();
         (loss, p, Tensor::zeros([1], device), tokens)
     });
-    Ok((
-        Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),
-        metrics,
-    ))
+    Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
 /// Train the reward model to answer `responses[i]` to `prompts[i]` (teacher forcing over the
@@ -45,18 +42,18 @@ pub fn clone_policy<B: AutodiffBackend>(
 pub fn teach_rm<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Checkpoint,
+    ck: &Weights,
     prompts: &[Vec<u32>],
     responses: &[Vec<u32>],
     s: &PpoSettings,
     seed: u64,
-) -> Result<(Checkpoint, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device);
-    let bias = allowed_bias::<B>(&spec.tokenizer, spec.config.vocab, device);
+) -> Result<(Weights, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device)?;
+    let bias = spec.verdicts().bias::<B>(spec.config.vocab, device);
     let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
         let b = idx.len();
         let (lp, valid, tokens) =
-            response_log_probs(m, prompts, responses, idx, &bias, 1.0, device);
+            response_log_probs(m, prompts, responses, idx, bias.as_ref(), 1.0, device);
         let l = valid.len() / b;
         let valid = bool_tensor::<B, 2>(valid, [b, l], device).float();
         let count = valid.clone().sum_dim(1);
@@ -65,17 +62,14 @@ pub fn teach_rm<B: AutodiffBackend>(
         let p = per_sample.exp().mean().detach();
         (loss, p, Tensor::zeros([1], device), tokens)
     });
-    Ok((
-        Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),
-        metrics,
-    ))
+    Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::CpuTrain;
     use crate::model::ppo::Schedule;
+    use crate::model::{CpuTrain, POLICY, RM};
 
     fn settings(steps: u32) -> PpoSettings {
         PpoSettings {
@@ -104,7 +98,9 @@ mod tests {
         let rc = crate::model::config::RewardModelConfig::default();
         let dev = Default::default();
         let spec = ModelSpec::for_role(POLICY, &pc, &rc, &words).unwrap();
-        let ck = Checkpoint::decode(&crate::model::initial_checkpoint(&spec, 1)).unwrap();
+        let ck = spec
+            .load(&crate::model::initial_checkpoint(&spec, 1).unwrap())
+            .unwrap();
         let admissible: Vec<String> = ["north", "south", "east", "west"]
             .iter()
             .map(|s| s.to_string())
@@ -117,6 +113,7 @@ mod tests {
                     if i % 2 == 0 { "at" } else { "goal" },
                     &admissible,
                 )
+                .unwrap()
             })
             .collect();
         let chosen: Vec<usize> = (0..8).map(|i| i % 2).collect();
@@ -126,7 +123,9 @@ mod tests {
         assert!(m.last().unwrap().loss < m[0].loss * 0.5, "{:?}", m);
 
         let spec = ModelSpec::for_role(RM, &pc, &rc, &words).unwrap();
-        let ck = Checkpoint::decode(&crate::model::initial_checkpoint(&spec, 2)).unwrap();
+        let ck = spec
+            .load(&crate::model::initial_checkpoint(&spec, 2).unwrap())
+            .unwrap();
         let tok = &spec.tokenizer;
         let good = vec![
             tok.encode("progress")[0],

@@ -7,12 +7,15 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use super::hf::HfTokenizer;
+use super::hf::prompt::parse_verdict;
 use super::lm::Lm;
 use super::policy::to_host;
 use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
 use super::transformer::{bool_tensor, float_tensor, int_tensor};
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;
+use crate::error::Result;
 
 /// One RM sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -25,6 +28,85 @@ pub struct Judgement {
     pub score: i8,
     /// Sum of the sampled tokens' log-probabilities under the sampling distribution.
     pub logprob: f64,
+}
+
+/// What a reward model may write and how its verdict is read: rla-pipe's small model writes
+/// critique words then `<good>` / `<bad>`; a pretrained model writes free text through its
+/// chat template, ending its turn, with the verdict in `\boxed{±1}`
+/// ([`parse_verdict`](super::hf::prompt::parse_verdict)).
+#[derive(Clone, Copy)]
+pub enum Verdicts<'a> {
+    Words(&'a Tokenizer),
+    Text(&'a HfTokenizer),
+}
+
+impl Verdicts<'_> {
+    /// The token ids it may sample (`None`: the whole vocabulary).
+    pub fn allowed(&self) -> Option<Vec<u32>> {
+        match self {
+            Verdicts::Words(t) => Some(allowed_ids(t)),
+            Verdicts::Text(_) => None,
+        }
+    }
+
+    /// Tokens that end a response.
+    pub fn stops(&self) -> Vec<u32> {
+        match self {
+            Verdicts::Words(t) => vec![t.special(GOOD), t.special(BAD)],
+            Verdicts::Text(t) => t.eos_ids.clone(),
+        }
+    }
+
+    fn pad(&self) -> u32 {
+        match self {
+            Verdicts::Words(t) => t.special(PAD),
+            Verdicts::Text(t) => t.eos_ids.first().copied().unwrap_or(0),
+        }
+    }
+
+    /// The reasoning text and the verdict (+1, −1, 0 = none) of generated tokens.
+    pub fn judge(&self, tokens: &[u32]) -> (String, i8) {
+        match self {
+            Verdicts::Words(t) => parse(t, tokens),
+            Verdicts::Text(t) => {
+                let text = t.decode(tokens, true).unwrap_or_default();
+                let score = parse_verdict(&text);
+                (text, score)
+            }
+        }
+    }
+
+    /// A response as the `rm_samples.response` column holds it.
+    pub fn response_text(&self, tokens: &[u32]) -> String {
+        match self {
+            Verdicts::Words(t) => tokens
+                .iter()
+                .map(|id| t.token(*id))
+                .collect::<Vec<_>>()
+                .join(" "),
+            Verdicts::Text(t) => t.decode(tokens, false).unwrap_or_default(),
+        }
+    }
+
+    /// The tokens of an `rm_samples.response` (for a pretrained model: the text re-tokenized,
+    /// its canonical tokenization).
+    pub fn response_ids(&self, text: &str) -> Result<Vec<u32>> {
+        match self {
+            Verdicts::Words(t) => Ok(t.encode(text)),
+            Verdicts::Text(t) => t.encode(text, false),
+        }
+    }
+
+    /// A `[vocab]` bias restricting sampling to [`Self::allowed`] (none when all are allowed).
+    pub fn bias<B: Backend>(&self, vocab: usize, device: &B::Device) -> Option<Tensor<B, 1>> {
+        self.allowed().map(|ids| {
+            let mut bias = vec![-1e9f32; vocab];
+            for id in ids {
+                bias[id as usize] = 0.0;
+            }
+            float_tensor(bias, [vocab], device)
+        })
+    }
 }
 
 /// Token ids the RM may generate: the critique words, then `<good>`, `<bad>`.
@@ -44,7 +126,7 @@ pub fn response_log_probs<B: Backend, M: Lm<B>>(
     prompts: &[Vec<u32>],
     responses: &[Vec<u32>],
     idx: &[usize],
-    bias: &Tensor<B, 1>,
+    bias: Option<&Tensor<B, 1>>,
     temperature: f64,
     device: &B::Device,
 ) -> (Tensor<B, 2>, Vec<bool>, u64) {
@@ -54,26 +136,9 @@ pub fn response_log_probs<B: Backend, M: Lm<B>>(
         p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
     let (last, cache, lens) = model.encode(&p, device);
     let rows: Vec<usize> = (0..idx.len()).collect();
-    let (lp, valid) = model.continuation_logprobs(
-        &last,
-        &cache,
-        &lens,
-        &rows,
-        &r,
-        Some(bias),
-        temperature,
-        device,
-    );
+    let (lp, valid) =
+        model.continuation_logprobs(&last, &cache, &lens, &rows, &r, bias, temperature, device);
     (lp, valid, tokens as u64)
-}
-
-/// A `[vocab]` bias: 0 for allowed tokens, −1e9 elsewhere.
-pub fn allowed_bias<B: Backend>(tok: &Tokenizer, vocab: usize, device: &B::Device) -> Tensor<B, 1> {
-    let mut bias = vec![-1e9f32; vocab];
-    for id in allowed_ids(tok) {
-        bias[id as usize] = 0.0;
-    }
-    float_tensor(bias, [vocab], device)
 }
 
 /// The judgement of a response given as tokens (the inverse of generation's bookkeeping).
@@ -96,7 +161,7 @@ pub fn parse(tok: &Tokenizer, tokens: &[u32]) -> (String, i8) {
 #[allow(clippy::too_many_arguments)]
 pub fn generate<B: Backend, M: Lm<B>>(
     model: &M,
-    tok: &Tokenizer,
+    verdicts: Verdicts<'_>,
     prompts: &[Vec<u32>],
     seeds: &[u64],
     m: usize,
@@ -104,8 +169,10 @@ pub fn generate<B: Backend, M: Lm<B>>(
     temperature: f64,
     device: &B::Device,
 ) -> Vec<Vec<Judgement>> {
-    let allowed = allowed_ids(tok);
-    let (good, bad, pad) = (tok.special(GOOD), tok.special(BAD), tok.special(PAD));
+    let allowed = verdicts
+        .allowed()
+        .unwrap_or_else(|| (0..model.vocab() as u32).collect());
+    let (stops, pad) = (verdicts.stops(), verdicts.pad());
     let (last, cache, lens) = model.encode(prompts, device);
     let rows: Vec<usize> = (0..prompts.len())
         .flat_map(|p| std::iter::repeat_n(p, m))
@@ -150,7 +217,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
             let t = allowed[pick];
             tokens.push(t);
             *lp += z[pick] - lse;
-            *done = t == good || t == bad;
+            *done = stops.contains(&t);
             fed.push(t as i64);
         }
         if g + 1 == max_tokens || out.iter().all(|o| o.2) {
@@ -177,7 +244,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let mut per_prompt: Vec<Vec<Judgement>> =
         (0..prompts.len()).map(|_| Vec::with_capacity(m)).collect();
     for (r, (tokens, lp, _)) in out.into_iter().enumerate() {
-        let (reasoning, score) = parse(tok, &tokens);
+        let (reasoning, score) = verdicts.judge(&tokens);
         per_prompt[rows[r]].push(Judgement {
             tokens,
             reasoning,
@@ -211,8 +278,9 @@ mod tests {
             tok.encode("<bos> at 1 2 <critic>"),
             tok.encode("<bos> goal <critic>"),
         ];
-        let a = generate(&model, &tok, &prompts, &[1, 2], 3, 4, 0.8, &dev);
-        let b = generate(&model, &tok, &prompts[..1], &[1], 3, 4, 0.8, &dev);
+        let v = Verdicts::Words(&tok);
+        let a = generate(&model, v, &prompts, &[1, 2], 3, 4, 0.8, &dev);
+        let b = generate(&model, v, &prompts[..1], &[1], 3, 4, 0.8, &dev);
         assert_eq!(a[0], b[0], "a prompt's samples do not depend on the batch");
         let allowed = allowed_ids(&tok);
         for j in a.iter().flatten() {
@@ -227,7 +295,7 @@ mod tests {
         }
         // The recorded log-probability is what teacher forcing computes for the same tokens.
         let (last, cache, lens) = model.encode(&prompts, &dev);
-        let bias = allowed_bias::<Cpu>(&tok, cfg.vocab, &dev);
+        let bias = v.bias::<Cpu>(cfg.vocab, &dev).unwrap();
         let conts: Vec<Vec<u32>> = a.iter().flatten().map(|j| j.tokens.clone()).collect();
         let rows: Vec<usize> = vec![0, 0, 0, 1, 1, 1];
         let (lp, _) = model.continuation_logprobs(

@@ -24,7 +24,6 @@ use crate::error::{Error, Result};
 use crate::model::policy::Decision;
 use crate::model::ppo::{PpoSettings, Schedule};
 use crate::model::pretrain::{clone_policy, teach_rm};
-use crate::model::tokenizer::{BAD, GOOD};
 use crate::model::{POLICY, RM, StepRow, Trajectory};
 use crate::schema::rows::TableBuilder;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -257,7 +256,7 @@ impl Stage for Pretrain {
                         &t.past(i),
                         &d.row.observation,
                         &d.row.admissible,
-                    ));
+                    )?);
                     chosen.push(k);
                 }
             }
@@ -279,20 +278,17 @@ impl Stage for Pretrain {
         } else {
             let spec = super::model_spec(cfg, RM)?;
             let ck = spec.load(&rm_in)?;
-            let tok = &spec.tokenizer;
             let max = cfg.reward_model.max_tokens;
-            let answer = |word: &str, verdict: &'static str| -> Vec<u32> {
-                let mut v: Vec<u32> = if max >= 2 { tok.encode(word) } else { vec![] };
-                v.push(tok.special(verdict));
-                v
-            };
-            let (good, bad) = (answer("progress", GOOD), answer("wasted", BAD));
+            let (good, bad) = (
+                spec.taught_verdict(true, max)?,
+                spec.taught_verdict(false, max)?,
+            );
             let (mut prompts, mut responses) = (vec![], vec![]);
             for ep in &rm_eps {
                 let t = trajectory(ep);
                 for (i, d) in ep.steps.iter().enumerate() {
                     let Some(label) = d.oracle else { continue };
-                    prompts.push(spec.rm_prompt(max, &t, i));
+                    prompts.push(spec.rm_prompt(max, &t, i)?);
                     responses.push(if label > 0 { good.clone() } else { bad.clone() });
                 }
             }

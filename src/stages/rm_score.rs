@@ -14,7 +14,7 @@ use super::trajectories::{self, Trajectory};
 use crate::determinism::derive_seed;
 use crate::error::Result;
 use crate::model::reward::{self, Judgement};
-use crate::model::{Checkpoint, ModelSpec, RM};
+use crate::model::{ModelSpec, RM, Weights};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -25,7 +25,7 @@ pub struct RmScore;
 const STEP_BATCH: usize = 256;
 
 /// RM prompts of every step of the given trajectories, in key order.
-fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Vec<Vec<u32>> {
+fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Result<Vec<Vec<u32>>> {
     trajs
         .iter()
         .flat_map(|t| (0..t.steps.len()).map(move |i| spec.rm_prompt(max_tokens, t, i)))
@@ -36,19 +36,19 @@ fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Vec<Ve
 fn judge_on<B: burn::tensor::backend::Backend>(
     device: &B::Device,
     spec: &ModelSpec,
-    checkpoint: &Checkpoint,
+    checkpoint: &Weights,
     prompts: &[Vec<u32>],
     seeds: &[u64],
     m: usize,
     max_tokens: usize,
     temperature: f64,
 ) -> Result<Vec<Vec<Judgement>>> {
-    let model = checkpoint.to_model::<B>(device);
+    let model = checkpoint.to_model::<B>(device)?;
     let mut out = Vec::with_capacity(prompts.len());
     for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
         out.extend(reward::generate(
             &model,
-            &spec.tokenizer,
+            spec.verdicts(),
             p,
             s,
             m,
@@ -91,7 +91,7 @@ impl Stage for RmScore {
         let spec = super::model_spec(&ctx.config, RM)?;
         let ck = spec.load(ctx.checkpoint(RM)?)?;
         let list: Vec<&Trajectory> = trajs.values().collect();
-        let prompts = prompts(&spec, rm.max_tokens, &list);
+        let prompts = prompts(&spec, rm.max_tokens, &list)?;
         let seeds: Vec<u64> = list
             .iter()
             .flat_map(|t| {
@@ -114,18 +114,13 @@ impl Stage for RmScore {
                     .iter()
                     .enumerate()
                 {
-                    let words: Vec<String> = s
-                        .tokens
-                        .iter()
-                        .map(|id| spec.tokenizer.token(*id))
-                        .collect();
                     out.push_str(&t.task_id)
                         .push_str(&t.traj_id)
                         .push_u32(i as u32)
                         .push_u32(j as u32)
                         .push_str(&s.reasoning)
                         .push_i8(s.score)
-                        .push_str(&words.join(" "))
+                        .push_str(&spec.verdicts().response_text(&s.tokens))
                         .push_f64(s.logprob);
                 }
             }

@@ -17,7 +17,7 @@ use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
-use crate::model::{Checkpoint, ModelSpec, policy};
+use crate::model::{ModelSpec, Weights, policy};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
@@ -105,7 +105,7 @@ const DECISION_BATCH: usize = 512;
 pub(crate) fn play<B: burn::tensor::backend::Backend>(
     device: &B::Device,
     spec: &ModelSpec,
-    checkpoint: &Checkpoint,
+    checkpoint: &Weights,
     environment: &dyn Environment,
     jobs: &[Job<'_>],
     cap: u32,
@@ -120,7 +120,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         limit: u32,
         won: Option<bool>,
     }
-    let model = checkpoint.to_model::<B>(device);
+    let model = checkpoint.to_model::<B>(device)?;
     let mut live = Vec::with_capacity(jobs.len());
     for (task_id, task_spec, r, seed) in jobs {
         let episode = environment
@@ -157,7 +157,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     .iter()
                     .map(|s| (s.observation.as_str(), s.action.as_str()))
                     .collect();
-                decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible));
+                decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
             }
             let lp = policy::to_host(policy::log_probs(
                 &model,

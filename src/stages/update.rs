@@ -20,9 +20,9 @@ use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
-use crate::model::reward::{allowed_bias, response_log_probs};
+use crate::model::reward::response_log_probs;
 use crate::model::transformer::{bool_tensor, float_tensor};
-use crate::model::{Checkpoint, Lm, ModelSpec, POLICY, RM};
+use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -71,15 +71,15 @@ fn traj<'a>(
 fn train_policy<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Checkpoint,
+    ck: &Weights,
     decisions: &[Decision],
     chosen: &[usize],
     adv: &[f64],
     s: &PpoSettings,
     seed: u64,
     temperature: f64,
-) -> Result<(Checkpoint, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device);
+) -> Result<(Weights, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device)?;
     let snap = ppo::snapshot(&model);
     let mut old = Vec::with_capacity(decisions.len());
     for (d, c) in decisions
@@ -113,10 +113,7 @@ fn train_policy<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
         (loss, kl, clip, tokens)
     });
-    Ok((
-        Checkpoint::from_model(POLICY, &spec.config, &ppo::snapshot(&model)),
-        metrics,
-    ))
+    Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
 /// Train the reward model: one PPO sample per included RM sample, over its response tokens.
@@ -124,18 +121,18 @@ fn train_policy<B: AutodiffBackend>(
 fn train_rm<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Checkpoint,
+    ck: &Weights,
     prompts: &[Vec<u32>],
     responses: &[Vec<u32>],
     adv: &[f64],
     s: &PpoSettings,
     seed: u64,
     temperature: f64,
-) -> Result<(Checkpoint, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device);
+) -> Result<(Weights, Vec<StepMetrics>)> {
+    let model = ck.to_model::<B>(device)?;
     let vocab = spec.config.vocab;
     let snap = ppo::snapshot(&model);
-    let bias_inner = allowed_bias::<B::InnerBackend>(&spec.tokenizer, vocab, device);
+    let bias_inner = spec.verdicts().bias::<B::InnerBackend>(vocab, device);
     let mut old: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
     for (p, r) in prompts
         .chunks(SNAPSHOT_BATCH)
@@ -149,7 +146,7 @@ fn train_rm<B: AutodiffBackend>(
             &lens,
             &rows,
             r,
-            Some(&bias_inner),
+            bias_inner.as_ref(),
             temperature,
             device,
         );
@@ -160,11 +157,18 @@ fn train_rm<B: AutodiffBackend>(
                 .map(|(row, resp)| row[..resp.len()].to_vec()),
         );
     }
-    let bias = allowed_bias::<B>(&spec.tokenizer, vocab, device);
+    let bias = spec.verdicts().bias::<B>(vocab, device);
     let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
         let b = idx.len();
-        let (new, valid, tokens) =
-            response_log_probs(m, prompts, responses, idx, &bias, temperature, device);
+        let (new, valid, tokens) = response_log_probs(
+            m,
+            prompts,
+            responses,
+            idx,
+            bias.as_ref(),
+            temperature,
+            device,
+        );
         let l = valid.len() / b;
         let mut old_v = vec![0f32; b * l];
         for (k, i) in idx.iter().enumerate() {
@@ -177,10 +181,7 @@ fn train_rm<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
         (loss, kl, clip, tokens)
     });
-    Ok((
-        Checkpoint::from_model(RM, &spec.config, &ppo::snapshot(&model)),
-        metrics,
-    ))
+    Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
 #[async_trait]
@@ -239,7 +240,7 @@ impl Stage for Update {
                         &t.past(i),
                         &st.observation,
                         &st.admissible,
-                    ));
+                    )?);
                     chosen.push(k);
                     adv.push(a.value(r));
                 }
@@ -278,8 +279,15 @@ impl Stage for Update {
                 for r in 0..b.num_rows() {
                     let t = traj(&trajs, ids.value(r), steps.value(r))?;
                     let i = steps.value(r) as usize;
-                    let tokens = spec.tokenizer.encode(resp.value(r));
-                    if tokens.is_empty() || tokens.len() > cfg.reward_model.max_tokens {
+                    let tokens = spec.verdicts().response_ids(resp.value(r))?;
+                    // A pretrained model's text is re-tokenized canonically, which may differ in
+                    // length from what it sampled.
+                    let limit = if spec.hf.is_some() {
+                        usize::MAX
+                    } else {
+                        cfg.reward_model.max_tokens
+                    };
+                    if tokens.is_empty() || tokens.len() > limit {
                         return Err(Error::data(format!(
                             "update: rm_samples response {:?} of ({}, step {i}) is not a response of at most {} tokens",
                             resp.value(r),
@@ -287,7 +295,7 @@ impl Stage for Update {
                             cfg.reward_model.max_tokens
                         )));
                     }
-                    prompts.push(spec.rm_prompt(cfg.reward_model.max_tokens, t, i));
+                    prompts.push(spec.rm_prompt(cfg.reward_model.max_tokens, t, i)?);
                     responses.push(tokens);
                     adv.push(a.value(r));
                 }

@@ -13,6 +13,7 @@
 pub mod arch;
 pub mod config;
 pub mod generate;
+pub mod prompt;
 pub mod tokenizer;
 pub mod weights;
 
@@ -187,4 +188,36 @@ pub fn generate_text<B: Backend>(
         digest: m.digest,
         load_seconds,
     })
+}
+
+/// [`weights::digest`] of a model directory, computed once per process and directory (the
+/// files' sizes and modification times must be unchanged to reuse it).
+pub fn directory_digest(dir: &Path) -> Result<String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Stamp = Vec<(u64, Option<std::time::SystemTime>)>;
+    static CACHE: OnceLock<Mutex<HashMap<PathBuf, (Stamp, String)>>> = OnceLock::new();
+    let files = weights::weight_files(dir)?;
+    let stamp: Stamp = files
+        .iter()
+        .map(|f| {
+            let m = std::fs::metadata(f).ok();
+            (
+                m.as_ref().map(|m| m.len()).unwrap_or(0),
+                m.and_then(|m| m.modified().ok()),
+            )
+        })
+        .collect();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some((s, d)) = cache.lock().expect("digest cache").get(dir)
+        && *s == stamp
+    {
+        return Ok(d.clone());
+    }
+    let digest = weights::digest(&files)?;
+    cache
+        .lock()
+        .expect("digest cache")
+        .insert(dir.to_path_buf(), (stamp, digest.clone()));
+    Ok(digest)
 }

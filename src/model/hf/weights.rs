@@ -92,42 +92,48 @@ pub fn read_headers(files: &[PathBuf]) -> Result<BTreeMap<String, TensorInfo>> {
         // underneath would give wrong header values, which the checks below then report.
         let bytes = unsafe { memmap2::Mmap::map(&handle) }
             .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
-        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes).map_err(|e| {
-            Error::Model(format!(
-                "{}: not a readable safetensors file: {e}",
-                file.display()
-            ))
-        })?;
-        // `read_metadata` checks the offsets against the header; check them against the file.
-        let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
-            Error::Model(format!(
-                "{}: truncated or corrupt safetensors file ({} bytes): {e}",
-                file.display(),
-                bytes.len()
-            ))
-        })?;
-        for (name, view) in st.tensors() {
-            let info = meta.info(&name).expect("a listed tensor has header info");
-            let dtype = format!("{:?}", info.dtype);
-            if out
-                .insert(
-                    name.clone(),
-                    TensorInfo {
-                        file: file.clone(),
-                        dtype,
-                        shape: view.shape().to_vec(),
-                    },
-                )
-                .is_some()
-            {
-                return Err(Error::Model(format!(
-                    "{}: tensor `{name}` is also in another shard",
-                    file.display()
-                )));
-            }
-        }
+        header_of(&bytes, file, &mut out)?;
     }
     Ok(out)
+}
+
+/// The tensors of a safetensors checkpoint held in memory (one in the store).
+pub fn check_bytes(bytes: &[u8], out: &mut BTreeMap<String, TensorInfo>) -> Result<()> {
+    header_of(bytes, Path::new("checkpoint"), out)
+}
+
+/// Add the tensors of one safetensors file (`bytes`, read from `file`) to `out`.
+fn header_of(bytes: &[u8], file: &Path, out: &mut BTreeMap<String, TensorInfo>) -> Result<()> {
+    let (_, meta) = safetensors::SafeTensors::read_metadata(bytes).map_err(|e| {
+        Error::Model(format!(
+            "{}: not a readable safetensors file: {e}",
+            file.display()
+        ))
+    })?;
+    // `read_metadata` checks the offsets against the header; check them against the file.
+    let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| {
+        Error::Model(format!(
+            "{}: truncated or corrupt safetensors file ({} bytes): {e}",
+            file.display(),
+            bytes.len()
+        ))
+    })?;
+    for (name, view) in st.tensors() {
+        let info = meta.info(&name).expect("a listed tensor has header info");
+        let dtype = format!("{:?}", info.dtype);
+        let entry = TensorInfo {
+            file: file.to_path_buf(),
+            dtype,
+            shape: view.shape().to_vec(),
+        };
+        if out.insert(name.clone(), entry).is_some() {
+            return Err(Error::Model(format!(
+                "{}: tensor `{name}` is also in another shard",
+                file.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Check a checkpoint's tensors against the model `config.json` describes.
@@ -224,6 +230,32 @@ pub fn load<B: Backend>(
             "{} of the {want} tensors of the model were loaded",
             applied
         )));
+    }
+    Ok(model)
+}
+
+/// The model of `arch` from one safetensors file in memory (a checkpoint in the store, named
+/// `what` in errors).
+pub fn load_bytes<B: Backend>(
+    arch: &HfArch,
+    bytes: &[u8],
+    what: &str,
+    device: &B::Device,
+) -> Result<CausalLm<B>> {
+    let mut headers = BTreeMap::new();
+    header_of(bytes, Path::new(what), &mut headers)?;
+    check_tensors(arch, &headers)?;
+    let mut model = CausalLm::<B>::init(arch, device);
+    let mut store = SafetensorsStore::from_bytes(Some(bytes.to_vec()))
+        .with_from_adapter(PyTorchToBurnAdapter.chain(WidenToF32))
+        .with_key_remapping(r"norm\.weight$", "norm.gamma")
+        .allow_partial(true)
+        .validate(false);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| Error::Model(format!("{what}: {e}")))?;
+    if let Some(e) = result.errors.first() {
+        return Err(Error::Model(format!("{what}: {e:?}")));
     }
     Ok(model)
 }
