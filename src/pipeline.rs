@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::config::Config;
-use crate::engine::{Dag, InitialCheckpoint};
+use crate::engine::{Dag, InitialCheckpoint, ModelOrigins};
 use crate::error::Result;
 use crate::stage::Stage;
 use crate::stages;
@@ -42,7 +42,7 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
         }));
         dag.push(Arc::new(stages::evaluate::Evaluate));
     }
-    Dag::new(dag, initial_checkpoints())
+    Ok(Dag::new(dag, initial_checkpoints())?.with_origins(model_origins()))
 }
 
 /// The seeded initial checkpoints of the models (`policy`, `rm`): the same bytes for the same
@@ -52,6 +52,31 @@ pub fn initial_checkpoints() -> InitialCheckpoint {
         let spec = stages::model_spec(cfg, name)?;
         let seed = crate::determinism::derive_seed(cfg.run.seed, &["init", name]);
         crate::model::initial_checkpoint(&spec, seed)
+    })
+}
+
+/// Where the pretrained models come from (`policy.init` / `reward_model.init = "hf:DIR"`):
+/// `hf:DIR blake3:<digest of its weight files>`.
+pub fn model_origins() -> ModelOrigins {
+    Arc::new(|cfg: &Config| {
+        let mut out = std::collections::BTreeMap::new();
+        for (name, on) in [
+            (crate::model::POLICY, cfg.policy.kind != crate::config::PolicyKind::Uniform),
+            (crate::model::RM, cfg.reward_model.enabled),
+        ] {
+            let init = if name == crate::model::POLICY {
+                &cfg.policy.init
+            } else {
+                &cfg.reward_model.init
+            };
+            if on && !init.is_empty() {
+                let spec = stages::model_spec(cfg, name)?;
+                if let Some(h) = &spec.hf {
+                    out.insert(name.to_string(), format!("{init} blake3:{}", h.digest));
+                }
+            }
+        }
+        Ok(out)
     })
 }
 

@@ -12,11 +12,18 @@ use crate::stage::Stage;
 /// Supplies the checkpoints no stage has written yet (the seeded initial models), by name.
 pub type InitialCheckpoint = Arc<dyn Fn(&Config, &str) -> Result<bytes::Bytes> + Send + Sync>;
 
+/// Names where the initial checkpoints come from when rla-pipe does not seed them (e.g.
+/// `policy → "hf:models/x blake3:…"`): recorded in `run.json` and in the manifests that read
+/// them, and checked on resume.
+pub type ModelOrigins =
+    Arc<dyn Fn(&Config) -> Result<std::collections::BTreeMap<String, String>> + Send + Sync>;
+
 /// A validated DAG: stages in execution order, each output table produced by exactly one stage.
 #[derive(Clone)]
 pub struct Dag {
     stages: Vec<Arc<dyn Stage>>,
     initial: InitialCheckpoint,
+    origins: Option<ModelOrigins>,
 }
 
 /// Where a stage's input table comes from.
@@ -32,7 +39,11 @@ impl Dag {
     /// A DAG of stages in execution order; `initial` supplies every checkpoint a stage reads
     /// before any stage of the DAG has written it.
     pub fn new(stages: Vec<Arc<dyn Stage>>, initial: InitialCheckpoint) -> Result<Dag> {
-        let dag = Dag { stages, initial };
+        let dag = Dag {
+            stages,
+            initial,
+            origins: None,
+        };
         let mut seen = std::collections::BTreeMap::new();
         for s in &dag.stages {
             if s.name().starts_with('_') || s.name().contains('/') {
@@ -64,6 +75,20 @@ impl Dag {
             }
         }
         Ok(dag)
+    }
+
+    /// The same DAG, recording where its initial checkpoints come from.
+    pub fn with_origins(mut self, origins: ModelOrigins) -> Dag {
+        self.origins = Some(origins);
+        self
+    }
+
+    /// Where each initial checkpoint not seeded by rla-pipe comes from (see [`ModelOrigins`]).
+    pub fn origins(&self, config: &Config) -> Result<std::collections::BTreeMap<String, String>> {
+        match &self.origins {
+            Some(f) => f(config),
+            None => Ok(Default::default()),
+        }
     }
 
     /// The initial checkpoint `name` under a config (iteration 0, or a checkpoint no stage of

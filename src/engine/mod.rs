@@ -9,5 +9,5 @@ pub mod replay;
 pub mod runner;
 pub mod summary;
 
-pub use dag::{Dag, InitialCheckpoint, InputSource};
+pub use dag::{Dag, InitialCheckpoint, InputSource, ModelOrigins};
 pub use runner::Engine;

@@ -42,6 +42,7 @@ impl Engine {
             config_hash: config.hash(),
             created_at: manifest::now_rfc3339(),
             config: serde_json::from_str(&config.canonical_json()).expect("canonical json parses"),
+            models: dag.origins(&config)?,
         };
         let existing = match catalog::read_run(&store, run_id).await? {
             Some(r) => Some(r),
@@ -71,6 +72,16 @@ impl Engine {
                     &wanted.config_hash[..12],
                     diff.join("\n  "),
                 )));
+            }
+            for (name, origin) in &existing.models {
+                let now = wanted.models.get(name);
+                if now != Some(origin) {
+                    return Err(Error::Config(format!(
+                        "run {run_id:?} started its {name} model from {origin}; this config now gives {}. \
+                         Refusing to resume with different weights: restore them, or start a new run with --run-id.",
+                        now.map(String::as_str).unwrap_or("the seeded small transformer")
+                    )));
+                }
             }
             if existing.config_hash != wanted.config_hash {
                 info!(run = %run_id, "run.json predates some config keys; their defaults apply and all values match");
@@ -361,6 +372,7 @@ impl Engine {
                         tables: vec![name.to_string()],
                         path: a.path.clone(),
                         digest: a.digest.clone(),
+                        source: None,
                     };
                     (
                         load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,
@@ -374,6 +386,7 @@ impl Engine {
                         tables: vec![name.to_string()],
                         path: String::new(),
                         digest: manifest::digest(&bytes),
+                        source: self.dag.origins(&self.config)?.remove(name),
                     };
                     (bytes, r)
                 }
@@ -507,6 +520,7 @@ pub async fn build_context(
             tables: tables.iter().map(|t| t.to_string()).collect(),
             path: c.path.clone(),
             digest: c.digest.clone(),
+            source: None,
         });
     }
     // A declared input no committed manifest provides (the previous iteration's table at

@@ -62,6 +62,10 @@ pub struct InputRef {
     pub path: String,
     /// blake3 of the input manifest's (or artifact's) bytes.
     pub digest: String,
+    /// `init` inputs of a model not seeded by rla-pipe: where it came from (`hf:DIR blake3:…`,
+    /// the digest of the model directory's weight files).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 /// The manifest of one committed stage of one iteration.
@@ -121,6 +125,10 @@ pub struct RunManifest {
     pub config_hash: String,
     pub created_at: String,
     pub config: serde_json::Value,
+    /// Models the run starts from that rla-pipe did not seed: checkpoint name → `hf:DIR
+    /// blake3:…` (the digest of the directory's weight files).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub models: std::collections::BTreeMap<String, String>,
 }
 
 /// Serialize a manifest (pretty JSON, trailing newline).
@@ -199,7 +207,7 @@ mod tests {
                 format: FORMAT, run_id, iter, stage, code_version: code_version(),
                 config_sections: vec!["reward".into()], config_hash: digest(b"x"),
                 config: [("reward.lambda".to_string(), "1.0".to_string())].into(), seed, deterministic: det,
-                inputs: vec![InputRef { kind: InputKind::Manifest, tables, path: "p".into(), digest: digest(b"y") }],
+                inputs: vec![InputRef { kind: InputKind::Manifest, tables, path: "p".into(), digest: digest(b"y"), source: None }],
                 outputs,
                 artifacts: names.iter().map(|n| ArtifactFile {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),

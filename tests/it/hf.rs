@@ -16,6 +16,7 @@ use rla_pipe::model::transformer::{bool_tensor, int_tensor};
 use crate::Fixture;
 
 const VOCAB: usize = 64;
+const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
 
 /// A tiny config of each architecture: GQA everywhere (4 query / 2 key-value heads), Llama with
 /// llama3 RoPE scaling and attention biases, Qwen2 with its q/k/v biases and tied embeddings,
@@ -581,4 +582,150 @@ fn sharded_checkpoints_load_like_one_file() {
     ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("model-00002-of-00002.safetensors"));
+}
+
+/// GPT-2's byte → printable character map (the byte-level BPE alphabet).
+fn byte_alphabet() -> Vec<char> {
+    let mut printable: Vec<u32> = (33..=126).chain(161..=172).chain(174..=255).collect();
+    let mut chars: Vec<u32> = printable.clone();
+    let mut extra = 0;
+    for b in 0..256u32 {
+        if !printable.contains(&b) {
+            printable.push(b);
+            chars.push(256 + extra);
+            extra += 1;
+        }
+    }
+    let mut out = vec![' '; 256];
+    for (b, c) in printable.iter().zip(&chars) {
+        out[*b as usize] = char::from_u32(*c).unwrap();
+    }
+    out
+}
+
+/// A byte-level BPE tokenizer without merges (every byte a token: any text encodes) with
+/// ChatML specials at 256, 257, and the ChatML template.
+fn write_byte_tokenizer(dir: &Path) {
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in byte_alphabet().into_iter().enumerate() {
+        vocab.insert(c.to_string(), b.into());
+    }
+    let special = |id: usize, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+        "trim_offsets": true, "use_regex": true});
+    let tokenizer = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [special(256, "<|im_start|>"), special(257, "<|im_end|>")],
+        "normalizer": null, "pre_tokenizer": byte_level, "post_processor": null,
+        "decoder": byte_level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+            "continuing_subword_prefix": null, "end_of_word_suffix": null, "fuse_unk": false,
+            "byte_fallback": false, "vocab": vocab, "merges": []},
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    let template = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        serde_json::json!({"chat_template": template, "eos_token": "<|im_end|>"}).to_string(),
+    )
+    .unwrap();
+}
+
+/// A tiny pretrained-format model over bytes.
+fn byte_model(dir: &Path, arch: &str, seed: u64) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut config = tiny_config(arch);
+    config["vocab_size"] = 258.into();
+    config["eos_token_id"] = 257.into();
+    config["bos_token_id"] = 256.into();
+    config["max_position_embeddings"] = 4096.into();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("model.safetensors"), tiny_weights(&config, seed, "BF16")).unwrap();
+    write_byte_tokenizer(dir);
+}
+
+/// The whole loop with pretrained-format models as policy (Qwen2) and reward model (Llama):
+/// every stage commits, the checkpoints are safetensors in the Hugging Face layout, run.json
+/// and the manifests name the weights the run started from, replay re-executes an iteration
+/// bit for bit, and changed starting weights refuse to resume.
+#[test]
+fn pipeline_runs_with_pretrained_models_and_replays() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen2ForCausalLM", 31);
+    byte_model(&rm, "LlamaForCausalLM", 32);
+    let sets: Vec<String> = [
+        "env.initial_tasks=4",
+        "rollout.n=2",
+        "eval.tasks=4",
+        "eval.ood_tasks=4",
+        "eval.rollouts=1",
+        "env.max_steps=6",
+        "policy.context=1024",
+        "reward_model.context=1024",
+        "reward_model.samples=2",
+        "reward_model.max_tokens=6",
+        "update.policy_steps=2",
+        "update.rm_steps=2",
+        "update.minibatch=16",
+        "pretrain.policy_episodes=2",
+        "pretrain.policy_epochs=1",
+        "pretrain.rm_steps=8",
+        "pretrain.rm_epochs=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        format!("policy.init=hf:{}", policy.display()),
+        format!("reward_model.init=hf:{}", rm.display()),
+    ])
+    .collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(GRIDNAV, "hf", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+
+    // run.json names the starting weights by the digest of their files.
+    let run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.store().join("hf/run.json")).unwrap()).unwrap();
+    for (name, dir) in [("policy", &policy), ("rm", &rm)] {
+        let digest = blake3::hash(&std::fs::read(dir.join("model.safetensors")).unwrap());
+        let origin = run["models"][name].as_str().unwrap();
+        assert!(origin.ends_with(&format!("blake3:{}", digest.to_hex())), "{origin}");
+    }
+    // So do the manifests that read them; and every checkpoint written is safetensors in the
+    // Hugging Face layout that `model inspect` accepts with the config.
+    let manifests = f.files();
+    let pretrain = manifests
+        .iter()
+        .find(|p| p.contains("iter=000000") && p.contains("pretrain") && p.ends_with(".json"))
+        .unwrap_or_else(|| panic!("{manifests:?}"));
+    let text = std::fs::read_to_string(f.store().join(pretrain)).unwrap();
+    assert!(text.contains("\"source\": \"hf:"), "{text}");
+    let artifacts: Vec<&String> = manifests.iter().filter(|p| p.contains("artifacts/")).collect();
+    assert!(artifacts.len() >= 4, "{artifacts:?}");
+    for a in artifacts {
+        let bytes = std::fs::read(f.store().join(a)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert!(st.names().iter().any(|n| *n == "model.norm.weight"), "{a}");
+    }
+
+    // Every stage of both iterations committed; the RM's replies are text with parsed verdicts.
+    let r = f.sql("SELECT count(DISTINCT stage) AS s, count(*) AS n FROM stage_runs WHERE run_id = 'hf'");
+    assert!(r.stdout.contains("11,22") || r.stdout.contains("11,21"), "{}", r.stdout);
+    let r = f.sql("SELECT count(*) FROM rm_samples WHERE score NOT IN (-1, 0, 1)");
+    assert!(r.stdout.contains("\n0"), "{}", r.stdout);
+
+    // Replay re-executes iteration 1 (rollout, RM scoring, the update's safetensors) bit for bit.
+    let store = f.store_arg();
+    let r = f.rla(&["replay", "--store", &store, "--run", "hf", "--iter", "1", "--verify"]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+
+    // Different starting weights under the same config: resuming is refused, naming both.
+    byte_model(&policy, "Qwen2ForCausalLM", 99);
+    let r = f.run_pipeline(GRIDNAV, "hf", 3, &sets);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("policy model") && r.stderr.contains("blake3:"), "{}", r.stderr);
 }
