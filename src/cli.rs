@@ -151,6 +151,23 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(long, value_name = "DIR")]
         svg_dir: Option<PathBuf>,
     },
+    /// Write a trained model of a run as a Hugging Face directory (config.json, tokenizer files,
+    /// model.safetensors) that `transformers` loads as it is; the run must have started from a
+    /// pretrained model (`policy.init` / `reward_model.init = "hf:DIR"`).
+    Export {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long)]
+        run: String,
+        /// The model as it stood at the end of this iteration.
+        #[arg(long)]
+        iter: u32,
+        #[arg(long, value_enum, default_value_t = ModelRole::Policy)]
+        model: ModelRole,
+        /// The directory to write (must not exist or be empty).
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Pretrained Hugging Face models (Llama, Qwen2, Qwen3): inspect a model directory, or
     /// generate text with it.
     #[command(subcommand)]
@@ -202,6 +219,12 @@ enum ModelCommand {
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
     },
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum ModelRole {
+    Policy,
+    Rm,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -363,6 +386,13 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             sets,
         } => bench_env(&pipeline, steps, &sets)?,
         Command::Model(command) => model(command)?,
+        Command::Export {
+            store,
+            run,
+            iter,
+            model,
+            out,
+        } => export(&store, &run, iter, model, &out).await?,
         Command::Init { dir } => init(&dir)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -768,5 +798,54 @@ fn model(command: ModelCommand) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+async fn export(
+    store: &StoreArgs,
+    run: &str,
+    iter: u32,
+    role: ModelRole,
+    out: &std::path::Path,
+) -> Result<()> {
+    let name = match role {
+        ModelRole::Policy => crate::model::POLICY,
+        ModelRole::Rm => crate::model::RM,
+    };
+    let store = store.open()?;
+    let ck = crate::engine::checkpoints::committed_checkpoint(&store, run, iter, name).await?;
+    let Some(origin) = ck.run.models.get(name) else {
+        bail!(
+            "run {run:?} trains rla-pipe's small transformer as its {name} model; export writes \
+             Hugging Face directories of runs that started from one (`{}.init = \"hf:DIR\"`)",
+            if name == crate::model::POLICY { "policy" } else { "reward_model" }
+        );
+    };
+    // `hf:DIR blake3:DIGEST`: the architecture and tokenizer come from DIR.
+    let (spec, recorded) = origin.rsplit_once(" blake3:").unwrap_or((origin.as_str(), ""));
+    let dir = std::path::PathBuf::from(spec.strip_prefix("hf:").unwrap_or(spec));
+    if !dir.join("config.json").exists() {
+        bail!(
+            "run {run:?} started its {name} model from {origin}; {} is needed for the \
+             architecture and tokenizer and is not there",
+            dir.display()
+        );
+    }
+    if hf::directory_digest(&dir).ok().as_deref() != Some(recorded) {
+        eprintln!(
+            "warning: the weights in {} changed since run {run:?} started from them; its \
+             config.json and tokenizer files are used as they are now",
+            dir.display()
+        );
+    }
+    let files = hf::export_dir(&dir, &ck.bytes, out)?;
+    println!(
+        "wrote {} ({}): the {name} model after {} of iteration {} ({})",
+        out.display(),
+        files.join(", "),
+        ck.stage,
+        ck.iter,
+        ck.path
+    );
     Ok(())
 }

@@ -723,6 +723,42 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
     let r = f.rla(&["replay", "--store", &store, "--run", "hf", "--iter", "1", "--verify"]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
 
+    // Export: the trained policy as a Hugging Face directory (config, tokenizer, weights) that
+    // `model inspect` and `model generate` take as they are.
+    let out = f.dir.path().join("exported");
+    let o = out.to_str().unwrap();
+    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "1", "--model", "policy", "--out", o]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("update of iteration 1"), "{}", r.stdout);
+    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+        assert!(out.join(file).exists(), "{file}");
+    }
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["architectures"][0], "Qwen2ForCausalLM");
+    assert_eq!(config["torch_dtype"], "float32");
+    let r = f.rla(&["model", "inspect", o, "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = f.rla(&["model", "generate", o, "--chat", "--prompt", "go", "--max-tokens", "4"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The exported weights are the ones the update committed (not the starting ones).
+    let exported = std::fs::read(out.join("model.safetensors")).unwrap();
+    let committed = f
+        .files()
+        .into_iter()
+        .filter(|p| p.contains("artifacts/iter=000001/policy"))
+        .map(|p| std::fs::read(f.store().join(p)).unwrap())
+        .collect::<Vec<_>>();
+    assert_eq!(committed.len(), 1);
+    assert!(committed[0] == exported);
+    // A second export into the same directory is refused; so is a run of the small model.
+    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "1", "--out", o]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("not empty"), "{}", r.stderr);
+    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "7", "--out", "x"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("iteration 7 is not committed"), "{}", r.stderr);
+
     // Different starting weights under the same config: resuming is refused, naming both.
     byte_model(&policy, "Qwen2ForCausalLM", 99);
     let r = f.run_pipeline(GRIDNAV, "hf", 3, &sets);

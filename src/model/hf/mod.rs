@@ -221,3 +221,64 @@ pub fn directory_digest(dir: &Path) -> Result<String> {
         .insert(dir.to_path_buf(), (stamp, digest.clone()));
     Ok(digest)
 }
+
+/// Files of a model directory besides its config and weights that a Hugging Face directory
+/// carries over (tokenizer, chat template, generation defaults).
+const CARRIED: [&str; 6] = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "vocab.json",
+];
+
+/// Write a Hugging Face model directory at `out` that `transformers` loads as it is: the
+/// architecture of `source` (its `config.json`, `torch_dtype` float32), `weights` (f32
+/// safetensors in the Hugging Face layout, checked against the architecture) as
+/// `model.safetensors`, and `source`'s tokenizer files. `out` must not exist or be empty; the
+/// files appear together (written to a sibling directory, then renamed).
+pub fn export_dir(source: &Path, weights: &[u8], out: &Path) -> Result<Vec<String>> {
+    use crate::error::Error;
+    let arch = HfArch::from_dir(source)?;
+    let mut headers = std::collections::BTreeMap::new();
+    weights::check_bytes(weights, &mut headers)?;
+    weights::check_tensors(&arch, &headers)?;
+    if out.exists()
+        && std::fs::read_dir(out)
+            .map(|mut d| d.next().is_some())
+            .unwrap_or(true)
+    {
+        return Err(Error::Model(format!(
+            "{}: exists and is not empty; export writes a new directory",
+            out.display()
+        )));
+    }
+    let name = out
+        .file_name()
+        .ok_or_else(|| Error::Model(format!("{}: not a directory name", out.display())))?;
+    let staging = out.with_file_name(format!(".{}.partial", name.to_string_lossy()));
+    let io = |e: std::io::Error, p: &Path| Error::Model(format!("{}: {e}", p.display()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir_all(&staging).map_err(|e| io(e, &staging))?;
+    let mut written = vec!["config.json".to_string(), "model.safetensors".to_string()];
+    let put = |file: &str, bytes: &[u8]| {
+        let p = staging.join(file);
+        std::fs::write(&p, bytes).map_err(|e| io(e, &p))
+    };
+    put("config.json", arch.config_json("float32").as_bytes())?;
+    put("model.safetensors", weights)?;
+    for f in CARRIED {
+        let from = source.join(f);
+        if from.exists() {
+            let bytes = std::fs::read(&from).map_err(|e| io(e, &from))?;
+            put(f, &bytes)?;
+            written.push(f.to_string());
+        }
+    }
+    if out.exists() {
+        std::fs::remove_dir(out).map_err(|e| io(e, out))?;
+    }
+    std::fs::rename(&staging, out).map_err(|e| io(e, out))?;
+    Ok(written)
+}
