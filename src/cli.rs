@@ -818,11 +818,17 @@ async fn export(
         bail!(
             "run {run:?} trains rla-pipe's small transformer as its {name} model; export writes \
              Hugging Face directories of runs that started from one (`{}.init = \"hf:DIR\"`)",
-            if name == crate::model::POLICY { "policy" } else { "reward_model" }
+            if name == crate::model::POLICY {
+                "policy"
+            } else {
+                "reward_model"
+            }
         );
     };
     // `hf:DIR blake3:DIGEST`: the architecture and tokenizer come from DIR.
-    let (spec, recorded) = origin.rsplit_once(" blake3:").unwrap_or((origin.as_str(), ""));
+    let (spec, recorded) = origin
+        .rsplit_once(" blake3:")
+        .unwrap_or((origin.as_str(), ""));
     let dir = std::path::PathBuf::from(spec.strip_prefix("hf:").unwrap_or(spec));
     if !dir.join("config.json").exists() {
         bail!(

@@ -61,7 +61,10 @@ pub fn model_origins() -> ModelOrigins {
     Arc::new(|cfg: &Config| {
         let mut out = std::collections::BTreeMap::new();
         for (name, on) in [
-            (crate::model::POLICY, cfg.policy.kind != crate::config::PolicyKind::Uniform),
+            (
+                crate::model::POLICY,
+                cfg.policy.kind != crate::config::PolicyKind::Uniform,
+            ),
             (crate::model::RM, cfg.reward_model.enabled),
         ] {
             let init = if name == crate::model::POLICY {

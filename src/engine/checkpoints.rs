@@ -44,18 +44,26 @@ pub async fn committed_checkpoint(
         )));
     }
     for at in (0..=iter).rev() {
-        let Some(it) = state.iters.get(&at) else { continue };
-        let Some(complete) = &it.complete else { continue };
+        let Some(it) = state.iters.get(&at) else {
+            continue;
+        };
+        let Some(complete) = &it.complete else {
+            continue;
+        };
         // The iteration manifest lists its stages in DAG order: the last writer wins.
         for s in complete.stages.iter().rev() {
-            let Some(c) = it.stages.get(&s.stage) else { continue };
+            let Some(c) = it.stages.get(&s.stage) else {
+                continue;
+            };
             let Some(a) = c.manifest.artifacts.iter().find(|a| a.name == name) else {
                 continue;
             };
             let bytes = store
                 .get_opt(&object_store::path::Path::from(a.path.as_str()))
                 .await?
-                .ok_or_else(|| Error::data(format!("checkpoint {name}: artifact {} is missing", a.path)))?;
+                .ok_or_else(|| {
+                    Error::data(format!("checkpoint {name}: artifact {} is missing", a.path))
+                })?;
             let digest = manifest::digest(&bytes);
             if digest != a.digest {
                 return Err(Error::Mismatch(format!(

@@ -79,7 +79,8 @@ impl Engine {
                     return Err(Error::Config(format!(
                         "run {run_id:?} started its {name} model from {origin}; this config now gives {}. \
                          Refusing to resume with different weights: restore them, or start a new run with --run-id.",
-                        now.map(String::as_str).unwrap_or("the seeded small transformer")
+                        now.map(String::as_str)
+                            .unwrap_or("the seeded small transformer")
                     )));
                 }
             }

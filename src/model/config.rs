@@ -26,6 +26,17 @@ pub enum ActionScore {
     Mean,
 }
 
+/// `policy.action_mode`: how the policy picks an action.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActionMode {
+    /// Score every admissible action as the reply's continuation; sample among them.
+    Score,
+    /// Generate a reply (optionally reasoning, then `\boxed{index}` of an admissible action),
+    /// as the reference does; PPO over the generated tokens. Needs a pretrained model.
+    Generate,
+}
+
 /// `run.device`: where the models run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -88,6 +99,16 @@ pub struct PolicyConfig {
     /// shape from `d_model`, `layers`, `heads`) or `"hf:DIR"` (a Hugging Face Llama / Qwen2 /
     /// Qwen3 model directory: its architecture, weights, tokenizer and chat template).
     pub init: String,
+    /// `score` (score the admissible actions) or `generate` (write a reply; pretrained models).
+    pub action_mode: ActionMode,
+    /// `generate`: the most tokens of a reply (a reply without a parsable action within it is
+    /// invalid: "Nothing happens.").
+    pub max_tokens: usize,
+    /// `generate`: nucleus sampling mass (1 = the whole distribution).
+    pub top_p: f64,
+    /// `generate`: ask for step-by-step reasoning before the `\boxed{index}` answer (the
+    /// reference's prompt); `false` asks for the answer alone.
+    pub reasoning: bool,
 }
 
 impl Default for PolicyConfig {
@@ -103,6 +124,10 @@ impl Default for PolicyConfig {
             tokenizer: String::new(),
             action_score: ActionScore::Sum,
             init: String::new(),
+            action_mode: ActionMode::Score,
+            max_tokens: 256,
+            top_p: 1.0,
+            reasoning: true,
         }
     }
 }
@@ -228,6 +253,21 @@ impl PolicyConfig {
         if let Err((key, msg)) = Init::parse("policy", &self.init, &self.tokenizer) {
             c.check(false, &key, msg);
         }
+        c.check(
+            self.action_mode == ActionMode::Score || self.init.starts_with("hf:"),
+            "policy.action_mode",
+            "\"generate\" needs a pretrained model (policy.init = \"hf:DIR\"): the small transformer only scores actions",
+        );
+        c.check(
+            (1..=8192).contains(&self.max_tokens),
+            "policy.max_tokens",
+            "must be 1..=8192",
+        );
+        c.check(
+            self.top_p > 0.0 && self.top_p <= 1.0,
+            "policy.top_p",
+            "must be in (0, 1]",
+        );
         validate_shape(
             "policy",
             (

@@ -25,8 +25,8 @@ pub mod transformer;
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
 pub use config::{
-    ActionScore, Device, Init, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
-    UpdateConfig,
+    ActionMode, ActionScore, Device, Init, LogprobTemperature, PolicyConfig, PolicyKind,
+    RewardModelConfig, UpdateConfig,
 };
 pub use lm::{AnyLm, Lm};
 pub use prompt::{StepRow, Trajectory};
@@ -112,6 +112,16 @@ pub struct ModelSpec {
     pub action_mean: bool,
     /// The pretrained model, when the role starts from one.
     pub hf: Option<HfSpec>,
+    /// Policy in `generate` mode: how replies are written.
+    pub generate: Option<GenerateSettings>,
+}
+
+/// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GenerateSettings {
+    pub max_tokens: usize,
+    pub top_p: f64,
+    pub reasoning: bool,
 }
 
 /// A role's weights as the store holds them.
@@ -202,6 +212,12 @@ impl ModelSpec {
                 )));
             }
             let digest = hf::directory_digest(&dir)?;
+            let generate = (role == POLICY && policy.action_mode == ActionMode::Generate)
+                .then_some(GenerateSettings {
+                    max_tokens: policy.max_tokens,
+                    top_p: policy.top_p,
+                    reasoning: policy.reasoning,
+                });
             return Ok(ModelSpec {
                 role,
                 tokenizer: Tokenizer::words(words),
@@ -220,6 +236,7 @@ impl ModelSpec {
                     tokenizer,
                     digest,
                 }),
+                generate,
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -238,7 +255,34 @@ impl ModelSpec {
             history,
             action_mean,
             hf: None,
+            generate: None,
         })
+    }
+
+    /// `generate` mode: the policy's prompt at a step (leaving room for `policy.max_tokens`).
+    pub fn reply_prompt(
+        &self,
+        task: &str,
+        past: &[(&str, &str)],
+        obs: &str,
+        admissible: &[String],
+    ) -> Result<Vec<u32>> {
+        let (Some(h), Some(g)) = (&self.hf, &self.generate) else {
+            return Err(Error::Config(
+                "key `policy.action_mode`: \"generate\" needs a pretrained policy (policy.init = \"hf:DIR\")".into(),
+            ));
+        };
+        let budget = self.config.context.saturating_sub(g.max_tokens).max(2);
+        hf::prompt::policy_generate(
+            &h.tokenizer,
+            self.history,
+            budget,
+            task,
+            past,
+            obs,
+            admissible,
+            g.reasoning,
+        )
     }
 
     /// The policy's decision at a step: its prompt (fitted to leave room for the longest

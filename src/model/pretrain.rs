@@ -37,9 +37,10 @@ pub fn clone_policy<B: AutodiffBackend>(
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
-/// Train the reward model to answer `responses[i]` to `prompts[i]` (teacher forcing over the
-/// response tokens, sampling restricted to critique words and verdicts as when it generates).
-pub fn teach_rm<B: AutodiffBackend>(
+/// Train a model to answer `responses[i]` to `prompts[i]` (teacher forcing over the response
+/// tokens): the reward model's verdicts (a small RM restricted to critique words and verdicts as
+/// when it generates), and a `generate`-mode policy's `\boxed{index}` replies.
+pub fn teach_responses<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
     ck: &Weights,
@@ -148,7 +149,8 @@ mod tests {
             })
             .collect();
         let (_, m) =
-            teach_rm::<CpuTrain>(&dev, &spec, &ck, &prompts, &responses, &settings(30), 4).unwrap();
+            teach_responses::<CpuTrain>(&dev, &spec, &ck, &prompts, &responses, &settings(30), 4)
+                .unwrap();
         assert!(m.last().unwrap().loss < m[0].loss * 0.5, "{:?}", m);
     }
 }

@@ -108,6 +108,8 @@ pub struct StepRow {
     pub action: String,
     pub next_observation: String,
     pub admissible: Vec<String>,
+    /// `generate` mode: the policy's whole reply.
+    pub response: Option<String>,
 }
 
 /// One trajectory's steps, in step order.

@@ -93,6 +93,7 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("oracle_progress", Int8, true),
                 f("next_observation", Utf8, false),
                 f("admissible", Utf8, false),
+                f("response", Utf8, true),
             ],
         ),
         table(

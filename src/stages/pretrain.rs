@@ -23,7 +23,7 @@ use crate::env::{self, Environment};
 use crate::error::{Error, Result};
 use crate::model::policy::Decision;
 use crate::model::ppo::{PpoSettings, Schedule};
-use crate::model::pretrain::{clone_policy, teach_rm};
+use crate::model::pretrain::{clone_policy, teach_responses};
 use crate::model::{POLICY, RM, StepRow, Trajectory};
 use crate::schema::rows::TableBuilder;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -81,6 +81,7 @@ fn play(
                 action,
                 next_observation: ep.observation().text.clone(),
                 admissible: obs.admissible,
+                response: None,
             },
         });
         if st.done {
@@ -262,11 +263,36 @@ impl Stage for Pretrain {
             }
             let s = settings(cfg, decisions.len(), p.policy_epochs);
             let seed = derive_seed(ctx.seed, &["train", POLICY]);
-            let (ck, metrics) = crate::on_backend!(
-                device,
-                train,
-                clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
-            )?;
+            let (ck, metrics) = match (&spec.generate, &spec.hf) {
+                // `generate` mode: the reply naming the planner's action, token by token.
+                (Some(_), Some(h)) => {
+                    let (mut prompts, mut replies) = (vec![], vec![]);
+                    for ep in &policy_eps {
+                        let t = trajectory(ep);
+                        for (i, d) in ep.steps.iter().enumerate() {
+                            prompts.push(spec.reply_prompt(
+                                t.task(),
+                                &t.past(i),
+                                &d.row.observation,
+                                &d.row.admissible,
+                            )?);
+                        }
+                    }
+                    for k in &chosen {
+                        replies.push(crate::model::hf::prompt::choice_reply(&h.tokenizer, *k)?);
+                    }
+                    crate::on_backend!(
+                        device,
+                        train,
+                        teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
+                    )?
+                }
+                _ => crate::on_backend!(
+                    device,
+                    train,
+                    clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
+                )?,
+            };
             report(POLICY, &metrics);
             ck.encode()
         };
@@ -300,7 +326,7 @@ impl Stage for Pretrain {
                 let (ck, metrics) = crate::on_backend!(
                     device,
                     train,
-                    teach_rm(&spec, &ck, &prompts, &responses, &s, seed)
+                    teach_responses(&spec, &ck, &prompts, &responses, &s, seed)
                 )?;
                 report(RM, &metrics);
                 ck.encode()

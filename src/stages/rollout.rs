@@ -17,6 +17,7 @@ use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
+use crate::model::hf::{self, Sampling};
 use crate::model::{ModelSpec, Weights, policy};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
@@ -34,6 +35,8 @@ pub(crate) struct StepRecord {
     pub(crate) oracle: Option<i8>,
     pub(crate) next_observation: String,
     pub(crate) admissible: Vec<String>,
+    /// `generate` mode: the policy's whole reply.
+    pub(crate) response: Option<String>,
 }
 
 /// One finished rollout.
@@ -79,6 +82,7 @@ pub(crate) fn roll(
             oracle: step.oracle_progress,
             next_observation: episode.observation().text.clone(),
             admissible,
+            response: None,
         });
         if step.done {
             won = step.won;
@@ -90,6 +94,11 @@ pub(crate) fn roll(
         steps,
     })
 }
+
+/// `steps.action` of a `generate`-mode reply that names no admissible action.
+pub(crate) const INVALID_ACTION: &str = "(invalid reply)";
+/// What an invalid reply observes (AlfWorld's answer to a command it cannot carry out).
+pub(crate) const NOTHING_HAPPENS: &str = "Nothing happens.";
 
 /// Episodes to play: (task id, spec, rollout index, seed).
 pub(crate) type Job<'a> = (&'a str, &'a serde_json::Value, u32, u64);
@@ -141,57 +150,119 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             break;
         }
         for chunk in running.chunks(DECISION_BATCH) {
-            let mut decisions = Vec::with_capacity(chunk.len());
             for &i in chunk {
-                let l = &live[i];
-                let obs = l.episode.observation();
+                let obs = live[i].episode.observation();
                 if obs.admissible.is_empty() {
                     let (task_id, _, r, _) = jobs[i];
                     return Err(Error::Environment(format!(
                         "task {task_id} rollout {r} step {}: no admissible action",
-                        l.steps.len()
+                        live[i].steps.len()
                     )));
                 }
-                let past: Vec<(&str, &str)> = l
-                    .steps
-                    .iter()
-                    .map(|s| (s.observation.as_str(), s.action.as_str()))
-                    .collect();
-                decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
             }
-            let lp = policy::to_host(policy::log_probs(
-                &model,
-                &decisions,
-                temperature,
-                spec.action_mean,
-                device,
-            ));
-            for (k, &i) in chunk.iter().enumerate() {
+            // The action each episode takes: (admissible index or None for an invalid reply,
+            // its log-probability, the reply in generate mode).
+            let mut picks: Vec<(Option<usize>, f64, Option<String>)> =
+                Vec::with_capacity(chunk.len());
+            if let (Some(g), Some(h)) = (&spec.generate, &spec.hf) {
+                let mut prompts = Vec::with_capacity(chunk.len());
+                let mut seeds = Vec::with_capacity(chunk.len());
+                for &i in chunk {
+                    let l = &mut live[i];
+                    let obs = l.episode.observation();
+                    let past: Vec<(&str, &str)> = l
+                        .steps
+                        .iter()
+                        .map(|s| (s.observation.as_str(), s.action.as_str()))
+                        .collect();
+                    prompts.push(spec.reply_prompt(&l.task, &past, &obs.text, &obs.admissible)?);
+                    seeds.push(l.rng.next_u64());
+                }
+                let sampling = Sampling {
+                    temperature: if greedy { 0.0 } else { temperature },
+                    top_p: g.top_p,
+                    max_tokens: g.max_tokens,
+                    seed: 0,
+                };
+                let replies = hf::generate::sample(
+                    &model,
+                    &prompts,
+                    &seeds,
+                    &h.tokenizer.eos_ids,
+                    &sampling,
+                    device,
+                )?;
+                for (&i, (ids, logprob)) in chunk.iter().zip(replies) {
+                    let admissible = &live[i].episode.observation().admissible;
+                    let text = h.tokenizer.decode(&ids, true)?;
+                    let pick = hf::prompt::parse_choice(&text, admissible);
+                    picks.push((pick, logprob, Some(h.tokenizer.decode(&ids, false)?)));
+                }
+            } else {
+                let mut decisions = Vec::with_capacity(chunk.len());
+                for &i in chunk {
+                    let l = &live[i];
+                    let obs = l.episode.observation();
+                    let past: Vec<(&str, &str)> = l
+                        .steps
+                        .iter()
+                        .map(|s| (s.observation.as_str(), s.action.as_str()))
+                        .collect();
+                    decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
+                }
+                let lp = policy::to_host(policy::log_probs(
+                    &model,
+                    &decisions,
+                    temperature,
+                    spec.action_mean,
+                    device,
+                ));
+                for (k, &i) in chunk.iter().enumerate() {
+                    let l = &mut live[i];
+                    let n = l.episode.observation().admissible.len();
+                    let pick = if greedy {
+                        policy::greedy(&lp[k][..n])
+                    } else {
+                        policy::sample(&lp[k][..n], l.rng.unit())
+                    };
+                    picks.push((Some(pick), f64::from(lp[k][pick]), None));
+                }
+            }
+            for (&i, (pick, logprob, response)) in chunk.iter().zip(picks) {
                 let l = &mut live[i];
                 let obs = l.episode.observation();
-                let n = obs.admissible.len();
-                let pick = if greedy {
-                    policy::greedy(&lp[k][..n])
-                } else {
-                    policy::sample(&lp[k][..n], l.rng.unit())
-                };
                 let (text, admissible) = (obs.text.clone(), obs.admissible.clone());
-                let action = admissible[pick].clone();
                 let (task_id, _, r, _) = jobs[i];
-                let step = l
-                    .episode
-                    .step(&action)
-                    .map_err(|e| context(e, task_id, r, Some(l.steps.len() as u32)))?;
+                let (action, oracle, next, done, won) = match pick {
+                    Some(k) => {
+                        let action = admissible[k].clone();
+                        let step = l
+                            .episode
+                            .step(&action)
+                            .map_err(|e| context(e, task_id, r, Some(l.steps.len() as u32)))?;
+                        let next = l.episode.observation().text.clone();
+                        (action, step.oracle_progress, next, step.done, step.won)
+                    }
+                    // A reply naming no admissible action changes nothing and uses a step.
+                    None => (
+                        INVALID_ACTION.to_string(),
+                        None,
+                        NOTHING_HAPPENS.to_string(),
+                        false,
+                        false,
+                    ),
+                };
                 l.steps.push(StepRecord {
                     observation: text,
                     action,
-                    logprob: f64::from(lp[k][pick]),
-                    oracle: step.oracle_progress,
-                    next_observation: l.episode.observation().text.clone(),
+                    logprob,
+                    oracle,
+                    next_observation: next,
                     admissible,
+                    response,
                 });
-                if step.done {
-                    l.won = Some(step.won);
+                if done {
+                    l.won = Some(won);
                 } else if l.steps.len() as u32 >= l.limit {
                     l.won = Some(false);
                 }
@@ -353,7 +424,8 @@ impl Stage for Rollout {
                     .push_f64(st.logprob)
                     .push_opt_i8(st.oracle)
                     .push_str(&st.next_observation)
-                    .push_str(&admissible);
+                    .push_str(&admissible)
+                    .push_opt_str(st.response.as_deref());
             }
         }
         let trajectories = trajectories.finish_with(&ctx.run_id, ctx.iter)?;

@@ -180,7 +180,8 @@ impl Generator {
                                 .push_f64(-(ACTIONS.len() as f64).ln())
                                 .push_i8(*o)
                                 .push_str(&format!("synthetic task {} step {}", t.slot, i + 1))
-                                .push_str(&all_actions);
+                                .push_str(&all_actions)
+                                .push_opt_str(None);
                         }
                     }
                 }

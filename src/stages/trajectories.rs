@@ -15,7 +15,8 @@ use crate::stage::sql::query;
 pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
     let batches: Vec<RecordBatch> = query(
         &ctx.session,
-        "SELECT task_id, traj_id, step_idx, observation, action, next_observation, admissible \
+        "SELECT task_id, traj_id, step_idx, observation, action, next_observation, admissible, \
+         response \
          FROM steps ORDER BY task_id, traj_id, step_idx",
     )
     .await?
@@ -31,6 +32,7 @@ pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
             c.str("admissible")?,
         );
         let idx = c.u32("step_idx")?;
+        let resp = c.str("response")?;
         for r in 0..b.num_rows() {
             let admissible: Vec<String> = serde_json::from_str(adm.value(r)).map_err(|e| {
                 Error::data(format!(
@@ -60,6 +62,7 @@ pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
                 action: act.value(r).to_string(),
                 next_observation: next.value(r).to_string(),
                 admissible,
+                response: (!resp.is_null(r)).then(|| resp.value(r).to_string()),
             });
         }
     }

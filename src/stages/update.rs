@@ -116,9 +116,11 @@ fn train_policy<B: AutodiffBackend>(
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
-/// Train the reward model: one PPO sample per included RM sample, over its response tokens.
+/// Train a model on its own responses, token by token: the reward model (one PPO sample per
+/// included RM sample; a small RM samples from its critique words and verdicts only) and a
+/// `generate`-mode policy (one per included step: its reply).
 #[allow(clippy::too_many_arguments)]
-fn train_rm<B: AutodiffBackend>(
+fn train_responses<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
     ck: &Weights,
@@ -218,6 +220,8 @@ impl Stage for Update {
             let spec = super::model_spec(cfg, POLICY)?;
             let ck = spec.load(&policy_in)?;
             let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+            // `generate` mode: the replies, token by token.
+            let (mut prompts, mut responses) = (Vec::new(), Vec::new());
             for b in query(&ctx.session, POLICY_SAMPLES_SQL)
                 .await?
                 .collect()
@@ -229,6 +233,23 @@ impl Stage for Update {
                     let t = traj(&trajs, ids.value(r), steps.value(r))?;
                     let i = steps.value(r) as usize;
                     let st = &t.steps[i];
+                    adv.push(a.value(r));
+                    if let Some(h) = spec.hf.as_ref().filter(|_| spec.generate.is_some()) {
+                        let reply = st.response.as_deref().ok_or_else(|| {
+                            Error::data(format!(
+                                "update: trajectory {} step {i} has no response, but policy.action_mode is \"generate\"",
+                                t.traj_id
+                            ))
+                        })?;
+                        prompts.push(spec.reply_prompt(
+                            t.task(),
+                            &t.past(i),
+                            &st.observation,
+                            &st.admissible,
+                        )?);
+                        responses.push(h.tokenizer.encode(reply, false)?);
+                        continue;
+                    }
                     let k = st.admissible.iter().position(|x| *x == st.action).ok_or_else(|| {
                         Error::data(format!(
                             "update: trajectory {} step {i}: action {:?} is not among its admissible actions",
@@ -242,10 +263,9 @@ impl Stage for Update {
                         &st.admissible,
                     )?);
                     chosen.push(k);
-                    adv.push(a.value(r));
                 }
             }
-            if decisions.is_empty() {
+            if adv.is_empty() {
                 policy_in
             } else {
                 let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
@@ -254,11 +274,19 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.policy.temperature);
-                let (ck, metrics) = crate::on_backend!(
-                    device,
-                    train,
-                    train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
-                )?;
+                let (ck, metrics) = if spec.generate.is_some() {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                    )?
+                } else {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
+                    )?
+                };
                 rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
                 ck.encode()
             }
@@ -312,7 +340,7 @@ impl Stage for Update {
                 let (ck, metrics) = crate::on_backend!(
                     device,
                     train,
-                    train_rm(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                    train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
                 )?;
                 rows.extend(metrics.into_iter().map(|m| (RM, m)));
                 ck.encode()

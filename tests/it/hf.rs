@@ -643,7 +643,11 @@ fn byte_model(dir: &Path, arch: &str, seed: u64) {
     config["bos_token_id"] = 256.into();
     config["max_position_embeddings"] = 4096.into();
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    std::fs::write(dir.join("model.safetensors"), tiny_weights(&config, seed, "BF16")).unwrap();
+    std::fs::write(
+        dir.join("model.safetensors"),
+        tiny_weights(&config, seed, "BF16"),
+    )
+    .unwrap();
     write_byte_tokenizer(dir);
 }
 
@@ -693,7 +697,10 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
     for (name, dir) in [("policy", &policy), ("rm", &rm)] {
         let digest = blake3::hash(&std::fs::read(dir.join("model.safetensors")).unwrap());
         let origin = run["models"][name].as_str().unwrap();
-        assert!(origin.ends_with(&format!("blake3:{}", digest.to_hex())), "{origin}");
+        assert!(
+            origin.ends_with(&format!("blake3:{}", digest.to_hex())),
+            "{origin}"
+        );
     }
     // So do the manifests that read them; and every checkpoint written is safetensors in the
     // Hugging Face layout that `model inspect` accepts with the config.
@@ -704,7 +711,10 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
         .unwrap_or_else(|| panic!("{manifests:?}"));
     let text = std::fs::read_to_string(f.store().join(pretrain)).unwrap();
     assert!(text.contains("\"source\": \"hf:"), "{text}");
-    let artifacts: Vec<&String> = manifests.iter().filter(|p| p.contains("artifacts/")).collect();
+    let artifacts: Vec<&String> = manifests
+        .iter()
+        .filter(|p| p.contains("artifacts/"))
+        .collect();
     assert!(artifacts.len() >= 4, "{artifacts:?}");
     for a in artifacts {
         let bytes = std::fs::read(f.store().join(a)).unwrap();
@@ -713,24 +723,39 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
     }
 
     // Every stage of both iterations committed; the RM's replies are text with parsed verdicts.
-    let r = f.sql("SELECT count(DISTINCT stage) AS s, count(*) AS n FROM stage_runs WHERE run_id = 'hf'");
-    assert!(r.stdout.contains("11,22") || r.stdout.contains("11,21"), "{}", r.stdout);
+    let r = f.sql(
+        "SELECT count(DISTINCT stage) AS s, count(*) AS n FROM stage_runs WHERE run_id = 'hf'",
+    );
+    assert!(
+        r.stdout.contains("11,22") || r.stdout.contains("11,21"),
+        "{}",
+        r.stdout
+    );
     let r = f.sql("SELECT count(*) FROM rm_samples WHERE score NOT IN (-1, 0, 1)");
     assert!(r.stdout.contains("\n0"), "{}", r.stdout);
 
     // Replay re-executes iteration 1 (rollout, RM scoring, the update's safetensors) bit for bit.
     let store = f.store_arg();
-    let r = f.rla(&["replay", "--store", &store, "--run", "hf", "--iter", "1", "--verify"]);
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "hf", "--iter", "1", "--verify",
+    ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
 
     // Export: the trained policy as a Hugging Face directory (config, tokenizer, weights) that
     // `model inspect` and `model generate` take as they are.
     let out = f.dir.path().join("exported");
     let o = out.to_str().unwrap();
-    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "1", "--model", "policy", "--out", o]);
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "hf", "--iter", "1", "--model", "policy", "--out", o,
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     assert!(r.stdout.contains("update of iteration 1"), "{}", r.stdout);
-    for file in ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"] {
+    for file in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
         assert!(out.join(file).exists(), "{file}");
     }
     let config: serde_json::Value =
@@ -739,7 +764,16 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
     assert_eq!(config["torch_dtype"], "float32");
     let r = f.rla(&["model", "inspect", o, "--format", "json"]);
     assert_eq!(r.code, 0, "{}", r.stderr);
-    let r = f.rla(&["model", "generate", o, "--chat", "--prompt", "go", "--max-tokens", "4"]);
+    let r = f.rla(&[
+        "model",
+        "generate",
+        o,
+        "--chat",
+        "--prompt",
+        "go",
+        "--max-tokens",
+        "4",
+    ]);
     assert_eq!(r.code, 0, "{}", r.stderr);
     // The exported weights are the ones the update committed (not the starting ones).
     let exported = std::fs::read(out.join("model.safetensors")).unwrap();
@@ -752,16 +786,112 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
     assert_eq!(committed.len(), 1);
     assert!(committed[0] == exported);
     // A second export into the same directory is refused; so is a run of the small model.
-    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "1", "--out", o]);
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "hf", "--iter", "1", "--out", o,
+    ]);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("not empty"), "{}", r.stderr);
-    let r = f.rla(&["export", "--store", &store, "--run", "hf", "--iter", "7", "--out", "x"]);
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "hf", "--iter", "7", "--out", "x",
+    ]);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("iteration 7 is not committed"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("iteration 7 is not committed"),
+        "{}",
+        r.stderr
+    );
 
     // Different starting weights under the same config: resuming is refused, naming both.
     byte_model(&policy, "Qwen2ForCausalLM", 99);
     let r = f.run_pipeline(GRIDNAV, "hf", 3, &sets);
     assert_eq!(r.code, 1);
-    assert!(r.stderr.contains("policy model") && r.stderr.contains("blake3:"), "{}", r.stderr);
+    assert!(
+        r.stderr.contains("policy model") && r.stderr.contains("blake3:"),
+        "{}",
+        r.stderr
+    );
+}
+
+/// `policy.action_mode = "generate"`: the policy writes replies ending in `\boxed{index}` (the
+/// warm start teaches them), invalid replies cost a step and observe "Nothing happens.", the
+/// update trains on the replies token by token, and replay re-executes it all bit for bit.
+#[test]
+fn generative_policy_writes_replies_and_trains_on_them() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen3ForCausalLM", 41);
+    byte_model(&rm, "Qwen2ForCausalLM", 42);
+    let sets: Vec<String> = [
+        "env.initial_tasks=4",
+        "rollout.n=2",
+        "eval.tasks=4",
+        "eval.ood_tasks=4",
+        "eval.rollouts=1",
+        "env.max_steps=6",
+        "env.gridnav.size=4",
+        "env.gridnav.wall_density=0.0",
+        "env.gridnav.min_distance=1",
+        "env.gridnav.max_distance=2",
+        "reward.policy_acc_min=0.0",
+        "reward.policy_acc_max=1.0",
+        "policy.action_mode=generate",
+        "policy.reasoning=false",
+        "policy.max_tokens=12",
+        "policy.context=1024",
+        "reward_model.context=1024",
+        "reward_model.samples=2",
+        "reward_model.max_tokens=6",
+        "update.policy_steps=2",
+        "update.rm_steps=2",
+        "update.minibatch=16",
+        "pretrain.policy_episodes=16",
+        "pretrain.policy_epochs=12",
+        "pretrain.minibatch=16",
+        "pretrain.lr=0.02",
+        "pretrain.rm_steps=8",
+        "pretrain.rm_epochs=1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        format!("policy.init=hf:{}", policy.display()),
+        format!("reward_model.init=hf:{}", rm.display()),
+    ])
+    .collect();
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(GRIDNAV, "gen", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // Every step holds its reply; a valid one names an admissible action, an invalid one
+    // observes "Nothing happens.".
+    let r = f.sql(
+        "SELECT count(*) AS steps, count(response) AS replies, \
+         sum(CASE WHEN strpos(admissible, concat('\"', action, '\"')) > 0 THEN 1 ELSE 0 END) AS valid, \
+         sum(CASE WHEN action = '(invalid reply)' AND next_observation = 'Nothing happens.' THEN 1 ELSE 0 END) AS invalid \
+         FROM steps WHERE run_id = 'gen'",
+    );
+    let row: Vec<u64> = r
+        .stdout
+        .lines()
+        .nth(1)
+        .unwrap()
+        .split(',')
+        .map(|x| x.parse().unwrap())
+        .collect();
+    assert_eq!(row[0], row[1], "{}", r.stdout);
+    assert_eq!(row[2] + row[3], row[0], "{}", r.stdout);
+    assert!(
+        row[2] > 0,
+        "the warm start taught \\boxed{{index}} replies: {}",
+        r.stdout
+    );
+    // The update trained the policy on replies (token counts above one token per sample).
+    let r =
+        f.sql("SELECT sum(tokens) FROM update_metrics WHERE run_id = 'gen' AND model = 'policy'");
+    let tokens: u64 = r.stdout.lines().nth(1).unwrap().trim().parse().unwrap_or(0);
+    assert!(tokens > 0, "{}", r.stdout);
+    let store = f.store_arg();
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "gen", "--iter", "1", "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
 }

@@ -21,6 +21,19 @@ pub struct Sampling {
     pub seed: u64,
 }
 
+/// `log softmax(logits / T)` of one id (T = 1 when greedy).
+fn log_prob(logits: &[f32], id: u32, temperature: f64) -> f64 {
+    let t = if temperature > 0.0 { temperature } else { 1.0 };
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max / t
+        + logits
+            .iter()
+            .map(|&l| ((l as f64 - max) / t).exp())
+            .sum::<f64>()
+            .ln();
+    logits[id as usize] as f64 / t - lse
+}
+
 /// The token picked from `logits` (one row).
 pub fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
     if s.temperature <= 0.0 {
@@ -63,7 +76,7 @@ pub fn pick(logits: &[f32], s: &Sampling, rng: &mut Rng) -> u32 {
 }
 
 /// Continue every prompt until one of `eos` (kept in the output) or `max_tokens`; returns the
-/// generated ids per prompt.
+/// generated ids per prompt. Row `r` samples from `derive_seed(s.seed, ["generate", r])`.
 pub fn generate<B: Backend, M: Lm<B>>(
     model: &M,
     prompts: &[Vec<u32>],
@@ -71,6 +84,25 @@ pub fn generate<B: Backend, M: Lm<B>>(
     s: &Sampling,
     device: &B::Device,
 ) -> Result<Vec<Vec<u32>>> {
+    let seeds: Vec<u64> = (0..prompts.len())
+        .map(|r| derive_seed(s.seed, &["generate", &r.to_string()]))
+        .collect();
+    Ok(sample(model, prompts, &seeds, eos, s, device)?
+        .into_iter()
+        .map(|(ids, _)| ids)
+        .collect())
+}
+
+/// [`generate`] with one seed per prompt (`s.seed` unused), also returning each reply's
+/// log-probability: the sum over its tokens of `log softmax(logits / T)` (T = 1 when greedy).
+pub fn sample<B: Backend, M: Lm<B>>(
+    model: &M,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    eos: &[u32],
+    s: &Sampling,
+    device: &B::Device,
+) -> Result<Vec<(Vec<u32>, f64)>> {
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(Error::Model("an empty prompt cannot be continued".into()));
     }
@@ -84,10 +116,8 @@ pub fn generate<B: Backend, M: Lm<B>>(
         )));
     }
     let vocab = model.vocab();
-    let mut rngs: Vec<Rng> = (0..prompts.len())
-        .map(|r| Rng::new(derive_seed(s.seed, &["generate", &r.to_string()])))
-        .collect();
-    let mut out: Vec<Vec<u32>> = vec![Vec::new(); prompts.len()];
+    let mut rngs: Vec<Rng> = seeds.iter().map(|&seed| Rng::new(seed)).collect();
+    let mut out: Vec<(Vec<u32>, f64)> = vec![(Vec::new(), 0.0); prompts.len()];
     if s.max_tokens == 0 || prompts.is_empty() {
         return Ok(out);
     }
@@ -119,7 +149,8 @@ pub fn generate<B: Backend, M: Lm<B>>(
         let mut keep = Vec::with_capacity(live.len());
         for (slot, &r) in live.iter().enumerate() {
             let tok = pick(&last[slot], s, &mut rngs[r]);
-            out[r].push(tok);
+            out[r].0.push(tok);
+            out[r].1 += log_prob(&last[slot], tok, s.temperature);
             if !eos.contains(&tok) && step + 1 < s.max_tokens {
                 keep.push(slot);
                 next.push(tok);

@@ -75,6 +75,84 @@ pub fn policy(
     })
 }
 
+/// The policy's prompt in `generate` mode (the reference's AlfWorld prompt): the task, the
+/// trajectory so far, the observation and the numbered admissible actions; the reply reasons
+/// (when `reasoning`) and ends with `\boxed{index}`.
+#[allow(clippy::too_many_arguments)]
+pub fn policy_generate(
+    tok: &HfTokenizer,
+    keep: usize,
+    budget: usize,
+    task: &str,
+    past: &[(&str, &str)],
+    obs: &str,
+    admissible: &[String],
+    reasoning: bool,
+) -> Result<Vec<u32>> {
+    let options = admissible
+        .iter()
+        .enumerate()
+        .map(|(k, a)| format!("{k}) {a}"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let ask = if reasoning {
+        "You need to think step by step, then put the number of your chosen action in \\boxed{}."
+    } else {
+        "Answer with only the number of your chosen action in \\boxed{}, e.g. \\boxed{0}."
+    };
+    fit(tok, keep, past, budget, |past| {
+        vec![
+            ChatMessage::new("system", POLICY_SYSTEM),
+            ChatMessage::new(
+                "user",
+                &format!(
+                    "Task: {task}\n\nYour trajectory so far:\n{}\n\nCurrent observation: {obs}\n\n\
+                     Choose one action by number:\n{options}\n\n{ask}",
+                    trajectory(past)
+                ),
+            ),
+        ]
+    })
+}
+
+/// The action a `generate`-mode reply chose: the last `\boxed{…}` holding an index of
+/// `admissible` (as the reference reads it) or the text of one of them; `None` when there is
+/// no such answer (an invalid reply).
+pub fn parse_choice(reply: &str, admissible: &[String]) -> Option<usize> {
+    let inner = last_boxed(reply)?;
+    let inner = inner.trim();
+    if let Ok(k) = inner.parse::<usize>() {
+        return (k < admissible.len()).then_some(k);
+    }
+    let norm = |s: &str| s.trim().trim_end_matches('.').to_lowercase();
+    admissible.iter().position(|a| norm(a) == norm(inner))
+}
+
+/// The text inside the last `\boxed{…}` (braces balanced), if any.
+fn last_boxed(text: &str) -> Option<&str> {
+    let start = text.rfind("\\boxed{")?;
+    let rest = &text[start + "\\boxed{".len()..];
+    let mut depth = 1;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&rest[..i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A `generate`-mode reply choosing action `k` (the warm start's teacher forcing).
+pub fn choice_reply(tok: &HfTokenizer, k: usize) -> Result<Vec<u32>> {
+    action(tok, &format!("\\boxed{{{k}}}"))
+}
+
 /// An action as the policy's reply: its tokens, then the end of the turn.
 pub fn action(tok: &HfTokenizer, action: &str) -> Result<Vec<u32>> {
     let mut ids = tok.encode(action, false)?;
@@ -121,25 +199,11 @@ pub fn verdict(tok: &HfTokenizer, good: bool) -> Result<Vec<u32>> {
 /// holding exactly one of 1 / +1 / −1 (fractions and other numbers do not count); rla-pipe's
 /// own `<good>` / `<bad>` also count. 0 when there is none.
 pub fn parse_verdict(text: &str) -> i8 {
-    if let Some(start) = text.rfind("\\boxed{") {
-        let rest = &text[start + "\\boxed{".len()..];
-        let mut depth = 1;
-        let mut end = None;
-        for (i, c) in rest.char_indices() {
-            match c {
-                '{' => depth += 1,
-                '}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        end = Some(i);
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        let Some(end) = end else { return 0 };
-        let inner = rest[..end].trim().replace(['−', '–'], "-");
+    if text.contains("\\boxed{") {
+        let Some(inner) = last_boxed(text) else {
+            return 0;
+        };
+        let inner = inner.trim().replace(['−', '–'], "-");
         match inner.as_str() {
             "1" | "+1" => return 1,
             "-1" => return -1,
@@ -176,6 +240,21 @@ pub fn parse_verdict(text: &str) -> i8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn choices_parse_by_index_or_text() {
+        let adm: Vec<String> = ["go north", "take apple"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        assert_eq!(parse_choice("I should move. \\boxed{0}", &adm), Some(0));
+        assert_eq!(parse_choice("\\boxed{ 1 }", &adm), Some(1));
+        assert_eq!(parse_choice("\\boxed{2}", &adm), None);
+        assert_eq!(parse_choice("\\boxed{Take apple.}", &adm), Some(1));
+        assert_eq!(parse_choice("\\boxed{1} no wait \\boxed{0}", &adm), Some(0));
+        assert_eq!(parse_choice("take apple", &adm), None);
+        assert_eq!(parse_choice("\\boxed{1", &adm), None);
+    }
 
     #[test]
     fn verdicts_parse_as_the_reference_parses_them() {
