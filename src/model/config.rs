@@ -420,3 +420,48 @@ impl UpdateConfig {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn errors(p: &PolicyConfig) -> String {
+        let mut c = Checks::default();
+        p.validate(&mut c);
+        c.finish().err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn init_and_action_mode_are_checked_by_key() {
+        assert_eq!(Init::parse("policy", "", ""), Ok(Init::Small));
+        assert_eq!(
+            Init::parse("policy", "hf:models/x", ""),
+            Ok(Init::Hf("models/x".into()))
+        );
+        let (key, msg) = Init::parse("reward_model", "models/x", "").unwrap_err();
+        assert_eq!(key, "reward_model.init");
+        assert!(msg.contains("hf:DIR"), "{msg}");
+        let (key, _) = Init::parse("policy", "hf:", "").unwrap_err();
+        assert_eq!(key, "policy.init");
+        let (key, _) = Init::parse("policy", "hf:m", "tok.json").unwrap_err();
+        assert_eq!(key, "policy.tokenizer");
+
+        let generate = PolicyConfig {
+            action_mode: ActionMode::Generate,
+            ..PolicyConfig::default()
+        };
+        assert!(errors(&generate).contains("key `policy.action_mode`"));
+        let ok = PolicyConfig {
+            init: "hf:models/x".into(),
+            ..generate.clone()
+        };
+        assert_eq!(errors(&ok), "");
+        let bad = PolicyConfig {
+            top_p: 0.0,
+            max_tokens: 0,
+            ..ok
+        };
+        let e = errors(&bad);
+        assert!(e.contains("policy.top_p") && e.contains("policy.max_tokens"), "{e}");
+    }
+}
