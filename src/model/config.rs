@@ -462,6 +462,9 @@ mod tests {
             ..ok
         };
         let e = errors(&bad);
-        assert!(e.contains("policy.top_p") && e.contains("policy.max_tokens"), "{e}");
+        assert!(
+            e.contains("policy.top_p") && e.contains("policy.max_tokens"),
+            "{e}"
+        );
     }
 }

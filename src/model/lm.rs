@@ -10,6 +10,28 @@ use burn::tensor::{Bool, Int, Tensor};
 
 use super::transformer::{KvCache, bool_tensor, int_tensor};
 
+/// Tokens, positions and the causal mask (`true` = hidden) of right-padded sequences, row-major:
+/// `(tokens [b·t], positions [b·t], mask [b·t·t], b, t)`. Position `i` of a row sees positions
+/// `≤ i` within the row's length; padding repeats the last position.
+pub fn padded_inputs(seqs: &[Vec<u32>]) -> (Vec<i64>, Vec<i64>, Vec<bool>, usize, usize) {
+    let b = seqs.len();
+    let lens: Vec<usize> = seqs.iter().map(|s| s.len().max(1)).collect();
+    let t = lens.iter().copied().max().unwrap_or(1);
+    let mut tokens = Vec::with_capacity(b * t);
+    let mut positions = Vec::with_capacity(b * t);
+    let mut mask = Vec::with_capacity(b * t * t);
+    for (s, &len) in seqs.iter().zip(&lens) {
+        for i in 0..t {
+            tokens.push(s.get(i).copied().unwrap_or(0) as i64);
+            positions.push(i.min(len - 1) as i64);
+            for k in 0..t {
+                mask.push(!(k <= i && k < len));
+            }
+        }
+    }
+    (tokens, positions, mask, b, t)
+}
+
 /// A causal language model.
 pub trait Lm<B: Backend> {
     /// Logits `[batch, len, vocab]` for `tokens` at `positions` (both `[batch, len]`).
@@ -36,21 +58,8 @@ pub trait Lm<B: Backend> {
         prompts: &[Vec<u32>],
         device: &B::Device,
     ) -> (Tensor<B, 2>, KvCache<B>, Vec<usize>) {
-        let b = prompts.len();
+        let (toks, pos, mask, b, t) = padded_inputs(prompts);
         let lens: Vec<usize> = prompts.iter().map(|p| p.len().max(1)).collect();
-        let t = *lens.iter().max().unwrap_or(&1);
-        let mut toks = Vec::with_capacity(b * t);
-        let mut pos = Vec::with_capacity(b * t);
-        let mut mask = Vec::with_capacity(b * t * t);
-        for (p, &len) in prompts.iter().zip(&lens) {
-            for i in 0..t {
-                toks.push(p.get(i).copied().unwrap_or(0) as i64);
-                pos.push(i.min(len - 1) as i64);
-                for k in 0..t {
-                    mask.push(!(k <= i && k < len));
-                }
-            }
-        }
         let mut cache = KvCache { layers: Vec::new() };
         let logits = self.forward(
             int_tensor(toks, [b, t], device),

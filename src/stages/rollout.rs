@@ -100,6 +100,14 @@ pub(crate) const INVALID_ACTION: &str = "(invalid reply)";
 /// What an invalid reply observes (AlfWorld's answer to a command it cannot carry out).
 pub(crate) const NOTHING_HAPPENS: &str = "Nothing happens.";
 
+/// The (observation, action) pairs of the steps so far (the prompts' history).
+fn past(steps: &[StepRecord]) -> Vec<(&str, &str)> {
+    steps
+        .iter()
+        .map(|s| (s.observation.as_str(), s.action.as_str()))
+        .collect()
+}
+
 /// Episodes to play: (task id, spec, rollout index, seed).
 pub(crate) type Job<'a> = (&'a str, &'a serde_json::Value, u32, u64);
 
@@ -170,11 +178,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 for &i in chunk {
                     let l = &mut live[i];
                     let obs = l.episode.observation();
-                    let past: Vec<(&str, &str)> = l
-                        .steps
-                        .iter()
-                        .map(|s| (s.observation.as_str(), s.action.as_str()))
-                        .collect();
+                    let past = past(&l.steps);
                     prompts.push(spec.reply_prompt(&l.task, &past, &obs.text, &obs.admissible)?);
                     seeds.push(l.rng.next_u64());
                 }
@@ -203,11 +207,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 for &i in chunk {
                     let l = &live[i];
                     let obs = l.episode.observation();
-                    let past: Vec<(&str, &str)> = l
-                        .steps
-                        .iter()
-                        .map(|s| (s.observation.as_str(), s.action.as_str()))
-                        .collect();
+                    let past = past(&l.steps);
                     decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
                 }
                 let lp = policy::to_host(policy::log_probs(

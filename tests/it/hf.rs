@@ -651,17 +651,10 @@ fn byte_model(dir: &Path, arch: &str, seed: u64) {
     write_byte_tokenizer(dir);
 }
 
-/// The whole loop with pretrained-format models as policy (Qwen2) and reward model (Llama):
-/// every stage commits, the checkpoints are safetensors in the Hugging Face layout, run.json
-/// and the manifests name the weights the run started from, replay re-executes an iteration
-/// bit for bit, and changed starting weights refuse to resume.
-#[test]
-fn pipeline_runs_with_pretrained_models_and_replays() {
-    let f = Fixture::new();
-    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
-    byte_model(&policy, "Qwen2ForCausalLM", 31);
-    byte_model(&rm, "LlamaForCausalLM", 32);
-    let sets: Vec<String> = [
+/// A small gridnav run's settings with the two roles starting from `policy` and `rm`, then
+/// `extra` (later keys win).
+fn pretrained_sets(policy: &Path, rm: &Path, extra: &[&str]) -> Vec<String> {
+    [
         "env.initial_tasks=4",
         "rollout.n=2",
         "eval.tasks=4",
@@ -681,12 +674,26 @@ fn pipeline_runs_with_pretrained_models_and_replays() {
         "pretrain.rm_epochs=1",
     ]
     .iter()
+    .chain(extra)
     .map(|s| s.to_string())
     .chain([
         format!("policy.init=hf:{}", policy.display()),
         format!("reward_model.init=hf:{}", rm.display()),
     ])
-    .collect();
+    .collect()
+}
+
+/// The whole loop with pretrained-format models as policy (Qwen2) and reward model (Llama):
+/// every stage commits, the checkpoints are safetensors in the Hugging Face layout, run.json
+/// and the manifests name the weights the run started from, replay re-executes an iteration
+/// bit for bit, and changed starting weights refuse to resume.
+#[test]
+fn pipeline_runs_with_pretrained_models_and_replays() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen2ForCausalLM", 31);
+    byte_model(&rm, "LlamaForCausalLM", 32);
+    let sets = pretrained_sets(&policy, &rm, &[]);
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let r = f.run_pipeline(GRIDNAV, "hf", 2, &sets);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
@@ -821,43 +828,25 @@ fn generative_policy_writes_replies_and_trains_on_them() {
     let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
     byte_model(&policy, "Qwen3ForCausalLM", 41);
     byte_model(&rm, "Qwen2ForCausalLM", 42);
-    let sets: Vec<String> = [
-        "env.initial_tasks=4",
-        "rollout.n=2",
-        "eval.tasks=4",
-        "eval.ood_tasks=4",
-        "eval.rollouts=1",
-        "env.max_steps=6",
-        "env.gridnav.size=4",
-        "env.gridnav.wall_density=0.0",
-        "env.gridnav.min_distance=1",
-        "env.gridnav.max_distance=2",
-        "reward.policy_acc_min=0.0",
-        "reward.policy_acc_max=1.0",
-        "policy.action_mode=generate",
-        "policy.reasoning=false",
-        "policy.max_tokens=12",
-        "policy.context=1024",
-        "reward_model.context=1024",
-        "reward_model.samples=2",
-        "reward_model.max_tokens=6",
-        "update.policy_steps=2",
-        "update.rm_steps=2",
-        "update.minibatch=16",
-        "pretrain.policy_episodes=16",
-        "pretrain.policy_epochs=12",
-        "pretrain.minibatch=16",
-        "pretrain.lr=0.02",
-        "pretrain.rm_steps=8",
-        "pretrain.rm_epochs=1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        format!("policy.init=hf:{}", policy.display()),
-        format!("reward_model.init=hf:{}", rm.display()),
-    ])
-    .collect();
+    let sets = pretrained_sets(
+        &policy,
+        &rm,
+        &[
+            "env.gridnav.size=4",
+            "env.gridnav.wall_density=0.0",
+            "env.gridnav.min_distance=1",
+            "env.gridnav.max_distance=2",
+            "reward.policy_acc_min=0.0",
+            "reward.policy_acc_max=1.0",
+            "policy.action_mode=generate",
+            "policy.reasoning=false",
+            "policy.max_tokens=12",
+            "pretrain.policy_episodes=16",
+            "pretrain.policy_epochs=12",
+            "pretrain.minibatch=16",
+            "pretrain.lr=0.02",
+        ],
+    );
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let r = f.run_pipeline(GRIDNAV, "gen", 2, &sets);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);

@@ -16,7 +16,7 @@
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
 
 use super::config::HfArch;
-use crate::model::lm::Lm;
+use crate::model::lm::{Lm, padded_inputs};
 pub use crate::model::transformer::KvCache;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
 use burn::module::{Module, Param};
@@ -251,7 +251,7 @@ impl<B: Backend> CausalLm<B> {
     /// Logits `[b, t, vocab]` of whole right-padded sequences (no cache): position `i` of row
     /// `r` sees positions `≤ i` that are within the row's length.
     pub fn forward_full(&self, seqs: &[Vec<u32>], device: &B::Device) -> Tensor<B, 3> {
-        let (tokens, positions, mask, b, t) = full_inputs(seqs);
+        let (tokens, positions, mask, b, t) = padded_inputs(seqs);
         self.forward(
             int_tensor(tokens, [b, t], device),
             int_tensor(positions, [b, t], device),
@@ -280,25 +280,4 @@ impl<B: Backend> Lm<B> for CausalLm<B> {
     fn context(&self) -> usize {
         self.arch.max_positions.unwrap_or(1 << 20)
     }
-}
-
-/// Tokens, positions and the causal mask of right-padded sequences: `(tokens, positions, mask,
-/// b, t)`.
-pub fn full_inputs(seqs: &[Vec<u32>]) -> (Vec<i64>, Vec<i64>, Vec<bool>, usize, usize) {
-    let b = seqs.len();
-    let lens: Vec<usize> = seqs.iter().map(|s| s.len().max(1)).collect();
-    let t = lens.iter().copied().max().unwrap_or(1);
-    let mut tokens = Vec::with_capacity(b * t);
-    let mut positions = Vec::with_capacity(b * t);
-    let mut mask = Vec::with_capacity(b * t * t);
-    for (s, &len) in seqs.iter().zip(&lens) {
-        for i in 0..t {
-            tokens.push(s.get(i).copied().unwrap_or(0) as i64);
-            positions.push(i.min(len - 1) as i64);
-            for k in 0..t {
-                mask.push(!(k <= i && k < len));
-            }
-        }
-    }
-    (tokens, positions, mask, b, t)
 }

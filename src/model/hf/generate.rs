@@ -3,7 +3,6 @@
 //! Sampling: greedy at temperature 0, else softmax(logits / T) restricted to the top-p nucleus,
 //! drawn from a seeded generator per row (equal seeds, equal text).
 
-use super::arch::{KvCache, full_inputs};
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
 use crate::model::lm::Lm;
@@ -121,27 +120,14 @@ pub fn sample<B: Backend, M: Lm<B>>(
     if s.max_tokens == 0 || prompts.is_empty() {
         return Ok(out);
     }
-    // Encode the right-padded prompts once.
-    let (tokens, positions, mask, b, t0) = full_inputs(prompts);
-    let mut cache = KvCache { layers: Vec::new() };
-    let logits = model.forward(
-        int_tensor(tokens, [b, t0], device),
-        int_tensor(positions, [b, t0], device),
-        bool_tensor(mask, [b, t0, t0], device),
-        Some(&mut cache),
-    );
-    let logits: Vec<f32> = logits
+    // Encode the right-padded prompts once; t0 is the padded length the cache holds.
+    let (last, mut cache, _) = model.encode(prompts, device);
+    let t0 = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let logits: Vec<f32> = last
         .into_data()
         .to_vec()
         .map_err(|e| Error::Model(format!("reading logits: {e:?}")))?;
-    let mut last: Vec<Vec<f32>> = prompts
-        .iter()
-        .enumerate()
-        .map(|(r, p)| {
-            let at = (r * t0 + p.len() - 1) * vocab;
-            logits[at..at + vocab].to_vec()
-        })
-        .collect();
+    let mut last: Vec<Vec<f32>> = logits.chunks(vocab).map(|c| c.to_vec()).collect();
     // Live rows: (prompt index, prompt length).
     let mut live: Vec<usize> = (0..prompts.len()).collect();
     for step in 0..s.max_tokens {

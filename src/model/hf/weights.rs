@@ -200,6 +200,28 @@ impl ModuleAdapter for WidenToF32 {
     }
 }
 
+/// Apply the tensors of one safetensors store (a file or bytes, named `what` in errors) to the
+/// model: linear weights transposed, f16/bf16 widened, norm `weight` → `gamma`. Returns how
+/// many tensors it applied.
+fn apply<B: Backend>(
+    model: &mut CausalLm<B>,
+    store: SafetensorsStore,
+    what: &str,
+) -> Result<usize> {
+    let mut store = store
+        .with_from_adapter(PyTorchToBurnAdapter.chain(WidenToF32))
+        .with_key_remapping(r"norm\.weight$", "norm.gamma")
+        .allow_partial(true)
+        .validate(false);
+    let result = model
+        .load_from(&mut store)
+        .map_err(|e| Error::Model(format!("{what}: {e}")))?;
+    if let Some(e) = result.errors.first() {
+        return Err(Error::Model(format!("{what}: {e:?}")));
+    }
+    Ok(result.applied.len())
+}
+
 /// The model of `arch` with the weights of `files` (checked with [`check_tensors`] first).
 pub fn load<B: Backend>(
     arch: &HfArch,
@@ -211,18 +233,8 @@ pub fn load<B: Backend>(
     let mut model = CausalLm::<B>::init(arch, device);
     let mut applied = 0usize;
     for file in files {
-        let mut store = SafetensorsStore::from_file(file)
-            .with_from_adapter(PyTorchToBurnAdapter.chain(WidenToF32))
-            .with_key_remapping(r"norm\.weight$", "norm.gamma")
-            .allow_partial(true)
-            .validate(false);
-        let result = model
-            .load_from(&mut store)
-            .map_err(|e| Error::Model(format!("{}: {e}", file.display())))?;
-        if let Some(e) = result.errors.first() {
-            return Err(Error::Model(format!("{}: {e:?}", file.display())));
-        }
-        applied += result.applied.len();
+        let what = file.display().to_string();
+        applied += apply(&mut model, SafetensorsStore::from_file(file), &what)?;
     }
     let want = arch.expected_tensors().len();
     if applied != want {
@@ -246,17 +258,11 @@ pub fn load_bytes<B: Backend>(
     header_of(bytes, Path::new(what), &mut headers)?;
     check_tensors(arch, &headers)?;
     let mut model = CausalLm::<B>::init(arch, device);
-    let mut store = SafetensorsStore::from_bytes(Some(bytes.to_vec()))
-        .with_from_adapter(PyTorchToBurnAdapter.chain(WidenToF32))
-        .with_key_remapping(r"norm\.weight$", "norm.gamma")
-        .allow_partial(true)
-        .validate(false);
-    let result = model
-        .load_from(&mut store)
-        .map_err(|e| Error::Model(format!("{what}: {e}")))?;
-    if let Some(e) = result.errors.first() {
-        return Err(Error::Model(format!("{what}: {e:?}")));
-    }
+    apply(
+        &mut model,
+        SafetensorsStore::from_bytes(Some(bytes.to_vec())),
+        what,
+    )?;
     Ok(model)
 }
 
