@@ -65,7 +65,7 @@ fn tiny_config(arch: &str) -> serde_json::Value {
     c
 }
 
-/// Random weights for every tensor `config` implies, in `dtype` ("F32" or "BF16").
+/// Random weights for every tensor `config` implies, in `dtype` ("F32", "BF16" or "F16").
 fn tiny_weights(config: &serde_json::Value, seed: u64, dtype: &str) -> Vec<u8> {
     let arch = HfArch::from_json(&config.to_string()).unwrap();
     let mut rng = Rng::new(seed);
@@ -88,14 +88,18 @@ fn tiny_weights(config: &serde_json::Value, seed: u64, dtype: &str) -> Vec<u8> {
                 .iter()
                 .flat_map(|v| half::bf16::from_f32(*v).to_le_bytes())
                 .collect(),
+            "F16" => values
+                .iter()
+                .flat_map(|v| half::f16::from_f32(*v).to_le_bytes())
+                .collect(),
             other => panic!("{other}"),
         };
         tensors.push((name, shape, bytes));
     }
-    let dt = if dtype == "F32" {
-        safetensors::Dtype::F32
-    } else {
-        safetensors::Dtype::BF16
+    let dt = match dtype {
+        "F32" => safetensors::Dtype::F32,
+        "F16" => safetensors::Dtype::F16,
+        _ => safetensors::Dtype::BF16,
     };
     let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
         .iter()
@@ -227,7 +231,7 @@ fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {
         ],
     ];
     for arch in ARCHS {
-        for dtype in ["F32", "BF16"] {
+        for dtype in ["F32", "BF16", "F16"] {
             let dir = f.dir.path().join(format!("{arch}-{dtype}"));
             tiny_model(&dir, arch, dtype);
             let ours = logits(&load(&dir), &seqs);
