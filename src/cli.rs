@@ -519,7 +519,11 @@ async fn report(
 
 async fn list_runs(store: &StoreArgs) -> Result<()> {
     let store = store.open()?;
-    let runs = catalog::load_runs(&store, None).await?;
+    let runs = if catalog::run_ids(&store).await?.is_empty() {
+        Vec::new()
+    } else {
+        catalog::load_runs(&store, None).await?
+    };
     if runs.is_empty() {
         println!("no runs in {}", store.url());
     } else {

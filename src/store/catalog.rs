@@ -81,9 +81,9 @@ async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>>
 
 /// Read the committed state of a run (all iterations), or a clear error if it does not exist.
 pub async fn load_run(store: &Store, run_id: &str) -> Result<RunState> {
-    let run = read_run(store, run_id)
-        .await?
-        .ok_or_else(|| Error::data(format!("run {run_id:?} not found in store {}", store.url())))?;
+    let Some(run) = read_run(store, run_id).await? else {
+        return Err(missing_run(store, run_id).await);
+    };
     let mut iters: BTreeMap<u32, IterState> = BTreeMap::new();
     for meta in store.list(&layout::commits_dir(run_id)).await? {
         let loc = meta.location.to_string();
@@ -119,12 +119,32 @@ pub async fn run_ids(store: &Store) -> Result<Vec<String>> {
     Ok(ids)
 }
 
-/// Load one run (`Some(id)`) or every run of the store.
+/// The error for a run the store does not hold, naming the runs it does hold.
+pub async fn missing_run(store: &Store, run_id: &str) -> Error {
+    let there = match run_ids(store).await {
+        Ok(ids) if ids.is_empty() => "the store holds no run".to_string(),
+        Ok(ids) => format!("runs there: {}", ids.join(", ")),
+        Err(e) => format!("listing its runs failed: {e}"),
+    };
+    Error::data(format!(
+        "run {run_id:?} not found in store {} ({there}); check --run and --store",
+        store.url()
+    ))
+}
+
+/// Load one run (`Some(id)`) or every run of the store; a store holding no run is an error
+/// (a mistyped `--store` must not answer with empty tables).
 pub async fn load_runs(store: &Store, only: Option<&str>) -> Result<Vec<RunState>> {
     let ids = match only {
         Some(id) => vec![id.to_string()],
         None => run_ids(store).await?,
     };
+    if ids.is_empty() {
+        return Err(Error::data(format!(
+            "store {} holds no run (no <run>/run.json under it); check --store or RLA_PIPE_STORE",
+            store.url()
+        )));
+    }
     let mut runs = Vec::new();
     for id in ids {
         runs.push(load_run(store, &id).await?);

@@ -873,3 +873,66 @@ fn runs_survive_config_upgrades_but_not_changed_values() {
             ],
         );
 }
+
+/// A mistyped store or run is an error naming the URL and the runs that exist, never an empty
+/// answer.
+#[test]
+fn mistyped_stores_and_runs_are_errors_not_empty_answers() {
+    let f = Fixture::new();
+    let missing = f.dir.path().join("no-such-dir");
+    let m = missing.to_str().unwrap();
+    let url = format!("file://{m}");
+    let r = f.rla(&["sql", "--store", &url, "SELECT count(*) FROM steps"]);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains(m) && r.stdout.is_empty(), "{}", r.stderr);
+    // An existing directory that holds no run.
+    let empty = f.dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = empty.to_str().unwrap();
+    for args in [
+        vec!["sql", "--store", e, "SELECT count(*) FROM steps"],
+        vec!["show", "--store", e, "small"],
+        vec!["report", "--store", e, "small", "--out", "r.html"],
+        vec![
+            "replay", "--store", e, "--run", "small", "--iter", "0", "--verify",
+        ],
+        vec!["gc", "--store", e],
+    ] {
+        let r = f.rla(&args);
+        assert_eq!(r.code, 1, "{args:?}: {}", r.stdout);
+        assert!(
+            r.stderr.contains(e) && r.stderr.contains("no run"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    // A run that is not there: the ones that are are named.
+    assert_eq!(f.run_small(&[]).code, 0);
+    let store = f.store_arg();
+    for args in [
+        vec![
+            "sql",
+            "--store",
+            &store,
+            "--run",
+            "smal",
+            "SELECT count(*) FROM steps",
+        ],
+        vec!["show", "--store", &store, "smal"],
+        vec!["report", "--store", &store, "smal", "--out", "r.html"],
+        vec![
+            "replay", "--store", &store, "--run", "smal", "--iter", "0", "--verify",
+        ],
+    ] {
+        let r = f.rla(&args);
+        assert_eq!(r.code, 1, "{args:?}");
+        assert!(
+            r.stderr.contains("\"smal\"") && r.stderr.contains("runs there: small"),
+            "{args:?}: {}",
+            r.stderr
+        );
+    }
+    let r = f.rla(&["runs", "--store", e]);
+    assert_eq!(r.code, 0);
+    assert!(r.stdout.contains("no runs"));
+}
