@@ -1,0 +1,101 @@
+//! A store written by an earlier build (`tests/fixtures/store-2026-11-23`, never regenerated):
+//! this build must read it as it is — `sql` (the numbers it held), `report`, `replay --verify`
+//! of every iteration, and resuming the run for one more iteration.
+
+use crate::Fixture;
+
+const FIXTURE: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/tests/fixtures/store-2026-11-23"
+);
+const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+
+/// The settings the fixture was written with (its README).
+const SETS: [&str; 16] = [
+    "env.initial_tasks=8",
+    "rollout.n=4",
+    "eval.tasks=8",
+    "eval.ood_tasks=8",
+    "eval.rollouts=1",
+    "policy.d_model=16",
+    "policy.context=48",
+    "reward_model.d_model=16",
+    "reward_model.context=64",
+    "update.policy_steps=2",
+    "update.rm_steps=2",
+    "update.minibatch=64",
+    "pretrain.policy_episodes=8",
+    "pretrain.policy_epochs=1",
+    "pretrain.rm_steps=64",
+    "pretrain.rm_epochs=1",
+];
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
+#[test]
+fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable() {
+    let f = Fixture::new();
+    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    let _ = std::fs::remove_file(f.store().join("README.md"));
+
+    // The numbers it held when it was written.
+    for (table, rows) in [
+        ("tasks", 20),
+        ("trajectories", 64),
+        ("steps", 567),
+        ("rm_samples", 1701),
+        ("step_rewards", 567),
+        ("policy_advantages", 567),
+        ("rm_advantages", 1701),
+        ("update_metrics", 8),
+        ("task_accuracy", 16),
+        ("judgements", 4),
+        ("adaptations", 9),
+        ("evaluations", 32),
+        ("demonstrations", 77),
+        ("stage_runs", 21),
+    ] {
+        let r = f.sql(&format!("SELECT count(*) FROM {table}"));
+        assert_eq!(r.code, 0, "{table}: {}", r.stderr);
+        assert_eq!(
+            r.stdout.lines().nth(1),
+            Some(rows.to_string().as_str()),
+            "{table}"
+        );
+    }
+    let r = f.sql(
+        "SELECT iter, split, sum(successes) s, sum(rollouts) n FROM evaluations \
+         GROUP BY iter, split ORDER BY iter, split",
+    );
+    assert_eq!(
+        r.stdout,
+        "iter,split,s,n\n0,held_out,3,8\n0,ood,1,8\n1,held_out,2,8\n1,ood,0,8\n"
+    );
+    let r = f.sql("SELECT round(sum(advantage), 9) AS a FROM policy_advantages");
+    assert_eq!(r.stdout, "a\n2.333333333\n");
+
+    let store = f.store_arg();
+    let r = f.rla(&["report", "--store", &store, "fixture", "--out", "r.html"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    for iter in ["0", "1"] {
+        let r = f.rla(&[
+            "replay", "--store", &store, "--run", "fixture", "--iter", iter, "--verify",
+        ]);
+        assert_eq!(r.code, 0, "iteration {iter}: {}\n{}", r.stdout, r.stderr);
+    }
+    let r = f.run_pipeline(GRIDNAV, "fixture", 3, &SETS);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let r = f.sql("SELECT count(DISTINCT iter) FROM evaluations WHERE run_id = 'fixture'");
+    assert_eq!(r.stdout.lines().nth(1), Some("3"));
+}
