@@ -27,8 +27,12 @@ pub enum Sink {
         iter: u32,
         attempt: String,
     },
-    /// Only hash (replay).
-    HashOnly,
+    /// Only hash (replay). A table named in `as_written` is encoded with that schema — the one
+    /// its committed file was written with by an earlier build: columns added since are left
+    /// out, so the replayed bytes compare with the committed ones.
+    HashOnly {
+        as_written: std::collections::BTreeMap<String, arrow::datatypes::SchemaRef>,
+    },
 }
 
 /// Rows per batch handed to the Parquet writer. Batches are re-cut to exactly this size so the
@@ -373,6 +377,9 @@ struct TableWriter {
     writer: parquet::arrow::AsyncArrowWriter<store::parquet::HashingWriter>,
     coalescer: BatchCoalescer,
     rows: u64,
+    /// Replay of a file written by an earlier build: its schema and this build's column
+    /// indices that make it up.
+    written: Option<(arrow::datatypes::SchemaRef, Vec<usize>)>,
 }
 
 impl TableWriter {
@@ -392,10 +399,42 @@ impl TableWriter {
                 );
                 (path.to_string(), Some(w))
             }
-            Sink::HashOnly => (String::new(), None),
+            Sink::HashOnly { .. } => (String::new(), None),
         };
-        let writer = store::parquet::writer(object_writer, def.schema.clone())?;
-        let coalescer = BatchCoalescer::new(def.schema.clone(), WRITE_BATCH_ROWS);
+        // The schema the file is encoded with, and which of this build's columns go into it.
+        let (schema, keep) = match sink {
+            Sink::HashOnly { as_written } => match as_written.get(table) {
+                Some(old)
+                    if old.fields().len() != def.schema.fields().len()
+                        || old.fields().iter().zip(def.schema.fields()).any(|(a, b)| {
+                            a.name() != b.name() || a.data_type() != b.data_type()
+                        }) =>
+                {
+                    let keep = old
+                        .fields()
+                        .iter()
+                        .map(|f| match def.schema.index_of(f.name()) {
+                            Ok(i) if def.schema.field(i).data_type() == f.data_type() => Ok(i),
+                            Ok(i) => Err(Error::Mismatch(format!(
+                                "table {table}: column `{}` was written as {} and is {} in this build",
+                                f.name(),
+                                f.data_type(),
+                                def.schema.field(i).data_type()
+                            ))),
+                            Err(_) => Err(Error::Mismatch(format!(
+                                "table {table}: column `{}` of the committed file is not in this build's schema",
+                                f.name()
+                            ))),
+                        })
+                        .collect::<Result<Vec<usize>>>()?;
+                    (Arc::new(def.schema.project(&keep)?), Some(keep))
+                }
+                _ => (def.schema.clone(), None),
+            },
+            Sink::Store { .. } => (def.schema.clone(), None),
+        };
+        let writer = store::parquet::writer(object_writer, schema.clone())?;
+        let coalescer = BatchCoalescer::new(schema.clone(), WRITE_BATCH_ROWS);
         Ok(TableWriter {
             stage: stage.to_string(),
             def,
@@ -403,6 +442,7 @@ impl TableWriter {
             writer,
             coalescer,
             rows: 0,
+            written: keep.map(|k| (schema, k)),
         })
     }
 
@@ -422,6 +462,13 @@ impl TableWriter {
                 self.stage, self.def.name, self.def.name
             ))
         })?;
+        let batch = match &self.written {
+            Some((schema, keep)) => RecordBatch::try_new(
+                schema.clone(),
+                keep.iter().map(|i| batch.column(*i).clone()).collect(),
+            )?,
+            None => batch,
+        };
         self.rows += batch.num_rows() as u64;
         self.coalescer.push_batch(batch)?;
         while let Some(b) = self.coalescer.next_completed_batch() {

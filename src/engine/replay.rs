@@ -6,6 +6,7 @@
 //! 2. Re-execution: every deterministic stage runs again on the files its manifest names as
 //!    inputs, outputs are hashed (not written) and compared with the committed digests.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use object_store::path::Path;
@@ -67,7 +68,9 @@ pub async fn verify(
         )));
     }
 
-    // 1. Integrity of every committed file and recorded input manifest.
+    // 1. Integrity of every committed file and recorded input manifest; the schemas the files
+    // were written with (an earlier build may have written fewer columns).
+    let mut as_written: BTreeMap<(String, String), arrow::datatypes::SchemaRef> = BTreeMap::new();
     for c in it.stages.values() {
         if only.is_some_and(|s| s != c.manifest.stage) {
             continue;
@@ -94,6 +97,14 @@ pub async fn verify(
                     f.bytes,
                     &f.digest[..16]
                 )));
+            }
+            if f.rows > 0 {
+                let schema =
+                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+                        .map_err(|e| Error::data(format!("{}: {e}", f.path)))?
+                        .schema()
+                        .clone();
+                as_written.insert((c.manifest.stage.clone(), f.table.clone()), schema);
             }
         }
         for a in &c.manifest.artifacts {
@@ -217,7 +228,14 @@ pub async fn verify(
         )
         .await?;
         ctx.checkpoints = checkpoints;
-        let outputs = exec::execute(stage.clone(), &ctx, &Sink::HashOnly, &|_, _| {}).await?;
+        let sink = Sink::HashOnly {
+            as_written: as_written
+                .iter()
+                .filter(|((s, _), _)| *s == m.stage)
+                .map(|((_, t), schema)| (t.clone(), schema.clone()))
+                .collect(),
+        };
+        let outputs = exec::execute(stage.clone(), &ctx, &sink, &|_, _| {}).await?;
         let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
         for a in &m.artifacts {
             if !produced.iter().any(|(name, _)| *name == a.name) {
