@@ -3,6 +3,7 @@
 mod adapt;
 mod cli;
 mod commit;
+mod concurrency;
 mod fixtures;
 mod hf;
 mod models;
