@@ -136,4 +136,64 @@ fn s3_store_end_to_end() {
         "{}",
         gc.stdout
     );
+
+    // Two writers of one run id on S3 (conditional puts): each commits or stops on a commit
+    // conflict; the run is whole and verifies.
+    let race = |_: usize| {
+        rla_s3(
+            &f,
+            &moto,
+            &[
+                "-q",
+                "run",
+                &cfg,
+                "--store",
+                url,
+                "--run-id",
+                "race",
+                "--iterations",
+                "2",
+            ],
+        )
+    };
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| race(0));
+        let b = s.spawn(|| race(1));
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    for r in [&a, &b] {
+        assert!(
+            r.code == 0 || (r.code == 1 && r.stderr.contains("commit conflict")),
+            "{} {}",
+            r.code,
+            r.stderr
+        );
+    }
+    assert!(a.code == 0 || b.code == 0);
+    let r = rla_s3(
+        &f,
+        &moto,
+        &[
+            "run",
+            &cfg,
+            "--store",
+            url,
+            "--run-id",
+            "race",
+            "--iterations",
+            "2",
+        ],
+    )
+    .ok();
+    assert!(!r.stderr.contains("panicked"));
+    for iter in ["0", "1"] {
+        rla_s3(
+            &f,
+            &moto,
+            &[
+                "replay", "--store", url, "--run", "race", "--iter", iter, "--verify",
+            ],
+        )
+        .ok();
+    }
 }
