@@ -70,6 +70,7 @@ async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>>
         None => Ok(None),
         Some(b) => {
             let manifest: StageManifest = manifest::parse(&b, path.as_ref())?;
+            confined(&manifest, path.as_ref())?;
             Ok(Some(Committed {
                 path: path.to_string(),
                 digest: manifest::digest(&b),
@@ -77,6 +78,37 @@ async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>>
             }))
         }
     }
+}
+
+/// A stage manifest may name only its own run's files: `<run>/data/…` and `<run>/artifacts/…`
+/// (never another run's, never `..`), and must be of the run whose directory holds it.
+fn confined(m: &StageManifest, path: &str) -> Result<()> {
+    let run_dir = path.split('/').next().unwrap_or("");
+    if m.run_id != run_dir {
+        return Err(Error::data(format!(
+            "corrupt manifest {path}: it names run {:?}, but it is in run {run_dir:?}",
+            m.run_id
+        )));
+    }
+    let own = |p: &str| {
+        let mut parts = p.split('/');
+        parts.next() == Some(run_dir)
+            && matches!(parts.next(), Some("data") | Some("artifacts"))
+            && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
+    };
+    let files = m
+        .outputs
+        .iter()
+        .map(|o| o.path.as_str())
+        .chain(m.artifacts.iter().map(|a| a.path.as_str()));
+    for f in files {
+        if !own(f) {
+            return Err(Error::data(format!(
+                "corrupt manifest {path}: it names {f:?}, a file outside run {run_dir:?}'s data and artifacts"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Read the committed state of a run (all iterations), or a clear error if it does not exist.

@@ -99,3 +99,38 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
     let r = f.sql("SELECT count(DISTINCT iter) FROM evaluations WHERE run_id = 'fixture'");
     assert_eq!(r.stdout.lines().nth(1), Some("3"));
 }
+
+/// A manifest naming a file outside its run (another run's, `..`, an absolute path) is a
+/// corrupt manifest, named, for every reader — never data read from elsewhere.
+#[test]
+fn manifests_cannot_name_files_outside_their_run() {
+    for forged in [
+        "../../etc/passwd",
+        "other/data/steps/iter=000000/x.parquet",
+        "/etc/passwd",
+        "fixture/data/../../other/x.parquet",
+    ] {
+        let f = Fixture::new();
+        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        let m = f.store().join("fixture/_commits/iter=000000/rollout.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+        v["outputs"][0]["path"] = forged.into();
+        std::fs::write(&m, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        let store = f.store_arg();
+        for args in [
+            vec!["sql", "--store", &store, "SELECT count(*) FROM steps"],
+            vec![
+                "replay", "--store", &store, "--run", "fixture", "--iter", "0", "--verify",
+            ],
+            vec!["show", "--store", &store, "fixture"],
+        ] {
+            let r = f.rla(&args);
+            assert_eq!(r.code, 1, "{forged} {args:?}: {}", r.stdout);
+            assert!(
+                r.stderr.contains("corrupt manifest") && r.stderr.contains("rollout.json"),
+                "{forged} {args:?}: {}",
+                r.stderr
+            );
+        }
+    }
+}
