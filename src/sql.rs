@@ -76,6 +76,7 @@ pub async fn session_over<'a>(
         let def = schema::table_def(table).expect("known table");
         let fs = files.remove(table).unwrap_or_default();
         tables::check_sizes(store, &fs).await?;
+        tables::check_schemas(store, &def, &fs).await?;
         tables::register_files(
             &ctx,
             store,

@@ -484,12 +484,17 @@ impl TableWriter {
         }
         self.writer.finish().await?;
         let (bytes, digest) = self.writer.into_inner().finish();
+        let written = match &self.written {
+            Some((schema, _)) => schema.clone(),
+            None => self.def.schema.clone(),
+        };
         Ok(OutputFile {
             table: self.def.name.to_string(),
             path: self.path,
             bytes,
             rows: self.rows,
             digest,
+            schema: schema::fingerprint(&written),
         })
     }
 }

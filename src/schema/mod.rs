@@ -7,6 +7,16 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
+/// A short fingerprint of an Arrow schema (each column's name, type and nullability, in order):
+/// what a manifest records as the version of the schema a file was written with.
+pub fn fingerprint(schema: &arrow::datatypes::Schema) -> String {
+    let mut h = blake3::Hasher::new();
+    for f in schema.fields() {
+        h.update(format!("{}:{}:{};", f.name(), f.data_type(), f.is_nullable()).as_bytes());
+    }
+    h.finalize().to_hex()[..16].to_string()
+}
+
 /// A committed table: its name, its Arrow schema, and the key its rows are sorted by.
 #[derive(Debug, Clone)]
 pub struct TableDef {

@@ -23,6 +23,12 @@ pub struct OutputFile {
     pub rows: u64,
     /// blake3 of the file's bytes (hex).
     pub digest: String,
+    /// Fingerprint of the Arrow schema the file was written with ([`crate::schema::fingerprint`]);
+    /// empty in manifests of builds before it was recorded. A reader whose table schema has a
+    /// different fingerprint checks the file's own schema (columns added since read as NULL; a
+    /// changed type is an error).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub schema: String,
 }
 
 /// One artifact (checkpoint) a stage wrote.
@@ -187,6 +193,7 @@ mod tests {
             "[0-9a-f]{64}",
         )
             .prop_map(|(table, path, bytes, rows, digest)| OutputFile {
+                schema: String::new(),
                 table,
                 path,
                 bytes,

@@ -85,6 +85,78 @@ pub fn register_files(
 
 /// Check that committed files still have the size their manifest recorded (cheap: one HEAD each),
 /// so a truncated file is reported by name instead of as a Parquet decoding error.
+/// The Arrow schema of a committed Parquet file, from its footer alone (two range reads).
+async fn footer_schema(store: &Store, f: &OutputFile) -> Result<arrow::datatypes::Schema> {
+    use object_store::ObjectStoreExt as _;
+    let bad = |e: String| Error::data(format!("committed file {}: {e}", f.path));
+    if f.bytes < 12 {
+        return Err(bad("too short for Parquet".into()));
+    }
+    let location = store.location(&Path::from(f.path.as_str()));
+    let os = store.object_store();
+    let tail = os
+        .get_range(&location, f.bytes - 8..f.bytes)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let len = u32::from_le_bytes([tail[0], tail[1], tail[2], tail[3]]) as u64;
+    if &tail[4..8] != b"PAR1" || len + 8 > f.bytes {
+        return Err(bad("not a Parquet file (footer)".into()));
+    }
+    let meta = os
+        .get_range(&location, f.bytes - 8 - len..f.bytes - 8)
+        .await
+        .map_err(|e| bad(e.to_string()))?;
+    let md = parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&meta)
+        .map_err(|e| bad(e.to_string()))?;
+    parquet::arrow::parquet_to_arrow_schema(
+        md.file_metadata().schema_descr(),
+        md.file_metadata().key_value_metadata(),
+    )
+    .map_err(|e| bad(e.to_string()))
+}
+
+/// Check that files written with another version of `def`'s schema (their manifest's schema
+/// fingerprint differs, or predates fingerprints) can be read as `def`: every column of a file
+/// must be in `def` with the same type (columns `def` added since read as NULL). A changed
+/// type is an error naming the table, the column, both types and the run.
+pub async fn check_schemas(
+    store: &Store,
+    def: &crate::schema::TableDef,
+    files: &[OutputFile],
+) -> Result<()> {
+    let now = crate::schema::fingerprint(&def.schema);
+    for f in files.iter().filter(|f| f.schema != now && f.rows > 0) {
+        let schema = footer_schema(store, f).await?;
+        let run = f.path.split('/').next().unwrap_or("");
+        for field in schema.fields() {
+            match def.schema.field_with_name(field.name()) {
+                Ok(now) if now.data_type() == field.data_type() => {}
+                Ok(now) => {
+                    return Err(Error::data(format!(
+                        "run {run:?}, table {}: column `{}` was written as {} ({}) and is {} in this build; \
+                         this build cannot read it",
+                        def.name,
+                        field.name(),
+                        field.data_type(),
+                        f.path,
+                        now.data_type()
+                    )));
+                }
+                Err(_) => {
+                    return Err(Error::data(format!(
+                        "run {run:?}, table {}: column `{}` ({}, in {}) is not in this build's schema",
+                        def.name,
+                        field.name(),
+                        field.data_type(),
+                        f.path
+                    )));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
     for f in files {
         match store.size(&Path::from(f.path.as_str())).await? {

@@ -134,3 +134,79 @@ fn manifests_cannot_name_files_outside_their_run() {
         }
     }
 }
+
+/// A committed file whose column has another type than this build's schema: `sql` names the
+/// run, the table, the column and both types instead of failing somewhere in the query.
+#[test]
+fn a_column_whose_type_changed_is_an_error_naming_both_types() {
+    use arrow::array::RecordBatch;
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    let f = Fixture::new();
+    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    let dir = f.store().join("fixture/data/task_accuracy/iter=000000");
+    let file = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let batches: Vec<RecordBatch> =
+        parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+            std::fs::File::open(&file).unwrap(),
+        )
+        .unwrap()
+        .build()
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    // `acc` as written by a hypothetical build that kept it as text.
+    let old = batches[0].schema();
+    let fields: Vec<Field> = old
+        .fields()
+        .iter()
+        .map(|fd| {
+            if fd.name() == "acc" {
+                Field::new("acc", DataType::Utf8, false)
+            } else {
+                fd.as_ref().clone()
+            }
+        })
+        .collect();
+    let schema = Arc::new(Schema::new(fields));
+    let mut bytes = Vec::new();
+    let mut w = parquet::arrow::ArrowWriter::try_new(&mut bytes, schema.clone(), None).unwrap();
+    for b in &batches {
+        let cols = b
+            .columns()
+            .iter()
+            .zip(old.fields())
+            .map(|(c, fd)| {
+                if fd.name() == "acc" {
+                    arrow::compute::cast(c, &DataType::Utf8).unwrap()
+                } else {
+                    c.clone()
+                }
+            })
+            .collect();
+        w.write(&RecordBatch::try_new(schema.clone(), cols).unwrap())
+            .unwrap();
+    }
+    w.close().unwrap();
+    std::fs::write(&file, &bytes).unwrap();
+    // The manifest describes the file as it now is (size and digest), as a build that wrote it
+    // would have.
+    let m = f
+        .store()
+        .join("fixture/_commits/iter=000000/task_accuracy.json");
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+    v["outputs"][0]["bytes"] = bytes.len().into();
+    v["outputs"][0]["digest"] = blake3::hash(&bytes).to_hex().to_string().into();
+    std::fs::write(&m, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    let r = f.sql("SELECT avg(acc) FROM task_accuracy");
+    assert_eq!(r.code, 1, "{}", r.stdout);
+    for part in ["\"fixture\"", "task_accuracy", "`acc`", "Utf8", "Float64"] {
+        assert!(r.stderr.contains(part), "{part}: {}", r.stderr);
+    }
+}
