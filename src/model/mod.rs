@@ -1,5 +1,7 @@
-//! The models (burn): one small decoder-only transformer family ([`transformer`]) serves as the
-//! policy ([`policy`]) and as the generative reward model ([`reward`]); [`ppo`] trains both.
+//! The models (burn): rla-pipe's small decoder-only transformer ([`transformer`]) or a
+//! pretrained Hugging Face decoder ([`hf`]: Llama, Qwen2, Qwen3) serves as the policy
+//! ([`policy`]) and as the generative reward model ([`reward`]), through one interface
+//! ([`lm::Lm`]; [`AnyLm`] holds either); [`ppo`] trains both, [`pretrain`] warm-starts them.
 //!
 //! Backends: CPU through burn's `flex` backend (the default, bit-reproducible), CUDA through
 //! burn-cuda behind the cargo feature `cuda` (`run.device = "cuda"`). Model code is generic over
@@ -7,8 +9,9 @@
 //! `ndarray` adds `run.device = "ndarray"` (burn's ndarray CPU backend), for comparing the two
 //! CPU backends on our model (README, Benchmarks).
 //!
-//! Checkpoints ([`checkpoint`]) are plain bytes with a fixed layout, so equal weights give equal
-//! bytes and the engine can store them content-addressed and verify their digests.
+//! Checkpoints ([`checkpoint`] for the small model, f32 safetensors in the Hugging Face layout for
+//! pretrained ones: [`Weights`]) are bytes with a fixed layout, so equal weights give equal bytes
+//! and the engine can store them content-addressed and verify their digests.
 
 pub mod checkpoint;
 pub mod config;

@@ -5,7 +5,10 @@
 //! Policy `transformer` (default): the learned policy of the checkpoint the engine hands in (the
 //! previous iteration's update, or the seeded initial model), sampled at `policy.temperature`;
 //! all live episodes advance in lockstep so that every step scores the admissible actions of all
-//! of them in one batch. Policy `uniform`: uniform over the admissible actions, `action_logprob
+//! of them in one batch — or, with `policy.action_mode = "generate"` (pretrained models), every
+//! live episode's reply is generated in one batch with the KV cache and its `\boxed{index}`
+//! names the action (a reply without one: `(invalid reply)`, "Nothing happens.", a step used;
+//! `steps.response` keeps the reply, `action_logprob` is the reply's log-probability). Policy `uniform`: uniform over the admissible actions, `action_logprob
 //! = −ln #admissible` — the floor for ablations. An episode ends when the environment says so or
 //! after `min(task budget, env.max_steps)` steps; the outcome is +1 if it was won.
 

@@ -105,6 +105,13 @@ pub fn sample<B: Backend, M: Lm<B>>(
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(Error::Model("an empty prompt cannot be continued".into()));
     }
+    if seeds.len() != prompts.len() {
+        return Err(Error::Model(format!(
+            "{} seeds for {} prompts",
+            seeds.len(),
+            prompts.len()
+        )));
+    }
     let longest = prompts.iter().map(|p| p.len()).max().unwrap_or(0);
     let max = model.context();
     if longest + s.max_tokens > max {
@@ -128,7 +135,7 @@ pub fn sample<B: Backend, M: Lm<B>>(
         .to_vec()
         .map_err(|e| Error::Model(format!("reading logits: {e:?}")))?;
     let mut last: Vec<Vec<f32>> = logits.chunks(vocab).map(|c| c.to_vec()).collect();
-    // Live rows: (prompt index, prompt length).
+    // The prompts still generating, in batch-row order.
     let mut live: Vec<usize> = (0..prompts.len()).collect();
     for step in 0..s.max_tokens {
         let mut next = Vec::with_capacity(live.len());
