@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Crash soak: kill -9 a small gridnav run at KILLS random moments (inside stage computation,
-# Parquet and artifact writes, between data and manifest, between manifests and
-# `_iteration.json` — wherever the moment falls), resume it each time, then check that
+# Crash soak: crash a small gridnav run 12 times at named points of the commit protocol (the
+# engine's RLA_PIPE_CRASH_AT hook: after a stage's data, after its checkpoints, after its
+# manifest, before `_iteration.json`) and kill -9 it at KILLS random moments (inside stage
+# computation and writes, wherever the moment falls), resume it each time, then check that
 #   - every resume completed and the run reached its iterations,
 #   - after every kill `sql` answered and saw only whole committed stages (its steps /
 #     trajectories counts are those of 0..N committed rollouts of the uninterrupted run),
@@ -10,7 +11,7 @@
 #   - `gc` removes every orphaned file the kills left, and a second `gc` finds none.
 #
 #   benches/soak.sh [KILLS] [DIR]       # defaults: 24 kills, a temporary directory
-#   SOAK_ITERATIONS=12 (default): the run's length, enough work for the kills
+#   SOAK_ITERATIONS=16 (default): the run's length, enough work for all the crashes
 set -euo pipefail
 cd "$(dirname "$0")/.."
 kills=${1:-24}
@@ -21,7 +22,7 @@ else
   cargo build --quiet
   bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
 fi
-iters=${SOAK_ITERATIONS:-12}
+iters=${SOAK_ITERATIONS:-16}
 sets=()
 for s in env.initial_tasks=8 rollout.n=4 eval.tasks=8 policy.d_model=16 policy.context=48 \
   reward_model.d_model=16 reward_model.context=64 update.policy_steps=2 update.rm_steps=2 \
@@ -53,6 +54,38 @@ done
 killed=0
 attempts=0
 bad_reads=0
+check_reads() {
+  seen=$(counts "$soak")
+  case " $allowed " in
+    *" $seen "*) ;;
+    *)
+      if [[ "$seen" != *"holds no run"* && "$seen" != *"no store there"* ]]; then
+        echo "after $1: sql saw '$seen', not one of: $allowed"
+        bad_reads=$((bad_reads + 1))
+      fi
+      ;;
+  esac
+}
+# First the named points of the commit protocol (the engine's RLA_PIPE_CRASH_AT hook aborts
+# the process there, as kill -9 would): each point, three times, at its 1st–4th occurrence.
+named=0
+for point in after-data after-artifacts after-manifest before-iteration; do
+  for rep in 1 2 3; do
+    n=$(( RANDOM % 4 + 1 ))
+    attempts=$((attempts + 1))
+    # (bash reports each abort as "Aborted": expected)
+    if ( RLA_PIPE_CRASH_AT="$point:$n" exec "$bin" -q run pipelines/gridnav.toml --store "$soak" \
+        --run-id soak --iterations "$iters" "${sets[@]}" > "$dir/attempt.log" 2>&1 ) 2>/dev/null; then
+      echo "crash at $point:$n: the run finished first"
+    else
+      grep -q "aborting at $point" "$dir/attempt.log" || { cat "$dir/attempt.log"; exit 1; }
+      named=$((named + 1))
+    fi
+    check_reads "$point:$n"
+  done
+done
+echo "== $named crashes at named points of the commit protocol"
+attempts=0
 # Each attempt resumes the run and is killed after a random 0–700 ms (a stage here takes
 # 1–300 ms, so kills land inside stages as well as between commits) until KILLS attempts died
 # mid-run; an attempt that finishes the run ends the soak early.
@@ -72,16 +105,7 @@ while [ "$killed" -lt "$kills" ]; do
     echo "attempt $attempts finished the run before its kill at ${at} ms"
     break
   fi
-  seen=$(counts "$soak")
-  case " $allowed " in
-    *" $seen "*) ;;
-    *)
-      if [[ "$seen" != *"holds no run"* && "$seen" != *"no store there"* ]]; then
-        echo "kill $killed at ${at} ms: sql saw '$seen', not one of: $allowed"
-        bad_reads=$((bad_reads + 1))
-      fi
-      ;;
-  esac
+  check_reads "kill $killed at ${at} ms"
 done
 echo "== $killed kill -9s mid-run in $attempts attempts; sql after each: $bad_reads bad reads"
 
@@ -114,4 +138,4 @@ for ((i = 0; i < iters; i++)); do
   "$bin" replay --store "$soak" --run soak --iter "$i" --verify | tail -n 1
 done
 [ "$bad_reads" -eq 0 ] || exit 1
-echo "== soak passed: $killed kills survived, identical outputs"
+echo "== soak passed: $((named + killed)) crashes survived ($named at named points, $killed kill -9s at random moments), identical outputs"

@@ -168,6 +168,7 @@ impl Engine {
                 seconds: started.elapsed().as_secs_f64(),
             };
             let path = layout::iteration_manifest(&self.run_id, iter);
+            crash_point("before-iteration");
             match self
                 .store
                 .put_if_absent(&path, manifest::to_bytes(&it))
@@ -285,7 +286,9 @@ impl Engine {
         let outputs = exec::execute(stage.clone(), &ctx, &sink, &on_rows).await;
         bar.finish_and_clear();
         let outputs = outputs?;
+        crash_point("after-data");
         let artifacts = store_artifacts(&self.store, &self.run_id, iter, &ctx).await?;
+        crash_point("after-artifacts");
         let m = StageManifest {
             format: manifest::FORMAT,
             run_id: self.run_id.clone(),
@@ -321,6 +324,7 @@ impl Engine {
             )),
             e => e,
         })?;
+        crash_point("after-manifest");
         let rows: u64 = m.outputs.iter().map(|o| o.rows).sum();
         info!(run = %self.run_id, iter, stage = stage.name(), rows, seconds = m.seconds, "stage committed");
         self.say(format!(
@@ -550,4 +554,24 @@ pub async fn build_context(
         },
         refs,
     ))
+}
+
+/// A crash hook for the soak (`benches/soak.sh`): with `RLA_PIPE_CRASH_AT=<point>:<n>` the
+/// process aborts — no cleanup, as `kill -9` — the n-th time it reaches `<point>`:
+/// `after-data` (a stage's Parquet files written, nothing else), `after-artifacts` (its
+/// checkpoints too, no manifest), `after-manifest` (the stage committed, the run not told),
+/// `before-iteration` (every stage of an iteration committed, `_iteration.json` not written).
+fn crash_point(point: &str) {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static REACHED: AtomicU32 = AtomicU32::new(0);
+    let Ok(spec) = std::env::var("RLA_PIPE_CRASH_AT") else {
+        return;
+    };
+    if let Some((p, n)) = spec.split_once(':')
+        && p == point
+        && REACHED.fetch_add(1, Ordering::SeqCst) + 1 == n.parse::<u32>().unwrap_or(1)
+    {
+        eprintln!("RLA_PIPE_CRASH_AT={spec}: aborting at {point}");
+        std::process::abort();
+    }
 }
