@@ -70,6 +70,10 @@ fn start_moto() -> Moto {
     moto
 }
 
+/// Distinctive credentials (moto accepts any), so that a leak into any output can be found.
+const ACCESS_KEY: &str = "AKIARLAPIPETESTKEY01";
+const SECRET_KEY: &str = "rla-pipe-test-secret-3f9c2e71b6";
+
 fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
     cmd.current_dir(f.dir.path())
@@ -79,8 +83,8 @@ fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
             format!("http://127.0.0.1:{}", moto.port),
         )
         .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         .env("AWS_REGION", "us-east-1")
         .args(args);
     Run::from(cmd.output().unwrap())
@@ -195,5 +199,52 @@ fn s3_store_end_to_end() {
             ],
         )
         .ok();
+    }
+
+    // The credentials never reach any command's output, log, or the report (what the store
+    // holds is checked through everything `sql` and `show` read back from it).
+    let report = f.dir.path().join("s3-report.html");
+    let report_arg = report.display().to_string();
+    let mut outputs = Vec::new();
+    for args in [
+        vec![
+            "-v",
+            "run",
+            &cfg,
+            "--store",
+            url,
+            "--run-id",
+            "race",
+            "--iterations",
+            "2",
+        ],
+        vec!["-v", "sql", "--store", url, "SELECT * FROM stage_runs"],
+        vec![
+            "-v",
+            "sql",
+            "--store",
+            url,
+            "--format",
+            "json",
+            "SELECT * FROM rm_samples LIMIT 50",
+        ],
+        vec!["-v", "show", "--store", url, "race"],
+        vec!["-v", "runs", "--store", url],
+        vec![
+            "-v", "replay", "--store", url, "--run", "race", "--iter", "0", "--verify",
+        ],
+        vec!["-v", "gc", "--store", url, "--dry-run"],
+        vec!["-v", "report", "--store", url, "race", "--out", &report_arg],
+        vec!["sql", "--store", "s3://no-such-bucket/x", "SELECT 1"],
+    ] {
+        let r = rla_s3(&f, &moto, &args);
+        outputs.push(format!("{args:?}\n{}\n{}", r.stdout, r.stderr));
+    }
+    outputs.push(std::fs::read_to_string(&report).unwrap());
+    for o in &outputs {
+        assert!(
+            !o.contains(SECRET_KEY) && !o.contains(ACCESS_KEY),
+            "a credential leaked: {o}"
+        );
     }
 }
