@@ -26,6 +26,9 @@ pub struct Engine {
     run_id: String,
     config: Arc<Config>,
     dag: Dag,
+    /// Where the initial checkpoints not seeded by rla-pipe come from (`run.json`'s `models`,
+    /// resolved once at open).
+    models: std::collections::BTreeMap<String, String>,
     /// Print per-stage lines and progress bars on stderr.
     pub verbose: bool,
 }
@@ -93,6 +96,7 @@ impl Engine {
             run_id: run_id.to_string(),
             config: Arc::new(config),
             dag,
+            models: wanted.models,
             verbose: false,
         })
     }
@@ -391,7 +395,7 @@ impl Engine {
                         tables: vec![name.to_string()],
                         path: String::new(),
                         digest: manifest::digest(&bytes),
-                        source: self.dag.origins(&self.config)?.remove(name),
+                        source: self.models.get(name).cloned(),
                     };
                     (bytes, r)
                 }

@@ -262,6 +262,11 @@ impl ModelSpec {
         })
     }
 
+    /// `generate` mode's settings and pretrained model (`None` in `score` mode).
+    pub fn generating(&self) -> Option<(&GenerateSettings, &HfSpec)> {
+        self.generate.as_ref().zip(self.hf.as_ref())
+    }
+
     /// `generate` mode: the policy's prompt at a step (leaving room for `policy.max_tokens`).
     pub fn reply_prompt(
         &self,
@@ -270,7 +275,7 @@ impl ModelSpec {
         obs: &str,
         admissible: &[String],
     ) -> Result<Vec<u32>> {
-        let (Some(h), Some(g)) = (&self.hf, &self.generate) else {
+        let Some((g, h)) = self.generating() else {
             return Err(Error::Config(
                 "key `policy.action_mode`: \"generate\" needs a pretrained policy (policy.init = \"hf:DIR\")".into(),
             ));

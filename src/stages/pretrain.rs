@@ -237,7 +237,11 @@ impl Stage for Pretrain {
         } else {
             let spec = super::model_spec(cfg, POLICY)?;
             let ck = spec.load(&policy_in)?;
+            // `score` mode: decisions among the admissible actions; `generate` mode: the reply
+            // naming the planner's action, token by token.
+            let generating = spec.generating().map(|(_, h)| h);
             let (mut decisions, mut chosen): (Vec<Decision>, Vec<usize>) = (vec![], vec![]);
+            let (mut prompts, mut replies) = (vec![], vec![]);
             for ep in &policy_eps {
                 let t = trajectory(ep);
                 for (i, d) in ep.steps.iter().enumerate() {
@@ -252,46 +256,32 @@ impl Stage for Pretrain {
                                 d.row.action, ep.task_id
                             ))
                         })?;
-                    decisions.push(spec.decision(
-                        t.task(),
-                        &t.past(i),
-                        &d.row.observation,
-                        &d.row.admissible,
-                    )?);
+                    let (task, past, obs, adm) =
+                        (t.task(), t.past(i), &d.row.observation, &d.row.admissible);
+                    match generating {
+                        Some(h) => {
+                            prompts.push(spec.reply_prompt(task, &past, obs, adm)?);
+                            replies.push(crate::model::hf::prompt::choice_reply(&h.tokenizer, k)?);
+                        }
+                        None => decisions.push(spec.decision(task, &past, obs, adm)?),
+                    }
                     chosen.push(k);
                 }
             }
-            let s = settings(cfg, decisions.len(), p.policy_epochs);
+            let s = settings(cfg, chosen.len(), p.policy_epochs);
             let seed = derive_seed(ctx.seed, &["train", POLICY]);
-            let (ck, metrics) = match (&spec.generate, &spec.hf) {
-                // `generate` mode: the reply naming the planner's action, token by token.
-                (Some(_), Some(h)) => {
-                    let (mut prompts, mut replies) = (vec![], vec![]);
-                    for ep in &policy_eps {
-                        let t = trajectory(ep);
-                        for (i, d) in ep.steps.iter().enumerate() {
-                            prompts.push(spec.reply_prompt(
-                                t.task(),
-                                &t.past(i),
-                                &d.row.observation,
-                                &d.row.admissible,
-                            )?);
-                        }
-                    }
-                    for k in &chosen {
-                        replies.push(crate::model::hf::prompt::choice_reply(&h.tokenizer, *k)?);
-                    }
-                    crate::on_backend!(
-                        device,
-                        train,
-                        teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
-                    )?
-                }
-                _ => crate::on_backend!(
+            let (ck, metrics) = if generating.is_some() {
+                crate::on_backend!(
+                    device,
+                    train,
+                    teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
+                )?
+            } else {
+                crate::on_backend!(
                     device,
                     train,
                     clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
-                )?,
+                )?
             };
             report(POLICY, &metrics);
             ck.encode()

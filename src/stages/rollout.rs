@@ -175,7 +175,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             // its log-probability, the reply in generate mode).
             let mut picks: Vec<(Option<usize>, f64, Option<String>)> =
                 Vec::with_capacity(chunk.len());
-            if let (Some(g), Some(h)) = (&spec.generate, &spec.hf) {
+            if let Some((g, h)) = spec.generating() {
                 let mut prompts = Vec::with_capacity(chunk.len());
                 let mut seeds = Vec::with_capacity(chunk.len());
                 for &i in chunk {

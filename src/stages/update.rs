@@ -234,7 +234,7 @@ impl Stage for Update {
                     let i = steps.value(r) as usize;
                     let st = &t.steps[i];
                     adv.push(a.value(r));
-                    if let Some(h) = spec.hf.as_ref().filter(|_| spec.generate.is_some()) {
+                    if let Some((_, h)) = spec.generating() {
                         let reply = st.response.as_deref().ok_or_else(|| {
                             Error::data(format!(
                                 "update: trajectory {} step {i} has no response, but policy.action_mode is \"generate\"",
@@ -274,7 +274,7 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.policy.temperature);
-                let (ck, metrics) = if spec.generate.is_some() {
+                let (ck, metrics) = if spec.generating().is_some() {
                     crate::on_backend!(
                         device,
                         train,

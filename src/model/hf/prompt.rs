@@ -44,6 +44,30 @@ fn fit(
     }
 }
 
+/// The policy's chat: the task, the trajectory so far and the observation, then `choose` (the
+/// candidate actions and what to answer).
+fn policy_chat(
+    tok: &HfTokenizer,
+    (keep, budget): (usize, usize),
+    task: &str,
+    past: &[(&str, &str)],
+    obs: &str,
+    choose: &str,
+) -> Result<Vec<u32>> {
+    fit(tok, keep, past, budget, |past| {
+        vec![
+            ChatMessage::new("system", POLICY_SYSTEM),
+            ChatMessage::new(
+                "user",
+                &format!(
+                    "Task: {task}\n\nYour trajectory so far:\n{}\n\nCurrent observation: {obs}\n\n{choose}",
+                    trajectory(past)
+                ),
+            ),
+        ]
+    })
+}
+
 /// The policy's prompt: the task, the trajectory so far, the observation and the admissible
 /// actions; the reply is one of them (scored as a continuation in `score` mode).
 pub fn policy(
@@ -60,19 +84,9 @@ pub fn policy(
         .map(|a| format!("- {a}"))
         .collect::<Vec<_>>()
         .join("\n");
-    fit(tok, keep, past, budget, |past| {
-        vec![
-            ChatMessage::new("system", POLICY_SYSTEM),
-            ChatMessage::new(
-                "user",
-                &format!(
-                    "Task: {task}\n\nYour trajectory so far:\n{}\n\nCurrent observation: {obs}\n\n\
-                     Admissible actions:\n{options}\n\nReply with exactly one admissible action.",
-                    trajectory(past)
-                ),
-            ),
-        ]
-    })
+    let choose =
+        format!("Admissible actions:\n{options}\n\nReply with exactly one admissible action.");
+    policy_chat(tok, (keep, budget), task, past, obs, &choose)
 }
 
 /// The policy's prompt in `generate` mode (the reference's AlfWorld prompt): the task, the
@@ -100,19 +114,8 @@ pub fn policy_generate(
     } else {
         "Answer with only the number of your chosen action in \\boxed{}, e.g. \\boxed{0}."
     };
-    fit(tok, keep, past, budget, |past| {
-        vec![
-            ChatMessage::new("system", POLICY_SYSTEM),
-            ChatMessage::new(
-                "user",
-                &format!(
-                    "Task: {task}\n\nYour trajectory so far:\n{}\n\nCurrent observation: {obs}\n\n\
-                     Choose one action by number:\n{options}\n\n{ask}",
-                    trajectory(past)
-                ),
-            ),
-        ]
-    })
+    let choose = format!("Choose one action by number:\n{options}\n\n{ask}");
+    policy_chat(tok, (keep, budget), task, past, obs, &choose)
 }
 
 /// The action a `generate`-mode reply chose: the last `\boxed{…}` holding an index of
