@@ -5,9 +5,8 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use crate::Fixture;
+use crate::{Fixture, GRIDNAV};
 
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
 const HOUSEHOLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/household.toml");
 
 /// The accepted-task growth query of the README.

@@ -5,27 +5,7 @@
 
 use std::process::{Child, Command, Stdio};
 
-use crate::{Fixture, Run};
-
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
-
-/// The fixture store's settings (small models, 8 tasks).
-const SETS: [&str; 14] = [
-    "env.initial_tasks=8",
-    "rollout.n=4",
-    "eval.tasks=8",
-    "policy.d_model=16",
-    "policy.context=48",
-    "reward_model.d_model=16",
-    "reward_model.context=64",
-    "update.policy_steps=2",
-    "update.rm_steps=2",
-    "update.minibatch=64",
-    "pretrain.policy_episodes=8",
-    "pretrain.policy_epochs=1",
-    "pretrain.rm_steps=64",
-    "pretrain.rm_epochs=1",
-];
+use crate::{Fixture, GRIDNAV, Run, SMALL_GRIDNAV};
 
 fn spawn_run(store: &str, iterations: &str) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
@@ -34,7 +14,7 @@ fn spawn_run(store: &str, iterations: &str) -> Child {
         .env_remove("RUST_LOG")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for s in SETS {
+    for s in SMALL_GRIDNAV {
         cmd.args(["--set", s]);
     }
     cmd.spawn().expect("spawn rla-pipe")

@@ -2,33 +2,12 @@
 //! this build must read it as it is — `sql` (the numbers it held), `report`, `replay --verify`
 //! of every iteration, and resuming the run for one more iteration.
 
-use crate::Fixture;
+use crate::{Fixture, GRIDNAV, SMALL_GRIDNAV};
 
 const FIXTURE: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/tests/fixtures/store-2026-11-23"
 );
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
-
-/// The settings the fixture was written with (its README).
-const SETS: [&str; 16] = [
-    "env.initial_tasks=8",
-    "rollout.n=4",
-    "eval.tasks=8",
-    "eval.ood_tasks=8",
-    "eval.rollouts=1",
-    "policy.d_model=16",
-    "policy.context=48",
-    "reward_model.d_model=16",
-    "reward_model.context=64",
-    "update.policy_steps=2",
-    "update.rm_steps=2",
-    "update.minibatch=64",
-    "pretrain.policy_episodes=8",
-    "pretrain.policy_epochs=1",
-    "pretrain.rm_steps=64",
-    "pretrain.rm_epochs=1",
-];
 
 fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
     std::fs::create_dir_all(to).unwrap();
@@ -94,7 +73,7 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
         ]);
         assert_eq!(r.code, 0, "iteration {iter}: {}\n{}", r.stdout, r.stderr);
     }
-    let r = f.run_pipeline(GRIDNAV, "fixture", 3, &SETS);
+    let r = f.run_pipeline(GRIDNAV, "fixture", 3, &SMALL_GRIDNAV);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     let r = f.sql("SELECT count(DISTINCT iter) FROM evaluations WHERE run_id = 'fixture'");
     assert_eq!(r.stdout.lines().nth(1), Some("3"));

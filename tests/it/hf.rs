@@ -13,10 +13,9 @@ use rla_pipe::model::Cpu;
 use rla_pipe::model::hf::{self, CausalLm, HfArch, Sampling, weights};
 use rla_pipe::model::transformer::{bool_tensor, int_tensor};
 
-use crate::Fixture;
+use crate::{Fixture, GRIDNAV};
 
 const VOCAB: usize = 64;
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
 
 /// A tiny config of each architecture: GQA everywhere (4 query / 2 key-value heads), Llama with
 /// llama3 RoPE scaling and attention biases, Qwen2 with its q/k/v biases and tied embeddings,

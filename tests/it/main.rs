@@ -13,6 +13,31 @@ mod s3;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The main job's pipeline.
+pub const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+
+/// A small gridnav run (8 tasks, small models, a small warm start): the settings the upgrade
+/// fixture `tests/fixtures/store-2026-11-23` was written with (its README), also used by the
+/// concurrency tests.
+pub const SMALL_GRIDNAV: [&str; 16] = [
+    "env.initial_tasks=8",
+    "rollout.n=4",
+    "eval.tasks=8",
+    "eval.ood_tasks=8",
+    "eval.rollouts=1",
+    "policy.d_model=16",
+    "policy.context=48",
+    "reward_model.d_model=16",
+    "reward_model.context=64",
+    "update.policy_steps=2",
+    "update.rm_steps=2",
+    "update.minibatch=64",
+    "pretrain.policy_episodes=8",
+    "pretrain.policy_epochs=1",
+    "pretrain.rm_steps=64",
+    "pretrain.rm_epochs=1",
+];
+
 /// A small warm start (the default budgets take ~12 s on gridnav, ~60 s on household): tests
 /// that are not about `pretrain` still run it, on a few demonstrations.
 pub const SMALL_PRETRAIN: [&str; 4] = [

@@ -1,9 +1,7 @@
 //! The models end to end: learned rollouts, RM scoring, the PPO update, checkpoints as
 //! artifacts (digests verified), determinism and replay, and a small learning test.
 
-use crate::{Fixture, Run};
-
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+use crate::{Fixture, GRIDNAV, Run};
 
 /// A small, fast variant of pipelines/gridnav.toml (the full model loop on 8 tasks).
 const SMALL_MODELS: &[&str] = &[

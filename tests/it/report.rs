@@ -1,9 +1,7 @@
 //! `rla-pipe report` on small committed runs: every section, and the numbers it prints checked
 //! against independent queries.
 
-use crate::Fixture;
-
-const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+use crate::{Fixture, GRIDNAV};
 
 /// The `<tr>` of a report table whose first two cells are `run` and `iter`.
 fn row<'a>(html: &'a str, section: &str, run: &str, iter: &str) -> Vec<&'a str> {
