@@ -81,20 +81,42 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(required_unless_present = "file")]
         query: Option<String>,
     },
-    /// Re-execute a committed iteration from its committed inputs and compare digests.
+    /// Audit a committed iteration (`--iter N --verify`: re-execute it from its committed inputs
+    /// and compare digests), or ask a counterfactual (`--from N --set k=v --into NEW`: a branch
+    /// run that shares iterations < N with this one and re-executes from N with the changed config).
+    #[command(
+        after_help = "Examples:\n  rla-pipe replay --run gridnav --iter 1 --verify\n  \
+rla-pipe replay --run gridnav --from 2 --set reward.lambda=0.5 --into gridnav-lambda05\n  \
+rla-pipe report gridnav gridnav-lambda05 --out compare.html"
+    )]
     Replay {
         #[command(flatten)]
         store: StoreArgs,
+        /// The run to audit, or the parent of the branch.
         #[arg(long)]
         run: String,
-        #[arg(long)]
-        iter: u32,
-        /// Only this stage.
-        #[arg(long)]
+        /// The iteration to verify.
+        #[arg(long, requires = "verify", conflicts_with_all = ["from", "into"])]
+        iter: Option<u32>,
+        /// Only this stage (with --verify).
+        #[arg(long, requires = "verify")]
         stage: Option<String>,
         /// Verify: exit 1 naming the stage and table that differ.
-        #[arg(long, required = true)]
+        #[arg(long, requires = "iter")]
         verify: bool,
+        /// Branch: share iterations before this one with --run and execute from it.
+        #[arg(long, value_name = "N", requires = "into")]
+        from: Option<u32>,
+        /// Branch: the new run's id.
+        #[arg(long, value_name = "NEW_ID", requires = "from")]
+        into: Option<String>,
+        /// Branch: override a key of the parent's config (repeatable), e.g. --set reward.lambda=0.5.
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into")]
+        sets: Vec<String>,
+        /// Branch: bring it to this many iterations (default: the parent's run.iterations, or
+        /// the value --set gives).
+        #[arg(long, requires = "into")]
+        iterations: Option<u32>,
     },
     /// List the runs of a store.
     Runs {
@@ -364,8 +386,22 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             run,
             iter,
             stage,
-            verify: _,
-        } => replay_verify(&store, &run, iter, stage.as_deref()).await?,
+            verify,
+            from,
+            into,
+            sets,
+            iterations,
+        } => match (iter, from, into) {
+            (Some(iter), _, _) if verify => {
+                replay_verify(&store, &run, iter, stage.as_deref()).await?
+            }
+            (_, Some(from), Some(into)) => {
+                branch(&store, &run, from, &into, sets, iterations, quiet).await?
+            }
+            _ => bail!(
+                "give --iter N --verify (audit an iteration), or --from N --into NEW_ID [--set KEY=VALUE ...] (a branch run)"
+            ),
+        },
         Command::Report {
             store,
             runs,
@@ -487,6 +523,42 @@ async fn replay_verify(store: &StoreArgs, run: &str, iter: u32, stage: Option<&s
     Ok(())
 }
 
+async fn branch(
+    store: &StoreArgs,
+    parent: &str,
+    from: u32,
+    into: &str,
+    overrides: Vec<String>,
+    iterations: Option<u32>,
+    quiet: bool,
+) -> Result<()> {
+    let store = store.open()?;
+    let branch = crate::store::manifest::Branch {
+        parent: parent.to_string(),
+        from_iter: from,
+        overrides,
+    };
+    let mut engine = crate::engine::branch::open(store, into, branch, crate::pipeline::dag).await?;
+    engine.verbose = !quiet;
+    let iterations = iterations.unwrap_or(engine.config().run.iterations);
+    if iterations == 0 {
+        bail!("--iterations must be at least 1");
+    }
+    if !quiet {
+        eprintln!(
+            "run {into}: a branch of {parent}; iterations 0..{from} shared, executing {from}..{iterations}"
+        );
+    }
+    engine.run(iterations, None).await?;
+    if !quiet {
+        eprintln!(
+            "run {into}: done. Compare: rla-pipe report --store {} {parent} {into} --out compare.html",
+            engine.store().url()
+        );
+    }
+    Ok(())
+}
+
 async fn report(
     store: &StoreArgs,
     runs: &[String],
@@ -555,6 +627,18 @@ async fn show(store: &StoreArgs, id: &str, iter: Option<u32>) -> Result<()> {
     println!("created    {}", r.run.created_at);
     println!("code       {}", r.run.code_version);
     println!("config     {}", r.run.config_hash);
+    if let Some(b) = &r.run.branch {
+        println!(
+            "branch of  {} from iteration {} (iterations before it shared){}",
+            b.parent,
+            b.from_iter,
+            if b.overrides.is_empty() {
+                String::new()
+            } else {
+                format!(", --set {}", b.overrides.join(" --set "))
+            }
+        );
+    }
     let status = |it: &catalog::IterState| {
         if it.complete.is_some() {
             "complete"

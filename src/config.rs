@@ -484,6 +484,14 @@ impl Config {
             .collect()
     }
 
+    /// This config with `--set key=value` overrides applied, validated like a file's keys
+    /// (`origin` names this config in errors). Used for branch runs of a stored config.
+    pub fn with_sets(&self, origin: &str, sets: &[String]) -> Result<Config> {
+        let text = toml::to_string(self)
+            .map_err(|e| Error::config(format!("{origin}: cannot be written as TOML: {e}")))?;
+        Self::from_toml_with_sets(&text, origin, sets)
+    }
+
     /// The hashed keys whose values differ between two configs, as `key: old → new`.
     pub fn diff(&self, other: &Config) -> Vec<String> {
         let (a, b) = (self.hashed_keys(), other.hashed_keys());
@@ -559,6 +567,35 @@ mod tests {
     use super::*;
 
     const MIN: &str = "[run]\nname = \"t\"\n";
+
+    #[test]
+    fn with_sets_round_trips_a_stored_config_and_applies_overrides() {
+        for file in ["gridnav.toml", "household.toml", "synthetic.toml"] {
+            let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("pipelines")
+                .join(file);
+            let c = Config::load(&path, &[]).unwrap();
+            let same = c.with_sets("stored", &[]).unwrap();
+            assert_eq!(same.hash(), c.hash(), "{file}");
+            let b = c
+                .with_sets("stored", &["reward.lambda=0.25".into()])
+                .unwrap();
+            let d = b.diff(&c);
+            assert!(
+                d.len() == 1 && d[0].starts_with("reward.lambda: 0.25 →"),
+                "{file}: {d:?}"
+            );
+        }
+        let e = Config::from_toml(MIN, "t.toml")
+            .unwrap()
+            .with_sets("run \"p\"'s config", &["reward.nope=1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("run \"p\"'s config") && e.contains("nope"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn defaults_fill_every_section() {

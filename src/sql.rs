@@ -61,20 +61,26 @@ pub async fn session_over<'a>(
     manifests: impl Iterator<Item = &'a crate::store::manifest::StageManifest>,
 ) -> Result<SessionContext> {
     let ctx = tables::new_session(store, 1024, None)?;
-    let mut files: BTreeMap<&str, Vec<crate::store::manifest::OutputFile>> = BTreeMap::new();
+    // Each file with the run whose rows it holds (a branch's shared files are its parent's).
+    let mut files: BTreeMap<&str, Vec<(crate::store::manifest::OutputFile, String)>> =
+        BTreeMap::new();
     for m in manifests {
         for o in &m.outputs {
             if let Some(t) = schema::data_table_names()
                 .into_iter()
                 .find(|t| *t == o.table)
             {
-                files.entry(t).or_default().push(o.clone());
+                files
+                    .entry(t)
+                    .or_default()
+                    .push((o.clone(), m.run_id.clone()));
             }
         }
     }
     for table in schema::data_table_names() {
         let def = schema::table_def(table).expect("known table");
-        let fs = files.remove(table).unwrap_or_default();
+        let (fs, runs): (Vec<_>, Vec<_>) =
+            files.remove(table).unwrap_or_default().into_iter().unzip();
         tables::check_sizes(store, &fs).await?;
         tables::check_schemas(store, &def, &fs).await?;
         tables::register_files(
@@ -82,7 +88,7 @@ pub async fn session_over<'a>(
             store,
             def.name,
             &def,
-            &fs.into_iter().map(|f| f.path).collect::<Vec<_>>(),
+            &fs.into_iter().map(|f| f.path).zip(runs).collect::<Vec<_>>(),
         )?;
     }
     Ok(ctx)

@@ -111,7 +111,7 @@ async fn feed(
                 let (stage, inputs, config) = (stage.clone(), inputs.clone(), ctx.config.clone());
                 let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
                 tokio::spawn(async move {
-                    let session = range_session(&inputs, column, &range).await?;
+                    let session = range_session(&inputs, &run_id, column, &range).await?;
                     let chunk = StageContext::detached(run_id, iter, seed, config, session);
                     let mut collected = Vec::new();
                     for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
@@ -263,7 +263,12 @@ async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> R
 }
 
 /// A one-thread session whose input tables only show the rows of one range.
-async fn range_session(inputs: &InputFiles, column: &str, range: &Range) -> Result<SessionContext> {
+async fn range_session(
+    inputs: &InputFiles,
+    run_id: &str,
+    column: &str,
+    range: &Range,
+) -> Result<SessionContext> {
     let memory = (inputs.memory_limit_mib / CHUNK_CONCURRENCY as u64).max(64);
     let session = new_session(&inputs.store, memory, Some(1))?;
     let quote = |s: &str| format!("'{}'", s.replace('\'', "''"));
@@ -281,7 +286,10 @@ async fn range_session(inputs: &InputFiles, column: &str, range: &Range) -> Resu
             &inputs.store,
             &hidden,
             def,
-            &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
+            &files
+                .iter()
+                .map(|f| (f.path.clone(), run_id.to_string()))
+                .collect::<Vec<_>>(),
         )?;
         let filter = if conds.is_empty() || def.schema.field_with_name(column).is_err() {
             String::new()

@@ -27,9 +27,12 @@ pub struct Verified {
     pub table: String,
     pub rows: u64,
     pub digest: String,
-    /// `replayed` (re-executed, identical) or `integrity` (bytes checked only: non-deterministic stage).
+    /// `replayed` (re-executed, identical) or `integrity` (bytes checked only: non-deterministic
+    /// stage); `shared, …` for a branch's iteration shared with its parent (verified there).
     pub how: &'static str,
 }
+
+type Pipeline<'a> = &'a (dyn Fn(&Config) -> Result<Dag> + Sync);
 
 /// Verify iteration `iter` of `run_id` (all its stages, or one). `pipeline` gives the DAG of
 /// the run's config (the registry, `crate::pipeline::dag`: the engine names no stage).
@@ -38,7 +41,27 @@ pub async fn verify(
     run_id: &str,
     iter: u32,
     only: Option<&str>,
-    pipeline: impl Fn(&Config) -> Result<Dag>,
+    pipeline: impl Fn(&Config) -> Result<Dag> + Sync,
+) -> Result<Vec<Verified>> {
+    verify_in(store, run_id, iter, only, &pipeline).await
+}
+
+fn verify_in<'a>(
+    store: &'a Store,
+    run_id: &'a str,
+    iter: u32,
+    only: Option<&'a str>,
+    pipeline: Pipeline<'a>,
+) -> futures::future::BoxFuture<'a, Result<Vec<Verified>>> {
+    Box::pin(verify_run(store, run_id, iter, only, pipeline))
+}
+
+async fn verify_run(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    only: Option<&str>,
+    pipeline: Pipeline<'_>,
 ) -> Result<Vec<Verified>> {
     let state = catalog::load_run(store, run_id).await?;
     let config: Arc<Config> = Arc::new(state.config()?);
@@ -66,6 +89,10 @@ pub async fn verify(
             "iteration {iter} of run {run_id:?} has no committed stage {s:?} (committed: {})",
             have.join(", ")
         )));
+    }
+
+    if it.stages.values().any(|c| c.manifest.shared.is_some()) {
+        return verify_shared(store, run_id, iter, it, only, pipeline).await;
     }
 
     // 1. Integrity of every committed file and recorded input manifest; the schemas the files
@@ -293,6 +320,69 @@ pub async fn verify(
                 digest: out.digest,
                 how: "replayed",
             });
+        }
+    }
+    Ok(report)
+}
+
+/// A branch's iteration shared with its parent: each manifest must be the committing run's
+/// (same bytes but for run id, status and `shared`, which holds that manifest's digest); the
+/// iteration is then verified in the run that executed it.
+async fn verify_shared(
+    store: &Store,
+    run_id: &str,
+    iter: u32,
+    it: &catalog::IterState,
+    only: Option<&str>,
+    pipeline: Pipeline<'_>,
+) -> Result<Vec<Verified>> {
+    let mut origins = std::collections::BTreeSet::new();
+    for c in it.stages.values() {
+        if only.is_some_and(|s| s != c.manifest.stage) {
+            continue;
+        }
+        let Some(shared) = &c.manifest.shared else {
+            return Err(Error::Mismatch(format!(
+                "run {run_id:?}, iteration {iter}: stage {} was executed by this run while the other stages are shared with a parent",
+                c.manifest.stage
+            )));
+        };
+        let bytes = store
+            .get_opt(&Path::from(shared.path.as_str()))
+            .await?
+            .ok_or_else(|| {
+                Error::Mismatch(format!(
+                    "stage {}: the manifest it shares, {}, is missing",
+                    c.manifest.stage, shared.path
+                ))
+            })?;
+        if manifest::digest(&bytes) != shared.digest {
+            return Err(Error::Mismatch(format!(
+                "stage {}: the manifest it shares, {}, no longer has the blake3 recorded when the branch was made",
+                c.manifest.stage, shared.path
+            )));
+        }
+        let origin: crate::store::manifest::StageManifest = manifest::parse(&bytes, &shared.path)?;
+        let mut as_origin = c.manifest.clone();
+        as_origin.run_id = origin.run_id.clone();
+        as_origin.status = origin.status.clone();
+        as_origin.shared = origin.shared.clone();
+        if as_origin != origin {
+            return Err(Error::Mismatch(format!(
+                "stage {}: manifest {} of run {run_id:?} differs from {}, the manifest it says it shares",
+                c.manifest.stage, c.path, shared.path
+            )));
+        }
+        origins.insert(shared.run.clone());
+    }
+    let mut report = Vec::new();
+    for origin in origins {
+        for mut v in verify_in(store, &origin, iter, only, pipeline).await? {
+            v.how = match v.how {
+                "replayed" => "shared, replayed",
+                _ => "shared, integrity",
+            };
+            report.push(v);
         }
     }
     Ok(report)

@@ -37,6 +37,18 @@ impl Engine {
     /// Open (or create) a run. A new run gets `run.json` (put-if-absent); an existing run must have
     /// been created with the same config hash, otherwise the differing keys are listed.
     pub async fn open(store: Store, run_id: &str, config: Config, dag: Dag) -> Result<Engine> {
+        Self::open_branch(store, run_id, config, dag, None).await
+    }
+
+    /// [`Engine::open`] for a run that may be a branch (`run.json`'s `branch`); an existing run
+    /// must have been created as the same branch (or as no branch).
+    pub async fn open_branch(
+        store: Store,
+        run_id: &str,
+        config: Config,
+        dag: Dag,
+        branch: Option<manifest::Branch>,
+    ) -> Result<Engine> {
         layout::validate_run_id(run_id)?;
         let wanted = RunManifest {
             format: manifest::FORMAT,
@@ -46,6 +58,7 @@ impl Engine {
             created_at: manifest::now_rfc3339(),
             config: serde_json::from_str(&config.canonical_json()).expect("canonical json parses"),
             models: dag.origins(&config)?,
+            branch,
         };
         let existing = match catalog::read_run(&store, run_id).await? {
             Some(r) => Some(r),
@@ -59,6 +72,22 @@ impl Engine {
             },
         };
         if let Some(existing) = existing {
+            if existing.branch != wanted.branch {
+                let says = |b: &Option<manifest::Branch>| match b {
+                    None => "not a branch".to_string(),
+                    Some(b) => format!(
+                        "a branch of {:?} from iteration {} (--set {})",
+                        b.parent,
+                        b.from_iter,
+                        b.overrides.join(" --set ")
+                    ),
+                };
+                return Err(Error::Config(format!(
+                    "run {run_id:?} already exists and is {}; this command makes it {}. Choose another run id.",
+                    says(&existing.branch),
+                    says(&wanted.branch)
+                )));
+            }
             // Compare values, not only hashes: the stored config is read with this build's defaults
             // for keys it did not have yet, so a run can be resumed after an upgrade that only
             // added keys, as long as every value is the same.
@@ -107,6 +136,10 @@ impl Engine {
 
     pub fn store(&self) -> &Store {
         &self.store
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// Bring the run to `iterations` committed iterations, skipping every stage already
@@ -317,6 +350,7 @@ impl Engine {
             started_at,
             seconds: t0.elapsed().as_secs_f64(),
             status: "committed".into(),
+            shared: None,
         };
         let bytes = manifest::to_bytes(&m);
         let path = layout::stage_manifest(&self.run_id, iter, stage.name());
@@ -520,7 +554,10 @@ pub async fn build_context(
                 store,
                 def.name,
                 &def,
-                &files.iter().map(|f| f.path.clone()).collect::<Vec<_>>(),
+                &files
+                    .iter()
+                    .map(|f| (f.path.clone(), run_id.to_string()))
+                    .collect::<Vec<_>>(),
             )?;
             tables_in.push((def, files));
         }

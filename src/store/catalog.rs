@@ -81,7 +81,9 @@ async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>>
 }
 
 /// A stage manifest may name only its own run's files: `<run>/data/…` and `<run>/artifacts/…`
-/// (never another run's, never `..`), and must be of the run whose directory holds it.
+/// (never another run's, never `..`), and must be of the run whose directory holds it. A branch
+/// run's `shared` manifest names the files of the run that committed the stage instead, and that
+/// run's manifest.
 fn confined(m: &StageManifest, path: &str) -> Result<()> {
     let run_dir = path.split('/').next().unwrap_or("");
     if m.run_id != run_dir {
@@ -90,9 +92,24 @@ fn confined(m: &StageManifest, path: &str) -> Result<()> {
             m.run_id
         )));
     }
+    let owner = match &m.shared {
+        None => run_dir,
+        Some(s) => {
+            layout::validate_run_id(&s.run)
+                .map_err(|e| Error::data(format!("corrupt manifest {path}: shared from {e}")))?;
+            let expected = layout::stage_manifest(&s.run, m.iter, &m.stage);
+            if s.run == run_dir || s.path != expected.as_ref() {
+                return Err(Error::data(format!(
+                    "corrupt manifest {path}: it is shared from {:?}, which is not the manifest of stage {} of iteration {} of another run",
+                    s.path, m.stage, m.iter
+                )));
+            }
+            s.run.as_str()
+        }
+    };
     let own = |p: &str| {
         let mut parts = p.split('/');
-        parts.next() == Some(run_dir)
+        parts.next() == Some(owner)
             && matches!(parts.next(), Some("data") | Some("artifacts"))
             && p.split('/').all(|s| !s.is_empty() && s != "." && s != "..")
     };
@@ -104,7 +121,7 @@ fn confined(m: &StageManifest, path: &str) -> Result<()> {
     for f in files {
         if !own(f) {
             return Err(Error::data(format!(
-                "corrupt manifest {path}: it names {f:?}, a file outside run {run_dir:?}'s data and artifacts"
+                "corrupt manifest {path}: it names {f:?}, a file outside run {owner:?}'s data and artifacts"
             )));
         }
     }

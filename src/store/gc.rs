@@ -1,4 +1,5 @@
-//! Garbage collection: delete the data files and artifacts no committed manifest names
+//! Garbage collection: delete the data files and artifacts no committed manifest names (of any
+//! run: branches name their parents' files)
 //! (interrupted attempts, lost commit races), once they are older than a grace period (a live
 //! writer may still commit a young one).
 
@@ -28,19 +29,25 @@ pub async fn collect(
         layout::validate_run_id(r)?;
     }
     let mut out = Vec::new();
-    for r in catalog::load_runs(store, run).await? {
-        let referenced: BTreeSet<String> = r
-            .iters
-            .values()
-            .flat_map(|i| i.stages.values())
-            .flat_map(|c| {
-                let m = &c.manifest;
-                m.outputs
-                    .iter()
-                    .map(|o| o.path.clone())
-                    .chain(m.artifacts.iter().map(|a| a.path.clone()))
-            })
-            .collect();
+    // Files named by any run's manifests: a branch run's manifests name its parent's files.
+    let all = catalog::load_runs(store, None).await?;
+    let referenced: BTreeSet<String> = all
+        .iter()
+        .flat_map(|r| r.iters.values())
+        .flat_map(|i| i.stages.values())
+        .flat_map(|c| {
+            let m = &c.manifest;
+            m.outputs
+                .iter()
+                .map(|o| o.path.clone())
+                .chain(m.artifacts.iter().map(|a| a.path.clone()))
+        })
+        .collect();
+    let selected = match run {
+        Some(r) => vec![catalog::load_run(store, r).await?],
+        None => all,
+    };
+    for r in selected {
         let now = std::time::SystemTime::now();
         for dir in [
             layout::data_dir(&r.run.run_id),

@@ -98,7 +98,37 @@ pub struct StageManifest {
     pub artifacts: Vec<ArtifactFile>,
     pub started_at: String,
     pub seconds: f64,
+    /// `committed`, or `shared` for a branch run's reference to a parent's stage.
     pub status: String,
+    /// In a branch run (`replay --from N --into ID`), the stages of iterations before N are the
+    /// parent's: this manifest is then a copy of the committing run's manifest (same files, same
+    /// inputs) that names it here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared: Option<Shared>,
+}
+
+/// The committed stage a branch run's manifest refers to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shared {
+    /// The run that executed and committed the stage (the first ancestor that did).
+    pub run: String,
+    /// Its manifest (path relative to the store root).
+    pub path: String,
+    /// blake3 of that manifest's bytes.
+    pub digest: String,
+}
+
+/// `run.json`'s record of a branch: the run it was made from and how it differs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Branch {
+    /// The parent run.
+    pub parent: String,
+    /// Iterations before this one are the parent's (shared by reference, not copied).
+    pub from_iter: u32,
+    /// The `--set key=value` overrides applied to the parent's config.
+    pub overrides: Vec<String>,
 }
 
 /// Written after every stage manifest of an iteration is committed.
@@ -135,6 +165,9 @@ pub struct RunManifest {
     /// blake3:…` (the digest of the directory's weight files).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub models: std::collections::BTreeMap<String, String>,
+    /// Set for a branch run made by `replay --from N --into ID`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<Branch>,
 }
 
 /// Serialize a manifest (pretty JSON, trailing newline).
@@ -221,6 +254,7 @@ mod tests {
                     bytes: n.len() as u64, digest: digest(n.as_bytes()),
                 }).collect(),
                 started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
+                shared: None,
             };
             let bytes = to_bytes(&m);
             let back: StageManifest = parse(&bytes, "m.json").unwrap();

@@ -49,38 +49,77 @@ pub fn new_session(
 
 /// Register a table over committed Parquet files (paths relative to the store root), with the
 /// table's declared schema. No files → an empty table with that schema.
+///
+/// Each file comes with the run whose rows it holds: a branch run's shared iterations are its
+/// parent's files, whose `run_id` column says the parent; they are read with `run_id` replaced.
 pub fn register_files(
     ctx: &SessionContext,
     store: &Store,
     name: &str,
     def: &TableDef,
-    files: &[String],
+    files: &[(String, String)],
 ) -> Result<()> {
+    // Files whose run_id column is already right (`None`) and those to relabel, per run.
+    let mut groups: std::collections::BTreeMap<Option<&str>, Vec<&str>> = Default::default();
+    for (path, run) in files {
+        let written_by = path.split('/').next().unwrap_or("");
+        let relabel = (written_by != run).then_some(run.as_str());
+        groups.entry(relabel).or_default().push(path.as_str());
+    }
     let provider: Arc<dyn datafusion::catalog::TableProvider> = if files.is_empty() {
         Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![]])?)
+    } else if groups.len() == 1 && groups.contains_key(&None) {
+        listing(store, def, &groups[&None])?
     } else {
-        let urls = files
-            .iter()
-            .map(|p| ListingTableUrl::parse(store.datafusion_url(p)))
-            .collect::<datafusion::error::Result<Vec<_>>>()?;
-        // Every committed file is sorted by the table's key: telling DataFusion lets it stream
-        // ordered aggregations and skip sorts.
-        let order = def
-            .key
-            .iter()
-            .map(|k| col(*k).sort(true, false))
-            .collect::<Vec<_>>();
-        let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
-            .with_file_extension(".parquet")
-            .with_file_sort_order(vec![order]);
-        let config = ListingTableConfig::new_with_multi_paths(urls)
-            .with_listing_options(options)
-            .with_schema(def.schema.clone());
-        Arc::new(ListingTable::try_new(config)?)
+        let mut union: Option<datafusion::prelude::DataFrame> = None;
+        for (relabel, paths) in &groups {
+            let mut df = ctx.read_table(listing(store, def, paths)?)?;
+            if let Some(run) = relabel {
+                let columns = def.schema.fields().iter().map(|f| {
+                    if f.name() == "run_id" {
+                        datafusion::prelude::lit(*run).alias("run_id")
+                    } else {
+                        datafusion::prelude::ident(f.name())
+                    }
+                });
+                df = df.select(columns.collect::<Vec<_>>())?;
+            }
+            union = Some(match union {
+                None => df,
+                Some(u) => u.union(df)?,
+            });
+        }
+        union.expect("files is not empty").into_view()
     };
     ctx.deregister_table(name)?;
     ctx.register_table(name, provider)?;
     Ok(())
+}
+
+/// A listing table over some committed files, with the table's schema and sort order.
+fn listing(
+    store: &Store,
+    def: &TableDef,
+    paths: &[&str],
+) -> Result<Arc<dyn datafusion::catalog::TableProvider>> {
+    let urls = paths
+        .iter()
+        .map(|p| ListingTableUrl::parse(store.datafusion_url(p)))
+        .collect::<datafusion::error::Result<Vec<_>>>()?;
+    // Every committed file is sorted by the table's key: telling DataFusion lets it stream
+    // ordered aggregations and skip sorts.
+    let order = def
+        .key
+        .iter()
+        .map(|k| col(*k).sort(true, false))
+        .collect::<Vec<_>>();
+    let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
+        .with_file_extension(".parquet")
+        .with_file_sort_order(vec![order]);
+    let config = ListingTableConfig::new_with_multi_paths(urls)
+        .with_listing_options(options)
+        .with_schema(def.schema.clone());
+    Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
 /// Check that committed files still have the size their manifest recorded (cheap: one HEAD each),

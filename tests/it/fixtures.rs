@@ -114,6 +114,68 @@ fn manifests_cannot_name_files_outside_their_run() {
     }
 }
 
+/// A forged `shared` reference (to its own run, or to another run while naming its own files)
+/// is a corrupt manifest too.
+#[test]
+fn forged_shared_references_are_corrupt_manifests() {
+    for (run, path, needle) in [
+        (
+            "fixture",
+            "fixture/_commits/iter=000000/rollout.json",
+            "is shared from",
+        ),
+        (
+            "other",
+            "other/_commits/iter=000001/rollout.json",
+            "is shared from",
+        ),
+        (
+            "other",
+            "other/_commits/iter=000000/rollout.json",
+            "a file outside run \"other\"",
+        ),
+    ] {
+        let f = Fixture::new();
+        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        let m = f.store().join("fixture/_commits/iter=000000/rollout.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+        v["shared"] = serde_json::json!({"run": run, "path": path, "digest": "00"});
+        std::fs::write(&m, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        f.sql("SELECT count(*) FROM steps")
+            .fails(1, &["corrupt manifest", "rollout.json", needle]);
+    }
+}
+
+/// A run written by an earlier build can be branched: the branch shares its iteration 0 and
+/// executes iteration 1 with this build.
+#[test]
+fn a_run_of_an_earlier_build_can_be_branched() {
+    let f = Fixture::new();
+    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    let _ = std::fs::remove_file(f.store().join("README.md"));
+    f.rla(&[
+        "replay",
+        "--run",
+        "fixture",
+        "--from",
+        "1",
+        "--set",
+        "reward.lambda=0.5",
+        "--into",
+        "b",
+    ])
+    .ok();
+    let rows = f
+        .sql("SELECT run_id, iter, count(*) FROM task_accuracy GROUP BY run_id, iter ORDER BY run_id, iter")
+        .ok()
+        .csv();
+    assert_eq!(rows.len(), 4, "{rows:?}");
+    assert_eq!(rows[0][0], "b");
+    assert_eq!(rows[0][2], rows[2][2], "{rows:?}");
+    f.rla(&["replay", "--run", "b", "--iter", "1", "--verify"])
+        .ok();
+}
+
 /// A committed file whose column has another type than this build's schema: `sql` names the
 /// run, the table, the column and both types instead of failing somewhere in the query.
 #[test]

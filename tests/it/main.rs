@@ -1,6 +1,7 @@
 //! Integration tests: drive the real `rla-pipe` binary on temporary stores.
 
 mod adapt;
+mod branch;
 mod cli;
 mod commit;
 mod concurrency;
