@@ -81,8 +81,7 @@ pub async fn session_over<'a>(
         let def = schema::table_def(table).expect("known table");
         let (fs, runs): (Vec<_>, Vec<_>) =
             files.remove(table).unwrap_or_default().into_iter().unzip();
-        tables::check_sizes(store, &fs).await?;
-        tables::check_schemas(store, &def, &fs).await?;
+        tables::check_files(store, &def, &fs).await?;
         tables::register_files(
             &ctx,
             store,

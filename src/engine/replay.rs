@@ -125,13 +125,15 @@ async fn verify_run(
                     &f.digest[..16]
                 )));
             }
+            let reader =
+                parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
+                    .map_err(|e| Error::data(format!("{}: {e}", f.path)))?;
+            crate::store::tables::check_row_counts(f, reader.metadata())?;
             if f.rows > 0 {
-                let schema =
-                    parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(bytes)
-                        .map_err(|e| Error::data(format!("{}: {e}", f.path)))?
-                        .schema()
-                        .clone();
-                as_written.insert((c.manifest.stage.clone(), f.table.clone()), schema);
+                as_written.insert(
+                    (c.manifest.stage.clone(), f.table.clone()),
+                    reader.schema().clone(),
+                );
             }
         }
         for a in &c.manifest.artifacts {

@@ -547,8 +547,8 @@ pub async fn build_context(
                 .filter(|o| o.table == *table)
                 .cloned()
                 .collect();
-            crate::store::tables::check_sizes(store, &files).await?;
             let def = schema::table_def(table).expect("known table");
+            crate::store::tables::check_files(store, &def, &files).await?;
             crate::store::tables::register_files(
                 &session,
                 store,

@@ -122,10 +122,11 @@ fn listing(
     Ok(Arc::new(ListingTable::try_new(config)?))
 }
 
-/// Check that committed files still have the size their manifest recorded (cheap: one HEAD each),
-/// so a truncated file is reported by name instead of as a Parquet decoding error.
-/// The Arrow schema of a committed Parquet file, from its footer alone (two range reads).
-async fn footer_schema(store: &Store, f: &OutputFile) -> Result<arrow::datatypes::Schema> {
+/// The footer of a committed Parquet file (two range reads).
+async fn read_footer(
+    store: &Store,
+    f: &OutputFile,
+) -> Result<parquet::file::metadata::ParquetMetaData> {
     use object_store::ObjectStoreExt as _;
     let bad = |e: String| Error::data(format!("committed file {}: {e}", f.path));
     if f.bytes < 12 {
@@ -145,58 +146,118 @@ async fn footer_schema(store: &Store, f: &OutputFile) -> Result<arrow::datatypes
         .get_range(&location, f.bytes - 8 - len..f.bytes - 8)
         .await
         .map_err(|e| bad(e.to_string()))?;
-    let md = parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&meta)
-        .map_err(|e| bad(e.to_string()))?;
-    parquet::arrow::parquet_to_arrow_schema(
-        md.file_metadata().schema_descr(),
-        md.file_metadata().key_value_metadata(),
-    )
-    .map_err(|e| bad(e.to_string()))
+    parquet::file::metadata::ParquetMetaDataReader::decode_metadata(&meta)
+        .map_err(|e| bad(e.to_string()))
 }
 
-/// Check that files written with another version of `def`'s schema (their manifest's schema
-/// fingerprint differs, or predates fingerprints) can be read as `def`: every column of a file
-/// must be in `def` with the same type (columns `def` added since read as NULL). A changed
-/// type is an error naming the table, the column, both types and the run.
-pub async fn check_schemas(
-    store: &Store,
-    def: &crate::schema::TableDef,
-    files: &[OutputFile],
-) -> Result<()> {
+/// Check committed files before anything reads them: each still has the size its manifest
+/// recorded (one HEAD each: a truncated file is named instead of failing as a Parquet decoding
+/// error), and its footer is consistent — the row count its manifest recorded, row groups and
+/// column chunks that agree (a forged count would otherwise be answered from the footer, or
+/// size an allocation) — and, for files written with another version of `def`'s schema, of
+/// readable types ([`check_schema`]).
+pub async fn check_files(store: &Store, def: &TableDef, files: &[OutputFile]) -> Result<()> {
+    check_sizes(store, files).await?;
     let now = crate::schema::fingerprint(&def.schema);
-    for f in files.iter().filter(|f| f.schema != now && f.rows > 0) {
-        let schema = footer_schema(store, f).await?;
-        let run = f.path.split('/').next().unwrap_or("");
-        for field in schema.fields() {
-            match def.schema.field_with_name(field.name()) {
-                Ok(now) if now.data_type() == field.data_type() => {}
-                Ok(now) => {
-                    return Err(Error::data(format!(
-                        "run {run:?}, table {}: column `{}` was written as {} ({}) and is {} in this build; \
-                         this build cannot read it",
-                        def.name,
-                        field.name(),
-                        field.data_type(),
-                        f.path,
-                        now.data_type()
-                    )));
-                }
-                Err(_) => {
-                    return Err(Error::data(format!(
-                        "run {run:?}, table {}: column `{}` ({}, in {}) is not in this build's schema",
-                        def.name,
-                        field.name(),
-                        field.data_type(),
-                        f.path
-                    )));
-                }
+    // 16 footers at a time (on an object store each is two range requests).
+    for chunk in files.chunks(16) {
+        futures::future::try_join_all(chunk.iter().map(|f| check_file(store, def, f, &now)))
+            .await?;
+    }
+    Ok(())
+}
+
+async fn check_file(store: &Store, def: &TableDef, f: &OutputFile, now: &str) -> Result<()> {
+    let md = read_footer(store, f).await?;
+    check_row_counts(f, &md)?;
+    if f.schema != now && f.rows > 0 {
+        let fm = md.file_metadata();
+        let schema =
+            parquet::arrow::parquet_to_arrow_schema(fm.schema_descr(), fm.key_value_metadata())
+                .map_err(|e| Error::data(format!("committed file {}: {e}", f.path)))?;
+        check_schema(def, f, &schema)?;
+    }
+    Ok(())
+}
+
+/// A file's footer must agree with its manifest and with itself on how many rows it holds.
+pub fn check_row_counts(
+    f: &OutputFile,
+    md: &parquet::file::metadata::ParquetMetaData,
+) -> Result<()> {
+    let bad = |why: String| {
+        Err(Error::data(format!(
+            "committed file {} (table {}): {why}; the file is forged or corrupt",
+            f.path, f.table
+        )))
+    };
+    let total = md.file_metadata().num_rows();
+    let groups: i64 = md.row_groups().iter().map(|rg| rg.num_rows()).sum();
+    if total != groups || u64::try_from(total).ok() != Some(f.rows) {
+        return bad(format!(
+            "its footer says {total} rows (row groups: {groups}), its manifest {}",
+            f.rows
+        ));
+    }
+    for (i, rg) in md.row_groups().iter().enumerate() {
+        // rla-pipe's writer caps row groups (a forged count could otherwise make a filtered
+        // scan walk 10^12 rows of nothing).
+        if rg.num_rows() > crate::store::parquet::ROW_GROUP_ROWS as i64 || rg.num_rows() < 0 {
+            return bad(format!(
+                "row group {i} says {} rows; rla-pipe writes at most {} rows per row group",
+                rg.num_rows(),
+                crate::store::parquet::ROW_GROUP_ROWS
+            ));
+        }
+        for c in rg.columns() {
+            // A flat column holds one value (or null) per row.
+            if c.column_descr().max_rep_level() == 0 && c.num_values() != rg.num_rows() {
+                return bad(format!(
+                    "row group {i} says {} rows, column `{}` holds {} values",
+                    rg.num_rows(),
+                    c.column_path(),
+                    c.num_values()
+                ));
             }
         }
     }
     Ok(())
 }
 
-pub async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
+/// A file written with another version of `def`'s schema must be readable as `def`: every
+/// column of the file in `def` with the same type (columns `def` added since read as NULL). A
+/// changed type is an error naming the table, the column, both types and the run.
+fn check_schema(def: &TableDef, f: &OutputFile, schema: &arrow::datatypes::Schema) -> Result<()> {
+    let run = f.path.split('/').next().unwrap_or("");
+    for field in schema.fields() {
+        match def.schema.field_with_name(field.name()) {
+            Ok(now) if now.data_type() == field.data_type() => {}
+            Ok(now) => {
+                return Err(Error::data(format!(
+                    "run {run:?}, table {}: column `{}` was written as {} ({}) and is {} in this build; \
+                     this build cannot read it",
+                    def.name,
+                    field.name(),
+                    field.data_type(),
+                    f.path,
+                    now.data_type()
+                )));
+            }
+            Err(_) => {
+                return Err(Error::data(format!(
+                    "run {run:?}, table {}: column `{}` ({}, in {}) is not in this build's schema",
+                    def.name,
+                    field.name(),
+                    field.data_type(),
+                    f.path
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn check_sizes(store: &Store, files: &[OutputFile]) -> Result<()> {
     for f in files {
         match store.size(&Path::from(f.path.as_str())).await? {
             None => {

@@ -251,3 +251,111 @@ fn a_column_whose_type_changed_is_an_error_naming_both_types() {
         assert!(r.stderr.contains(part), "{part}: {}", r.stderr);
     }
 }
+
+/// A Parquet file whose footer claims far more rows than it holds, the manifest forged to match
+/// (size, digest, rows): refused by every reader, naming the file — row groups that disagree
+/// with their column chunks, or larger than rla-pipe's writer makes (a count would otherwise be
+/// answered from the footer, and a filtered scan walk 10^12 rows). A forgery within those
+/// bounds and consistent down to every column chunk cannot be seen without decoding; reads of
+/// it stay bounded, and `replay --verify` (the audit) finds it.
+#[test]
+fn a_parquet_file_with_a_forged_row_count_is_refused() {
+    use parquet::file::metadata::{ParquetMetaDataReader, ParquetMetaDataWriter};
+
+    // (claimed rows per row group, column chunks forged too)
+    for (claimed, deep) in [
+        (1_000_000_000_000i64, false),
+        (1_000_000_000_000, true),
+        (100_000, true),
+    ] {
+        let f = Fixture::new();
+        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        let dir = f.store().join("fixture/data/steps/iter=000000");
+        let file = std::fs::read_dir(&dir)
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path();
+        let bytes = std::fs::read(&file).unwrap();
+        let n = bytes.len();
+        let len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;
+        let md = ParquetMetaDataReader::decode_metadata(&bytes[n - 8 - len..n - 8]).unwrap();
+        let row_groups = md
+            .row_groups()
+            .iter()
+            .map(|rg| {
+                let columns = rg
+                    .columns()
+                    .iter()
+                    .map(|c| {
+                        let n = if deep { claimed } else { c.num_values() };
+                        c.clone().into_builder().set_num_values(n).build().unwrap()
+                    })
+                    .collect();
+                rg.clone()
+                    .into_builder()
+                    .set_num_rows(claimed)
+                    .set_column_metadata(columns)
+                    .build()
+                    .unwrap()
+            })
+            .collect::<Vec<_>>();
+        let row_groups_n = row_groups.len() as u64;
+        let fm = md.file_metadata();
+        let file_meta = parquet::file::metadata::FileMetaData::new(
+            fm.version(),
+            claimed * row_groups_n as i64,
+            fm.created_by().map(str::to_string),
+            fm.key_value_metadata().cloned(),
+            fm.schema_descr_ptr(),
+            fm.column_orders().cloned(),
+        );
+        let forged_md = parquet::file::metadata::ParquetMetaData::new(file_meta, row_groups);
+        let mut forged = bytes[..n - 8 - len].to_vec();
+        let mut footer = Vec::new();
+        ParquetMetaDataWriter::new(&mut footer, &forged_md)
+            .finish()
+            .unwrap();
+        forged.extend_from_slice(&footer);
+        std::fs::write(&file, &forged).unwrap();
+        let m = f.store().join("fixture/_commits/iter=000000/rollout.json");
+        let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+        for o in v["outputs"].as_array_mut().unwrap() {
+            if o["table"] == "steps" {
+                o["bytes"] = forged.len().into();
+                o["digest"] = blake3::hash(&forged).to_hex().to_string().into();
+                o["rows"] = (claimed as u64 * row_groups_n).into();
+            }
+        }
+        std::fs::write(&m, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+        let name = file.file_name().unwrap().to_str().unwrap().to_string();
+        for q in [
+            "SELECT count(*) FROM steps",
+            "SELECT * FROM steps",
+            "SELECT avg(action_logprob) FROM steps WHERE iter = 0",
+        ] {
+            let r = f.sql(q);
+            if claimed <= 131_072 && deep {
+                assert!(!r.stderr.contains("panicked"), "{q}: {}", r.stderr);
+            } else {
+                r.fails(1, &[&name, "forged or corrupt"]);
+            }
+        }
+        let replay = f.rla(&[
+            "replay", "--run", "fixture", "--iter", "0", "--stage", "rollout", "--verify",
+        ]);
+        if claimed <= 131_072 && deep {
+            replay.fails(
+                1,
+                &[
+                    "stage rollout",
+                    "table steps differs",
+                    "committed 100000 rows",
+                ],
+            );
+        } else {
+            replay.fails(1, &[&name, "forged or corrupt"]);
+        }
+    }
+}
