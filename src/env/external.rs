@@ -19,7 +19,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -38,6 +38,8 @@ pub struct ExternalConfig {
     pub command: Vec<String>,
     /// Seconds each call may take before the process is killed and the call fails.
     pub timeout_secs: f64,
+    /// Longest reply line accepted (bytes); a longer one kills the process and fails the call.
+    pub max_line_bytes: u64,
 }
 
 impl Default for ExternalConfig {
@@ -46,6 +48,7 @@ impl Default for ExternalConfig {
             name: "external".into(),
             command: Vec::new(),
             timeout_secs: 10.0,
+            max_line_bytes: 16 << 20,
         }
     }
 }
@@ -63,6 +66,11 @@ impl ExternalConfig {
             "env.external.timeout_secs",
             "must be in (0, 3600]",
         );
+        c.check(
+            (1 << 10..=1 << 30).contains(&self.max_line_bytes),
+            "env.external.max_line_bytes",
+            "must be in [1024, 2^30]",
+        );
     }
 }
 
@@ -70,7 +78,9 @@ impl ExternalConfig {
 struct Process {
     child: Child,
     stdin: ChildStdin,
-    lines: Receiver<std::io::Result<String>>,
+    /// Reply lines, one at a time (a bounded channel: a process that floods stdout blocks on its
+    /// full pipe instead of filling memory), or why reading stopped.
+    lines: Receiver<std::result::Result<String, String>>,
     stderr: Arc<Mutex<String>>,
 }
 
@@ -99,10 +109,28 @@ impl Process {
         let stdin = child.stdin.take().expect("piped stdin");
         let stdout = child.stdout.take().expect("piped stdout");
         let mut stderr_pipe = child.stderr.take().expect("piped stderr");
-        let (tx, lines) = channel();
+        let (tx, lines) = sync_channel(1);
+        let max = cfg.max_line_bytes;
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines() {
-                if tx.send(line).is_err() {
+            let mut reader = BufReader::new(stdout);
+            loop {
+                let mut buf = Vec::new();
+                let line = match (&mut reader).take(max + 1).read_until(b'\n', &mut buf) {
+                    Ok(0) => break,
+                    Ok(_) if buf.len() as u64 > max => Err(format!(
+                        "the environment wrote a line longer than {max} bytes (env.external.max_line_bytes)"
+                    )),
+                    Ok(_) => {
+                        while matches!(buf.last(), Some(b'\n' | b'\r')) {
+                            buf.pop();
+                        }
+                        String::from_utf8(buf)
+                            .map_err(|e| format!("the environment wrote a line that is not UTF-8 ({e})"))
+                    }
+                    Err(e) => Err(format!("cannot read the environment's reply: {e}")),
+                };
+                let stop = line.is_err();
+                if tx.send(line).is_err() || stop {
                     break;
                 }
             }
@@ -148,6 +176,17 @@ impl Process {
     /// Send one request and wait for its reply.
     fn call(&mut self, request: &Value, timeout: Duration) -> Result<Value> {
         let op = request["op"].as_str().unwrap_or("?").to_string();
+        // One reply per request: anything already waiting was never asked for.
+        match self.lines.try_recv() {
+            Err(TryRecvError::Empty) | Err(TryRecvError::Disconnected) => {}
+            Ok(extra) => {
+                let _ = self.child.kill();
+                let shown: String = extra.unwrap_or_else(|e| e).chars().take(200).collect();
+                return Err(Error::Environment(format!(
+                    "`{op}`: before this request the environment wrote a line nobody asked for (one reply per request; process killed): {shown:?}"
+                )));
+            }
+        }
         let sent = writeln!(self.stdin, "{request}").and_then(|_| self.stdin.flush());
         if sent.is_err() {
             return Err(self.died(&op));
@@ -171,9 +210,10 @@ impl Process {
                 }
                 Ok(reply)
             }
-            Ok(Err(e)) => Err(Error::Environment(format!(
-                "`{op}`: cannot read the environment's reply: {e}"
-            ))),
+            Ok(Err(e)) => {
+                let _ = self.child.kill();
+                Err(Error::Environment(format!("`{op}`: {e} (process killed)")))
+            }
             Err(RecvTimeoutError::Timeout) => {
                 let _ = self.child.kill();
                 Err(Error::Environment(format!(
@@ -416,6 +456,7 @@ mod tests {
             name: "line".into(),
             command: vec!["python3".into(), script.into()],
             timeout_secs,
+            max_line_bytes: 1 << 20,
         })
     }
 
@@ -441,12 +482,43 @@ mod tests {
         assert!(easier.is_ok());
     }
 
+    /// A process that writes a 100 MB line, bytes without end, or lines nobody asked for: a
+    /// clear error naming what was asked, the process killed, and at most `max_line_bytes`
+    /// (here 1 MiB) read into memory per line.
+    #[test]
+    fn flooding_and_huge_lines_are_clear_errors_with_bounded_reads() {
+        let env = line_env(10.0);
+        let tasks = env.generate(1, 1).unwrap();
+        for (fault, needles) in [
+            ("huge", &["`step`", "longer than 1048576 bytes", "max_line_bytes"][..]),
+            ("endless", &["`step`", "longer than 1048576 bytes"][..]),
+            ("flood", &["`step`", "nobody asked for", "one reply per request"][..]),
+        ] {
+            let mut task = tasks[0].clone();
+            task["fault"] = fault.into();
+            task["budget"] = 10.into();
+            let mut ep = env.reset(&task).unwrap();
+            let t0 = std::time::Instant::now();
+            // The flood's first reply is well-formed; the lines after it are not asked for.
+            let e = match ep.step("right") {
+                Ok(_) => ep.step("right").unwrap_err(),
+                Err(e) => e,
+            }
+            .to_string();
+            for n in needles {
+                assert!(e.contains(n), "{fault}: {e}");
+            }
+            assert!(t0.elapsed() < Duration::from_secs(8), "{fault}: {:?}", t0.elapsed());
+        }
+    }
+
     #[test]
     fn missing_program_is_a_clear_error() {
         let env = External::new(ExternalConfig {
             name: "x".into(),
             command: vec!["/nonexistent/env-binary".into()],
             timeout_secs: 1.0,
+            ..ExternalConfig::default()
         });
         let e = env.generate(0, 1).unwrap_err().to_string();
         assert!(

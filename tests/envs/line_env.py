@@ -54,6 +54,19 @@ def main():
                 if fault == "error":
                     reply({"error": "simulated failure"})
                     continue
+                if fault == "huge":  # one 100 MB reply line
+                    sys.stdout.write(json.dumps({"observation": "x" * 100_000_000}) + "\n")
+                    sys.stdout.flush()
+                    continue
+                if fault == "endless":  # bytes without a newline, forever
+                    while True:
+                        sys.stdout.write("y" * 65536)
+                        sys.stdout.flush()
+                if fault == "flood":  # a reply, then lines nobody asked for, forever
+                    reply({"observation": observe(state), "admissible": ["left", "right"], "done": False,
+                           "won": False, "oracle_progress": None})
+                    while True:
+                        reply({"observation": "flood", "admissible": ["left"], "done": False, "won": False})
             before = task["target"] - state["pos"]
             state["pos"] += 1 if req["action"] == "right" else (-1 if state["pos"] > 0 else 0)
             after = task["target"] - state["pos"]
