@@ -568,14 +568,13 @@ async fn report(
 ) -> Result<()> {
     let store = store.open()?;
     let report = crate::report::build(&store, runs).await?;
-    std::fs::write(out, &report.html).with_context(|| format!("cannot write {}", out.display()))?;
+    write_atomic(out, report.html.as_bytes())?;
     if let Some(dir) = svg_dir {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         for (name, svg) in &report.charts {
             let path = dir.join(format!("{name}.svg"));
-            std::fs::write(&path, svg)
-                .with_context(|| format!("cannot write {}", path.display()))?;
+            write_atomic(&path, svg.as_bytes())?;
         }
     }
     if !quiet {
@@ -777,17 +776,39 @@ fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {
 }
 
 /// Write query results to a local Parquet file atomically (temp file, then rename).
+/// A temp file beside `path`, to be persisted onto it once complete (readers of `path` never
+/// see a half-written file).
+fn temp_beside(path: &std::path::Path) -> Result<tempfile::NamedTempFile> {
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    tempfile::NamedTempFile::new_in(dir).with_context(|| {
+        format!(
+            "cannot write {}: creating a temp file in {}",
+            path.display(),
+            dir.display()
+        )
+    })
+}
+
+/// Write a file whole or not at all.
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write as _;
+    let mut tmp = temp_beside(path)?;
+    tmp.write_all(bytes)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    tmp.persist(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
+}
+
 fn write_parquet(
     path: &std::path::Path,
     schema: SchemaRef,
     batches: &[RecordBatch],
 ) -> Result<u64> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(std::path::Path::new("."));
-    let tmp = tempfile::NamedTempFile::new_in(dir)
-        .with_context(|| format!("creating a temp file in {}", dir.display()))?;
+    let tmp = temp_beside(path)?;
     let props = crate::store::parquet::writer_properties();
     let mut w = parquet::arrow::ArrowWriter::try_new(tmp.reopen()?, schema, Some(props))?;
     let mut rows = 0;
@@ -797,7 +818,7 @@ fn write_parquet(
     }
     w.close()?;
     tmp.persist(path)
-        .with_context(|| format!("writing {}", path.display()))?;
+        .with_context(|| format!("cannot write {}", path.display()))?;
     Ok(rows)
 }
 

@@ -124,8 +124,9 @@ impl Process {
                         while matches!(buf.last(), Some(b'\n' | b'\r')) {
                             buf.pop();
                         }
-                        String::from_utf8(buf)
-                            .map_err(|e| format!("the environment wrote a line that is not UTF-8 ({e})"))
+                        String::from_utf8(buf).map_err(|e| {
+                            format!("the environment wrote a line that is not UTF-8 ({e})")
+                        })
                     }
                     Err(e) => Err(format!("cannot read the environment's reply: {e}")),
                 };
@@ -490,9 +491,15 @@ mod tests {
         let env = line_env(10.0);
         let tasks = env.generate(1, 1).unwrap();
         for (fault, needles) in [
-            ("huge", &["`step`", "longer than 1048576 bytes", "max_line_bytes"][..]),
+            (
+                "huge",
+                &["`step`", "longer than 1048576 bytes", "max_line_bytes"][..],
+            ),
             ("endless", &["`step`", "longer than 1048576 bytes"][..]),
-            ("flood", &["`step`", "nobody asked for", "one reply per request"][..]),
+            (
+                "flood",
+                &["`step`", "nobody asked for", "one reply per request"][..],
+            ),
         ] {
             let mut task = tasks[0].clone();
             task["fault"] = fault.into();
@@ -508,7 +515,11 @@ mod tests {
             for n in needles {
                 assert!(e.contains(n), "{fault}: {e}");
             }
-            assert!(t0.elapsed() < Duration::from_secs(8), "{fault}: {:?}", t0.elapsed());
+            assert!(
+                t0.elapsed() < Duration::from_secs(8),
+                "{fault}: {:?}",
+                t0.elapsed()
+            );
         }
     }
 

@@ -365,6 +365,25 @@ fn openai_adapter_against_a_local_server() {
             "the key leaked into {file}"
         );
     }
+    // Parquet is compressed: read every table back decoded, and the report.
+    for table in [
+        "tasks",
+        "adaptations",
+        "judgements",
+        "task_accuracy",
+        "steps",
+        "rm_samples",
+        "stage_runs",
+    ] {
+        let r = f
+            .rla(&["sql", "--format", "json", &format!("SELECT * FROM {table}")])
+            .ok();
+        assert!(!r.stdout.contains(secret), "the key leaked into {table}");
+    }
+    let report = f.dir.path().join("r.html");
+    f.rla(&["report", "llm", "--out", report.to_str().unwrap()])
+        .ok();
+    assert!(!std::fs::read_to_string(&report).unwrap().contains(secret));
     // Every out-of-band task got a candidate on the second request (the first reply was not
     // a task), with the key in the Authorization header and the model's name in the body.
     let written: u64 = f

@@ -354,6 +354,30 @@ fn sql_formats_out_and_read_only() {
     }
     assert!(!std::path::Path::new("/tmp/rla-pipe-copy-test.csv").exists());
     f.sql("SELECT nope FROM tasks").fails(1, &["nope"]);
+
+    // Hostile `--out` paths are clear errors naming them, and never leave a partial file: a
+    // missing directory, a name longer than the file system allows, a directory, the store.
+    let long = f.dir.path().join(format!("{}.out", "a".repeat(300)));
+    let store = f.store_arg();
+    for out in [
+        "/nonexistent-rla-pipe/dir/x.out".to_string(),
+        long.display().to_string(),
+        f.dir.path().display().to_string(),
+        store.clone(),
+    ] {
+        let before = f.files();
+        f.rla(&["sql", "--out", &out, "SELECT 1"])
+            .fails(1, &["cannot write", &out[..out.len().min(20)]]);
+        f.rla(&["report", "small", "--out", &out])
+            .fails(1, &["cannot write", &out[..out.len().min(20)]]);
+        assert_eq!(f.files(), before, "{out}: the store changed");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(f.dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
 
 #[test]

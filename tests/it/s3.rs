@@ -201,8 +201,8 @@ fn s3_store_end_to_end() {
         .ok();
     }
 
-    // The credentials never reach any command's output, log, or the report (what the store
-    // holds is checked through everything `sql` and `show` read back from it).
+    // The credentials never reach any command's output, log, or the report, nor anything the
+    // store holds (every table of every run through `sql`, the manifests through `show`).
     let report = f.dir.path().join("s3-report.html");
     let report_arg = report.display().to_string();
     let mut outputs = Vec::new();
@@ -235,10 +235,34 @@ fn s3_store_end_to_end() {
         ],
         vec!["-v", "gc", "--store", url, "--dry-run"],
         vec!["-v", "report", "--store", url, "race", "--out", &report_arg],
+        vec![
+            "-v", "replay", "--store", url, "--run", "race", "--from", "1", "--into", "branch",
+        ],
         vec!["sql", "--store", "s3://no-such-bucket/x", "SELECT 1"],
     ] {
         let r = rla_s3(&f, &moto, &args);
         outputs.push(format!("{args:?}\n{}\n{}", r.stdout, r.stderr));
+    }
+    // Every row of every table of both runs.
+    for table in [
+        "tasks",
+        "trajectories",
+        "steps",
+        "rm_samples",
+        "step_rewards",
+        "policy_advantages",
+        "rm_advantages",
+        "update_metrics",
+        "task_accuracy",
+        "judgements",
+        "adaptations",
+        "evaluations",
+        "demonstrations",
+        "stage_runs",
+    ] {
+        let q = format!("SELECT * FROM {table}");
+        let r = rla_s3(&f, &moto, &["sql", "--store", url, "--format", "json", &q]).ok();
+        outputs.push(r.stdout);
     }
     outputs.push(std::fs::read_to_string(&report).unwrap());
     for o in &outputs {
