@@ -118,6 +118,31 @@ rla-pipe report gridnav gridnav-lambda05 --out compare.html"
         #[arg(long, requires = "into")]
         iterations: Option<u32>,
     },
+    /// List a run's committed data files (URL, table, iteration, rows, bytes, blake3): exactly
+    /// the files `sql` reads, for Polars, DuckDB or pyarrow. Uncommitted attempts never appear.
+    #[command(
+        after_help = "Text: one file per line, tab-separated: url table iter rows bytes blake3 \
+(`cut -f1` gives the URLs). JSON: [{url, path, run, table, iter, stage, rows, bytes, blake3, written_by}].\n\
+Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-pipe\", \"files\", \"--run\", \"gridnav\", \"--table\", \"steps\", \"--format\", \"json\"]))]\n\
+        polars.scan_parquet(files) / duckdb.read_parquet(files) / pyarrow.dataset.dataset(files)"
+    )]
+    Files {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long)]
+        run: String,
+        /// Only this table (default: every table).
+        #[arg(long)]
+        table: Option<String>,
+        /// Only this iteration.
+        #[arg(long, conflicts_with = "iters")]
+        iter: Option<u32>,
+        /// Only these iterations: A..B (B excluded) or A..=B.
+        #[arg(long, value_name = "A..B")]
+        iters: Option<String>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
     /// List the runs of a store.
     Runs {
         #[command(flatten)]
@@ -409,6 +434,21 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             svg_dir,
         } => report(&store, &runs, &out, svg_dir, quiet).await?,
         Command::Runs { store } => list_runs(&store).await?,
+        Command::Files {
+            store,
+            run,
+            table,
+            iter,
+            iters,
+            format,
+        } => {
+            let range = match (iter, iters) {
+                (Some(i), _) => i..=i,
+                (None, Some(r)) => parse_iters(&r)?,
+                (None, None) => 0..=u32::MAX,
+            };
+            files(&store, &run, table.as_deref(), range, format).await?
+        }
         Command::Show { store, id, iter } => show(&store, &id, iter).await?,
         Command::Gc {
             store,
@@ -584,6 +624,85 @@ async fn report(
             report.charts.len(),
             runs.len()
         );
+    }
+    Ok(())
+}
+
+/// `A..B` (B excluded) or `A..=B`.
+fn parse_iters(text: &str) -> Result<std::ops::RangeInclusive<u32>> {
+    let bad =
+        || anyhow::anyhow!("--iters {text:?}: expected A..B (B excluded) or A..=B, e.g. 0..3");
+    let (a, b, inclusive) = if let Some((a, b)) = text.split_once("..=") {
+        (a, b, true)
+    } else if let Some((a, b)) = text.split_once("..") {
+        (a, b, false)
+    } else {
+        return Err(bad());
+    };
+    let a: u32 = a.trim().parse().map_err(|_| bad())?;
+    let b: u32 = b.trim().parse().map_err(|_| bad())?;
+    let end = if inclusive { Some(b) } else { b.checked_sub(1) };
+    match end {
+        Some(e) if e >= a => Ok(a..=e),
+        _ => bail!("--iters {text:?} is empty"),
+    }
+}
+
+async fn files(
+    store: &StoreArgs,
+    run: &str,
+    table: Option<&str>,
+    iters: std::ops::RangeInclusive<u32>,
+    format: TextOrJson,
+) -> Result<()> {
+    let store = store.open()?;
+    layout::validate_run_id(run)?;
+    let tables = crate::schema::data_table_names();
+    if let Some(t) = table
+        && !tables.contains(&t)
+    {
+        bail!("--table {t}: no such table (tables: {})", tables.join(", "));
+    }
+    let state = catalog::load_run(&store, run).await?;
+    let files: Vec<_> = state
+        .files()
+        .into_iter()
+        .filter(|f| table.is_none_or(|t| f.file.table == t) && iters.contains(&f.iter))
+        .collect();
+    match format {
+        TextOrJson::Text => {
+            for f in &files {
+                println!(
+                    "{}\t{}\t{}\t{}\t{}\t{}",
+                    store.external_url(&f.file.path),
+                    f.file.table,
+                    f.iter,
+                    f.file.rows,
+                    f.file.bytes,
+                    f.file.digest
+                );
+            }
+        }
+        TextOrJson::Json => {
+            let rows: Vec<_> = files
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "url": store.external_url(&f.file.path),
+                        "path": f.file.path,
+                        "run": f.run,
+                        "table": f.file.table,
+                        "iter": f.iter,
+                        "stage": f.stage,
+                        "rows": f.file.rows,
+                        "bytes": f.file.bytes,
+                        "blake3": f.file.digest,
+                        "written_by": f.written_by,
+                    })
+                })
+                .collect();
+            println!("{}", serde_json::to_string_pretty(&rows)?);
+        }
     }
     Ok(())
 }

@@ -506,9 +506,13 @@ mod tests {
             task["budget"] = 10.into();
             let mut ep = env.reset(&task).unwrap();
             let t0 = std::time::Instant::now();
-            // The flood's first reply is well-formed; the lines after it are not asked for.
+            // The flood's first reply is well-formed; the lines after it, waiting when the next
+            // request is sent, were not asked for.
             let e = match ep.step("right") {
-                Ok(_) => ep.step("right").unwrap_err(),
+                Ok(_) => {
+                    std::thread::sleep(Duration::from_millis(300));
+                    ep.step("right").unwrap_err()
+                }
                 Err(e) => e,
             }
             .to_string();

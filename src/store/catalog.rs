@@ -44,6 +44,43 @@ impl RunState {
     }
 }
 
+/// One committed data file of a run: what `rla-pipe files` lists and `sql` reads.
+#[derive(Debug, Clone)]
+pub struct CommittedFile {
+    /// The run whose rows the file holds.
+    pub run: String,
+    pub iter: u32,
+    pub stage: String,
+    pub file: crate::store::manifest::OutputFile,
+    /// For a branch's shared iteration: the run that wrote the file (its `run_id` column says
+    /// that run; `sql` reads it as `run`).
+    pub written_by: Option<String>,
+}
+
+impl RunState {
+    /// Every data file the run's committed manifests name, by table, iteration and path.
+    pub fn files(&self) -> Vec<CommittedFile> {
+        let mut out: Vec<CommittedFile> = self
+            .iters
+            .iter()
+            .flat_map(|(iter, it)| it.stages.values().map(move |c| (*iter, c)))
+            .flat_map(|(iter, c)| {
+                c.manifest.outputs.iter().map(move |o| CommittedFile {
+                    run: self.run.run_id.clone(),
+                    iter,
+                    stage: c.manifest.stage.clone(),
+                    file: o.clone(),
+                    written_by: c.manifest.shared.as_ref().map(|s| s.run.clone()),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.file.table, a.iter, &a.file.path).cmp(&(&b.file.table, b.iter, &b.file.path))
+        });
+        out
+    }
+}
+
 /// Read `run.json`; `Ok(None)` if the run does not exist.
 pub async fn read_run(store: &Store, run_id: &str) -> Result<Option<RunManifest>> {
     layout::validate_run_id(run_id)?;

@@ -30,6 +30,8 @@ pub struct Store {
     url: String,
     inner: Arc<dyn ObjectStore>,
     prefix: Option<Path>,
+    /// The root directory of a local store (absolute).
+    local_root: Option<std::path::PathBuf>,
 }
 
 impl Store {
@@ -49,6 +51,7 @@ impl Store {
 
     fn open_with(url: &str, create: bool) -> Result<Store> {
         let mut prefix = "";
+        let mut local_root = None;
         let inner: Arc<dyn ObjectStore> = if let Some(rest) = url.strip_prefix("memory://") {
             if !rest.is_empty() {
                 return Err(Error::store(format!("{url}: memory:// takes no path")));
@@ -73,6 +76,7 @@ impl Store {
             prefix = p;
             open_azure(url, container)?
         } else if let Some(rest) = url.strip_prefix("file://") {
+            local_root = Some(rest);
             local(url, rest, create)?
         } else if url.contains("://") {
             let scheme = url.split("://").next().unwrap_or_default();
@@ -80,6 +84,7 @@ impl Store {
                 "{url}: unknown store scheme `{scheme}://` (use a path, file://, memory://, s3://, gs://, az://)"
             )));
         } else {
+            local_root = Some(url);
             local(url, url, create)?
         };
         let prefix = (!prefix.is_empty()).then(|| Path::from(prefix));
@@ -87,6 +92,7 @@ impl Store {
             url: url.to_string(),
             inner,
             prefix,
+            local_root: local_root.and_then(|r| std::fs::canonicalize(r).ok()),
         })
     }
 
@@ -115,6 +121,15 @@ impl Store {
                 stripped.unwrap_or(location)
             }
             None => location,
+        }
+    }
+
+    /// Where other readers (Polars, DuckDB, pyarrow) find a store-relative path: an absolute file
+    /// path for a local store, `s3://bucket/prefix/<path>` (and gs://, az://) otherwise.
+    pub fn external_url(&self, path: &str) -> String {
+        match &self.local_root {
+            Some(root) => root.join(path).display().to_string(),
+            None => format!("{}/{path}", self.url.trim_end_matches('/')),
         }
     }
 

@@ -8,6 +8,7 @@ mod concurrency;
 mod fixtures;
 mod hf;
 mod models;
+mod readers;
 mod report;
 mod s3;
 

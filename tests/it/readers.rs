@@ -1,0 +1,169 @@
+//! `rla-pipe files`: the committed files of a run, for readers outside rla-pipe (Polars, DuckDB,
+//! pyarrow), which must read exactly what `sql` reads — never an uncommitted attempt.
+
+use crate::Fixture;
+
+/// A run of the small synthetic pipeline plus an uncommitted attempt beside a committed file
+/// (an interrupted stage, or the loser of a commit race, leaves such files until `gc`).
+fn run_with_an_uncommitted_attempt() -> Fixture {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "2"]).ok();
+    let dir = f.store().join("small/data/step_rewards/iter=000001");
+    let committed = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::copy(&committed, dir.join("zzzz-uncommitted-attempt.parquet")).unwrap();
+    f
+}
+
+#[test]
+fn files_lists_exactly_the_committed_files() {
+    let f = run_with_an_uncommitted_attempt();
+    let text = f.rla(&["files", "--run", "small"]).ok();
+    assert!(!text.stdout.contains("uncommitted"), "{}", text.stdout);
+    let lines: Vec<Vec<&str>> = text
+        .stdout
+        .lines()
+        .map(|l| l.split('\t').collect())
+        .collect();
+    let files_in_manifests = f
+        .sql("SELECT count(*) FROM stage_runs")
+        .ok()
+        .scalar()
+        .parse::<usize>()
+        .unwrap();
+    assert!(lines.len() >= files_in_manifests, "{}", text.stdout);
+    for l in &lines {
+        assert_eq!(l.len(), 6, "{l:?}");
+        assert!(std::path::Path::new(l[0]).is_absolute() && std::path::Path::new(l[0]).exists());
+        assert_eq!(l[5].len(), 64, "blake3 hex");
+        let bytes = std::fs::read(l[0]).unwrap();
+        assert_eq!(bytes.len().to_string(), l[4]);
+        assert_eq!(blake3::hash(&bytes).to_hex().as_str(), l[5]);
+    }
+
+    // Filters: a table, an iteration, a range; rows equal `sql`'s.
+    let json = f
+        .rla(&[
+            "files",
+            "--run",
+            "small",
+            "--table",
+            "step_rewards",
+            "--iters",
+            "1..2",
+            "--format",
+            "json",
+        ])
+        .ok();
+    let v: serde_json::Value = serde_json::from_str(&json.stdout).unwrap();
+    let listed = v.as_array().unwrap();
+    assert!(!listed.is_empty());
+    let rows: u64 = listed.iter().map(|f| f["rows"].as_u64().unwrap()).sum();
+    for file in listed {
+        assert_eq!(file["table"], "step_rewards");
+        assert_eq!(file["iter"], 1);
+        assert_eq!(file["run"], "small");
+        assert!(file["written_by"].is_null());
+    }
+    let counted = f
+        .sql("SELECT count(*) FROM step_rewards WHERE iter = 1")
+        .ok()
+        .scalar();
+    assert_eq!(rows.to_string(), counted);
+    let one = f
+        .rla(&["files", "--run", "small", "--table", "tasks", "--iter", "0"])
+        .ok();
+    assert!(
+        one.stdout.lines().all(|l| l.contains("\ttasks\t0\t")),
+        "{}",
+        one.stdout
+    );
+    let inclusive = f.rla(&["files", "--run", "small", "--iters", "0..=1"]).ok();
+    assert_eq!(inclusive.stdout, text.stdout);
+
+    f.rla(&["files", "--run", "small", "--table", "nope"])
+        .fails(1, &["nope", "tables:"]);
+    f.rla(&["files", "--run", "small", "--iters", "2..1"])
+        .fails(1, &["2..1", "empty"]);
+    f.rla(&["files", "--run", "small", "--iters", "x"])
+        .fails(1, &["A..B"]);
+    f.rla(&["files", "--run", "nosuch"])
+        .fails(1, &["nosuch", "not found"]);
+}
+
+/// Polars (eager and lazy), DuckDB and pyarrow read `files`' list and get exactly `sql`'s rows
+/// and sums, although an uncommitted attempt lies in the same directory.
+#[test]
+fn python_readers_get_exactly_the_committed_rows() {
+    let python = |code: &str| {
+        std::process::Command::new("python3")
+            .args(["-c", code])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if !python("import polars, duckdb, pyarrow") {
+        let ok = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "polars", "duckdb", "pyarrow"])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok,
+            "this test needs polars, duckdb and pyarrow: pip install polars duckdb pyarrow"
+        );
+    }
+    let f = run_with_an_uncommitted_attempt();
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/readers/read_committed.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([
+            script,
+            env!("CARGO_BIN_EXE_rla-pipe"),
+            &f.store_arg(),
+            "small",
+            "step_rewards",
+            "reward",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let want = f
+        .sql("SELECT count(*), sum(reward) FROM step_rewards")
+        .ok()
+        .csv();
+    let (rows, sum): (u64, f64) = (want[0][0].parse().unwrap(), want[0][1].parse().unwrap());
+    for reader in ["polars", "lazy", "duckdb", "pyarrow"] {
+        assert_eq!(got[reader][0].as_u64(), Some(rows), "{reader}: {got}");
+        let s = got[reader][1].as_f64().unwrap();
+        assert!(
+            (s - sum).abs() <= 1e-9 * sum.abs().max(1.0),
+            "{reader}: {s} vs {sum}"
+        );
+    }
+    // The directory listing a user might glob holds more rows than were committed.
+    let all = std::process::Command::new("python3")
+        .args([
+            "-c",
+            &format!(
+                "import polars as pl; print(pl.scan_parquet('{}/small/data/step_rewards/**/*.parquet').select(pl.len()).collect()[0,0])",
+                f.store_arg()
+            ),
+        ])
+        .output()
+        .unwrap();
+    let globbed: u64 = String::from_utf8_lossy(&all.stdout).trim().parse().unwrap();
+    assert!(
+        globbed > rows,
+        "the uncommitted attempt should be visible to a glob: {globbed} vs {rows}"
+    );
+}
