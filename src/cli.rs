@@ -143,6 +143,14 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
     },
+    /// Print the schema of every table (or one) from this build's code: columns, Arrow types,
+    /// nullability, meanings, row order (the key) and the schema fingerprint manifests record.
+    Schema {
+        /// Only this table.
+        table: Option<String>,
+        #[arg(long, value_enum, default_value_t = SchemaFormat::Md)]
+        format: SchemaFormat,
+    },
     /// List the runs of a store.
     Runs {
         #[command(flatten)]
@@ -272,6 +280,12 @@ enum ModelCommand {
 enum ModelRole {
     Policy,
     Rm,
+}
+
+#[derive(Copy, Clone, Debug, ValueEnum)]
+enum SchemaFormat {
+    Md,
+    Json,
 }
 
 #[derive(Copy, Clone, Debug, ValueEnum)]
@@ -434,6 +448,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             svg_dir,
         } => report(&store, &runs, &out, svg_dir, quiet).await?,
         Command::Runs { store } => list_runs(&store).await?,
+        Command::Schema { table, format } => print_schema(table.as_deref(), format)?,
         Command::Files {
             store,
             run,
@@ -624,6 +639,40 @@ async fn report(
             report.charts.len(),
             runs.len()
         );
+    }
+    Ok(())
+}
+
+fn print_schema(table: Option<&str>, format: SchemaFormat) -> Result<()> {
+    let all = crate::schema::all_tables();
+    let tables: Vec<_> = match table {
+        None => all,
+        Some(t) => {
+            let names: Vec<_> = all.iter().map(|d| d.name).collect();
+            let Some(d) = all.iter().find(|d| d.name == t) else {
+                bail!("no table {t:?} (tables: {})", names.join(", "));
+            };
+            vec![d.clone()]
+        }
+    };
+    match format {
+        SchemaFormat::Json => {
+            let v: Vec<_> = tables.iter().map(crate::schema::to_json).collect();
+            let v = if table.is_some() {
+                v.into_iter().next().expect("one table")
+            } else {
+                serde_json::Value::Array(v)
+            };
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        SchemaFormat::Md => {
+            for (i, t) in tables.iter().enumerate() {
+                if i > 0 {
+                    println!();
+                }
+                print!("{}", crate::schema::markdown(t.name).unwrap_or_default());
+            }
+        }
     }
     Ok(())
 }

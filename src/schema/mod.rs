@@ -7,6 +7,79 @@ use std::sync::Arc;
 
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 
+/// `schemas/<table>.md`, compiled in (a test checks it against the code's schema).
+pub fn markdown(table: &str) -> Option<&'static str> {
+    Some(match table {
+        "adaptations" => include_str!("../../schemas/adaptations.md"),
+        "demonstrations" => include_str!("../../schemas/demonstrations.md"),
+        "evaluations" => include_str!("../../schemas/evaluations.md"),
+        "judgements" => include_str!("../../schemas/judgements.md"),
+        "policy_advantages" => include_str!("../../schemas/policy_advantages.md"),
+        "rm_advantages" => include_str!("../../schemas/rm_advantages.md"),
+        "rm_samples" => include_str!("../../schemas/rm_samples.md"),
+        "stage_runs" => include_str!("../../schemas/stage_runs.md"),
+        "step_rewards" => include_str!("../../schemas/step_rewards.md"),
+        "steps" => include_str!("../../schemas/steps.md"),
+        "task_accuracy" => include_str!("../../schemas/task_accuracy.md"),
+        "tasks" => include_str!("../../schemas/tasks.md"),
+        "trajectories" => include_str!("../../schemas/trajectories.md"),
+        "update_metrics" => include_str!("../../schemas/update_metrics.md"),
+        _ => return None,
+    })
+}
+
+/// The rows of a schema file's column table: (column, type, nullable, meaning).
+pub fn markdown_columns(text: &str) -> Vec<(String, String, bool, String)> {
+    text.lines()
+        .filter(|l| l.starts_with('|'))
+        .map(|l| {
+            l.trim_matches('|')
+                .split('|')
+                .map(|c| c.trim().to_string())
+                .collect::<Vec<_>>()
+        })
+        .filter(|c| c.len() >= 4 && c[0] != "column" && !c[0].starts_with('-'))
+        .map(|c| {
+            (
+                c[0].trim_matches('`').to_string(),
+                c[1].clone(),
+                c[2] == "yes",
+                c[3..].join("|"),
+            )
+        })
+        .collect()
+}
+
+/// A table's schema as JSON: name, key (row order), and each column's name, Arrow type,
+/// nullability and meaning (from `schemas/<table>.md`).
+pub fn to_json(t: &TableDef) -> serde_json::Value {
+    let docs = markdown(t.name).map(markdown_columns).unwrap_or_default();
+    let columns: Vec<_> = t
+        .schema
+        .fields()
+        .iter()
+        .map(|f| {
+            let meaning = docs
+                .iter()
+                .find(|d| d.0 == *f.name())
+                .map(|d| d.3.clone())
+                .unwrap_or_default();
+            serde_json::json!({
+                "name": f.name(),
+                "type": f.data_type().to_string(),
+                "nullable": f.is_nullable(),
+                "meaning": meaning,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "table": t.name,
+        "key": t.key,
+        "fingerprint": fingerprint(&t.schema),
+        "columns": columns,
+    })
+}
+
 /// A short fingerprint of an Arrow schema (each column's name, type and nullability, in order):
 /// what a manifest records as the version of the schema a file was written with.
 pub fn fingerprint(schema: &arrow::datatypes::Schema) -> String {
@@ -302,7 +375,24 @@ mod tests {
             let path = dir.join(format!("{}.md", t.name));
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let documented = parse_schema_md(&text);
+            assert_eq!(
+                markdown(t.name),
+                Some(text.as_str()),
+                "{} compiled in",
+                t.name
+            );
+            let documented: Vec<_> = markdown_columns(&text)
+                .into_iter()
+                .map(|(n, ty, null, meaning)| {
+                    assert!(
+                        !meaning.is_empty(),
+                        "schemas/{}.md: {n} has no meaning",
+                        t.name
+                    );
+                    (n, ty, null)
+                })
+                .collect();
+            assert_eq!(parse_schema_md(&text), documented);
             let code: Vec<_> = t
                 .schema
                 .fields()

@@ -167,3 +167,47 @@ fn python_readers_get_exactly_the_committed_rows() {
         "the uncommitted attempt should be visible to a glob: {globbed} vs {rows}"
     );
 }
+
+/// `schema --format json` describes exactly the columns `sql` exposes, in order, with a meaning
+/// for each; `--format md` prints the schema files.
+#[test]
+fn schema_describes_the_tables_sql_exposes() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let all: serde_json::Value =
+        serde_json::from_str(&f.rla(&["schema", "--format", "json"]).ok().stdout).unwrap();
+    let tables = all.as_array().unwrap();
+    assert_eq!(tables.len(), 14);
+    for t in tables {
+        let name = t["table"].as_str().unwrap();
+        let sql_columns: Vec<String> = f
+            .sql(&format!(
+                "SELECT column_name FROM information_schema.columns WHERE table_name = '{name}' ORDER BY ordinal_position"
+            ))
+            .ok()
+            .csv()
+            .into_iter()
+            .map(|r| r[0].clone())
+            .collect();
+        let columns: Vec<String> = t["columns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                assert!(!c["meaning"].as_str().unwrap().is_empty(), "{name}: {c}");
+                c["name"].as_str().unwrap().to_string()
+            })
+            .collect();
+        assert_eq!(columns, sql_columns, "{name}");
+        assert_eq!(t["fingerprint"].as_str().unwrap().len(), 16);
+    }
+    let one: serde_json::Value =
+        serde_json::from_str(&f.rla(&["schema", "steps", "--format", "json"]).ok().stdout).unwrap();
+    assert_eq!(one["table"], "steps");
+    let md = f.rla(&["schema", "tasks"]).ok();
+    assert_eq!(
+        md.stdout,
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/tasks.md")).unwrap()
+    );
+    f.rla(&["schema", "nope"]).fails(1, &["nope", "tables:"]);
+}
