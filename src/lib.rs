@@ -21,6 +21,8 @@ pub mod determinism;
 pub mod engine;
 pub mod env;
 pub mod error;
+#[cfg(feature = "polars")]
+pub mod frames;
 pub mod model;
 pub mod pipeline;
 pub mod report;

@@ -124,6 +124,11 @@ impl Store {
         }
     }
 
+    /// Whether the store is a local directory.
+    pub fn is_local(&self) -> bool {
+        self.local_root.is_some()
+    }
+
     /// Where other readers (Polars, DuckDB, pyarrow) find a store-relative path: an absolute file
     /// path for a local store, `s3://bucket/prefix/<path>` (and gs://, az://) otherwise.
     pub fn external_url(&self, path: &str) -> String {

@@ -6,6 +6,8 @@ mod cli;
 mod commit;
 mod concurrency;
 mod fixtures;
+#[cfg(feature = "polars")]
+mod frames;
 mod hf;
 mod models;
 mod readers;
