@@ -5,19 +5,23 @@
 
 use polars::prelude::*;
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let mut args = std::env::args().skip(1);
     let (Some(store), Some(run)) = (args.next(), args.next()) else {
         anyhow::bail!("usage: accepted_growth STORE RUN");
     };
     let store = rla_pipe::store::Store::open_existing(&store)?;
-    let iters = rla_pipe::frames::scan(&store, &run, "tasks")
-        .await?
+    // Resolve the committed files (async: the catalog reads the store); Polars then executes
+    // the plan outside the async runtime (it blocks on its own threads).
+    let (tasks, adaptations) = tokio::runtime::Runtime::new()?.block_on(async {
+        let tasks = rla_pipe::frames::scan(&store, &run, "tasks").await?;
+        let adaptations = rla_pipe::frames::scan(&store, &run, "adaptations").await?;
+        Ok::<_, rla_pipe::error::Error>((tasks, adaptations))
+    })?;
+    let iters = tasks
         .select([col("run_id"), col("iter")])
         .unique(None, UniqueKeepStrategy::Any);
-    let accepted = rla_pipe::frames::scan(&store, &run, "adaptations")
-        .await?
+    let accepted = adaptations
         .filter(col("decision").eq(lit("accepted")))
         .group_by([col("run_id"), col("iter")])
         .agg([len().alias("accepted")]);
@@ -40,7 +44,15 @@ async fn main() -> anyhow::Result<()> {
             total
         })
         .collect();
-    let growth = growth.hstack(&[Column::new("cumulative".into(), cumulative)])?;
-    println!("{growth}");
+    // (Polars' table printing is its `fmt` feature, left off to keep the build small.)
+    let iters = growth.column("iter")?.u32()?;
+    println!("run_id,iter,accepted,cumulative");
+    for (i, total) in cumulative.iter().enumerate() {
+        println!(
+            "{run},{},{},{total}",
+            iters.get(i).unwrap_or_default(),
+            accepted.get(i).unwrap_or(0)
+        );
+    }
     Ok(())
 }

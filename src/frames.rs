@@ -4,13 +4,15 @@
 //! reads, never an uncommitted attempt — and lets Polars read the Parquet itself. The frame has
 //! the table's columns as `sql` exposes them: `run_id` and `iter` first; columns added to the
 //! schema after a file was written read as null; a branch's shared iterations (files its
-//! parent wrote) read with the branch's `run_id`.
+//! parent wrote) read with the branch's `run_id`. Collect the frame outside a current-thread
+//! async runtime (Polars blocks on its own threads), as the example below does.
 //!
 //! ```no_run
-//! # async fn f() -> rla_pipe::error::Result<()> {
+//! # fn f() -> anyhow::Result<()> {
 //! use polars::prelude::*;
 //! let store = rla_pipe::store::Store::open_existing("./runs")?;
-//! let steps = rla_pipe::frames::scan(&store, "gridnav", "steps").await?;
+//! let rt = tokio::runtime::Runtime::new()?;
+//! let steps = rt.block_on(rla_pipe::frames::scan(&store, "gridnav", "steps"))?;
 //! let per_iter = steps.group_by([col("iter")]).agg([len()]).collect()?;
 //! # Ok(()) }
 //! ```
