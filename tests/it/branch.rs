@@ -79,21 +79,7 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
             assert!(runs.contains(&(run.into(), iter.to_string())), "{counts:?}");
         }
     }
-    for table in [
-        "tasks",
-        "trajectories",
-        "steps",
-        "rm_samples",
-        "step_rewards",
-        "policy_advantages",
-        "rm_advantages",
-        "update_metrics",
-        "task_accuracy",
-        "judgements",
-        "adaptations",
-        "evaluations",
-        "demonstrations",
-    ] {
+    for table in crate::DATA_TABLES {
         // The no-override branch equals its parent row for row, the shared iterations and the
         // re-executed one (seeds come from the config, not the run id).
         assert_eq!(differing(&f, table, "same", "p", "0, 1, 2"), 0, "{table}");

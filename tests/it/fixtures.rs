@@ -187,12 +187,7 @@ fn a_column_whose_type_changed_is_an_error_naming_both_types() {
     let f = Fixture::new();
     copy_dir(std::path::Path::new(FIXTURE), &f.store());
     let dir = f.store().join("fixture/data/task_accuracy/iter=000000");
-    let file = std::fs::read_dir(&dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let file = crate::first_file(&dir);
     let batches: Vec<RecordBatch> =
         parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
             std::fs::File::open(&file).unwrap(),
@@ -271,12 +266,7 @@ fn a_parquet_file_with_a_forged_row_count_is_refused() {
         let f = Fixture::new();
         copy_dir(std::path::Path::new(FIXTURE), &f.store());
         let dir = f.store().join("fixture/data/steps/iter=000000");
-        let file = std::fs::read_dir(&dir)
-            .unwrap()
-            .next()
-            .unwrap()
-            .unwrap()
-            .path();
+        let file = crate::first_file(&dir);
         let bytes = std::fs::read(&file).unwrap();
         let n = bytes.len();
         let len = u32::from_le_bytes(bytes[n - 8..n - 4].try_into().unwrap()) as usize;

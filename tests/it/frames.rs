@@ -59,12 +59,7 @@ fn lazy_frames_equal_sql_row_for_row() {
     f.run_pipeline(GRIDNAV, "p", 2, &SMALL_GRIDNAV).ok();
     // An uncommitted attempt beside a committed file.
     let dir = f.store().join("p/data/tasks/iter=000001");
-    let committed = std::fs::read_dir(&dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let committed = crate::first_file(&dir);
     std::fs::copy(&committed, dir.join("zzzz-uncommitted.parquet")).unwrap();
     f.rla(&[
         "replay",

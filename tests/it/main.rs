@@ -42,6 +42,33 @@ pub const SMALL_GRIDNAV: [&str; 16] = [
     "pretrain.rm_epochs=1",
 ];
 
+/// Every data table `sql` exposes (all but `stage_runs`).
+pub const DATA_TABLES: [&str; 13] = [
+    "tasks",
+    "trajectories",
+    "steps",
+    "rm_samples",
+    "step_rewards",
+    "policy_advantages",
+    "rm_advantages",
+    "update_metrics",
+    "task_accuracy",
+    "judgements",
+    "adaptations",
+    "evaluations",
+    "demonstrations",
+];
+
+/// The first file of a directory (a table's iteration directory holds one committed file).
+pub fn first_file(dir: &Path) -> PathBuf {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .next()
+        .unwrap_or_else(|| panic!("{} is empty", dir.display()))
+        .unwrap()
+        .path()
+}
+
 /// A small warm start (the default budgets take ~12 s on gridnav, ~60 s on household): tests
 /// that are not about `pretrain` still run it, on a few demonstrations.
 pub const SMALL_PRETRAIN: [&str; 4] = [

@@ -9,12 +9,7 @@ fn run_with_an_uncommitted_attempt() -> Fixture {
     let f = Fixture::new();
     f.run_small(&["--iterations", "2"]).ok();
     let dir = f.store().join("small/data/step_rewards/iter=000001");
-    let committed = std::fs::read_dir(&dir)
-        .unwrap()
-        .next()
-        .unwrap()
-        .unwrap()
-        .path();
+    let committed = crate::first_file(&dir);
     std::fs::copy(&committed, dir.join("zzzz-uncommitted-attempt.parquet")).unwrap();
     f
 }

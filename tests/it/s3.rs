@@ -244,22 +244,7 @@ fn s3_store_end_to_end() {
         outputs.push(format!("{args:?}\n{}\n{}", r.stdout, r.stderr));
     }
     // Every row of every table of both runs.
-    for table in [
-        "tasks",
-        "trajectories",
-        "steps",
-        "rm_samples",
-        "step_rewards",
-        "policy_advantages",
-        "rm_advantages",
-        "update_metrics",
-        "task_accuracy",
-        "judgements",
-        "adaptations",
-        "evaluations",
-        "demonstrations",
-        "stage_runs",
-    ] {
+    for table in crate::DATA_TABLES.into_iter().chain(["stage_runs"]) {
         let q = format!("SELECT * FROM {table}");
         let r = rla_s3(&f, &moto, &["sql", "--store", url, "--format", "json", &q]).ok();
         outputs.push(r.stdout);
