@@ -22,8 +22,10 @@ use polars::prelude::*;
 use crate::error::{Error, Result};
 use crate::store::{Store, catalog};
 
-/// The committed rows of `table` in run `run_id`, lazily. The store must be local (a path or
-/// `file://`); for `s3://` stores use `rla-pipe files` with Polars' own cloud readers.
+/// The committed rows of `table` in run `run_id`, lazily. Local stores (a path, `file://`) and
+/// `s3://` stores (and `gs://`, `az://` with the `gcp` / `azure` features); Polars reads cloud
+/// files with the same `AWS_*` / `GOOGLE_*` / `AZURE_*` environment the store was opened with.
+/// `memory://` stores have no URL Polars can read: an error.
 pub async fn scan(store: &Store, run_id: &str, table: &str) -> Result<LazyFrame> {
     crate::store::layout::validate_run_id(run_id)?;
     let def = crate::schema::table_def(table)
@@ -40,13 +42,14 @@ pub async fn scan(store: &Store, run_id: &str, table: &str) -> Result<LazyFrame>
         .into_iter()
         .filter(|f| f.file.table == table)
         .collect();
-    if !files.is_empty() && !store.is_local() {
+    if !files.is_empty() && store.url().starts_with("memory://") {
         return Err(Error::store(format!(
-            "{}: frames::scan reads local stores; for a remote store list the files with \
-             `rla-pipe files --format json` and read them with Polars' cloud readers",
+            "{}: Polars cannot read an in-process memory store; use a local or cloud store",
             store.url()
         )));
     }
+    // Cloud URLs: Polars builds its own object store from the environment, as `Store` did.
+    let cloud_options = (!store.is_local()).then(cloud::CloudOptions::default);
     let schema = Arc::new(polars_schema(&def.schema)?);
     if files.is_empty() {
         return Ok(DataFrame::empty_with_schema(&schema).lazy());
@@ -66,6 +69,7 @@ pub async fn scan(store: &Store, run_id: &str, table: &str) -> Result<LazyFrame>
             schema: Some(schema.clone()),
             allow_missing_columns: true,
             glob: false,
+            cloud_options: cloud_options.clone(),
             ..Default::default()
         };
         let mut lf = LazyFrame::scan_parquet_files(paths.into(), args)

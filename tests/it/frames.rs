@@ -134,3 +134,74 @@ fn lazy_frames_equal_sql_row_for_row() {
         .unwrap();
     assert!(e.to_string().contains("nope"), "{e}");
 }
+
+const TASK_COLUMNS: [&str; 6] = ["run_id", "iter", "task_id", "slot", "status", "rolled_out"];
+
+/// `frames::scan` on an `s3://` store (moto): Polars reads the committed files from S3 with the
+/// store's environment and gets `sql`'s rows. The scan runs in a child process of this test
+/// binary (`s3_scan_child`), which is given the S3 environment: tests must not set variables
+/// in their own, shared process.
+#[test]
+fn lazy_frames_read_s3_stores() {
+    let moto = crate::s3::start_moto();
+    let f = Fixture::new();
+    let cfg = f.config().display().to_string();
+    let url = "s3://rla/frames";
+    crate::s3::rla_s3(
+        &f,
+        &moto,
+        &["run", &cfg, "--store", url, "--iterations", "1"],
+    )
+    .ok();
+    let q = format!("SELECT {} FROM tasks", TASK_COLUMNS.join(", "));
+    let mut want: Vec<String> =
+        crate::s3::rla_s3(&f, &moto, &["sql", "--store", url, "--format", "csv", &q])
+            .ok()
+            .stdout
+            .lines()
+            .skip(1)
+            .map(str::to_string)
+            .collect();
+    want.sort();
+    assert!(!want.is_empty());
+    let rows = f.dir.path().join("scanned.csv");
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "frames::s3_scan_child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
+        .envs(moto.env())
+        .env("RLA_FRAMES_STORE", url)
+        .env("RLA_FRAMES_OUT", &rows)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let got = std::fs::read_to_string(&rows).unwrap();
+    assert_eq!(got.lines().collect::<Vec<_>>(), want);
+}
+
+/// The child half of `lazy_frames_read_s3_stores`: writes the scanned `tasks` rows, sorted,
+/// to `RLA_FRAMES_OUT`.
+#[test]
+#[ignore = "run by lazy_frames_read_s3_stores, with the S3 environment"]
+fn s3_scan_child() {
+    let url = std::env::var("RLA_FRAMES_STORE").expect("RLA_FRAMES_STORE");
+    let store = rla_pipe::store::Store::open_existing(&url).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let df = rt
+        .block_on(rla_pipe::frames::scan(&store, "small", "tasks"))
+        .unwrap()
+        .collect()
+        .unwrap();
+    let out = std::env::var("RLA_FRAMES_OUT").expect("RLA_FRAMES_OUT");
+    std::fs::write(out, lines(&df, &TASK_COLUMNS).join("\n")).unwrap();
+}

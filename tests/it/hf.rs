@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 
 use rla_pipe::determinism::Rng;
 use rla_pipe::model::Cpu;
@@ -174,24 +174,9 @@ fn logits(model: &CausalLm<Cpu>, seqs: &[Vec<u32>]) -> Vec<f32> {
         .unwrap()
 }
 
-fn python(code: &str) -> bool {
-    Command::new("python3")
-        .args(["-c", code])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
 /// Logits of the numpy reference: `[seq][pos][vocab]`, flattened.
 fn reference_logits(dir: &Path, seqs: &[Vec<u32>]) -> Vec<f64> {
-    if !python("import numpy") {
-        let ok = Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "numpy"])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "the parity test needs numpy: pip install numpy");
-    }
+    crate::python_packages("numpy", &["numpy"]);
     let ids = dir.join("ids.json");
     let out = dir.join("reference.json");
     std::fs::write(&ids, serde_json::to_string(seqs).unwrap()).unwrap();

@@ -59,6 +59,33 @@ pub const DATA_TABLES: [&str; 13] = [
     "demonstrations",
 ];
 
+/// Make `import` succeed in python3, installing `packages` with pip if it does not. Installs are
+/// serialized: tests run in parallel, and two pip processes writing one site-packages at once
+/// can leave a package half-written for a third test that imports it meanwhile.
+pub fn python_packages(import: &str, packages: &[&str]) {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let importable = || {
+        Command::new("python3")
+            .args(["-c", &format!("import {import}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if importable() {
+        return;
+    }
+    let ok = Command::new("python3")
+        .args(["-m", "pip", "install", "-q"])
+        .args(packages)
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ok && importable(),
+        "this test needs python3 with: pip install {}",
+        packages.join(" ")
+    );
+}
+
 /// The first file of a directory (a table's iteration directory holds one committed file).
 pub fn first_file(dir: &Path) -> PathBuf {
     std::fs::read_dir(dir)

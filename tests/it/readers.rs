@@ -1,7 +1,7 @@
 //! `rla-pipe files`: the committed files of a run, for readers outside rla-pipe (Polars, DuckDB,
 //! pyarrow), which must read exactly what `sql` reads — never an uncommitted attempt.
 
-use crate::Fixture;
+use crate::{Fixture, Run};
 
 /// A run of the small synthetic pipeline plus an uncommitted attempt beside a committed file
 /// (an interrupted stage, or the loser of a commit race, leaves such files until `gc`).
@@ -90,27 +90,24 @@ fn files_lists_exactly_the_committed_files() {
         .fails(1, &["nosuch", "not found"]);
 }
 
-/// Polars (eager and lazy), DuckDB and pyarrow read `files`' list and get exactly `sql`'s rows
-/// and sums, although an uncommitted attempt lies in the same directory.
-#[test]
-fn python_readers_get_exactly_the_committed_rows() {
-    let python = |code: &str| {
-        std::process::Command::new("python3")
-            .args(["-c", code])
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if !python("import polars, duckdb, pyarrow") {
-        let ok = std::process::Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "polars", "duckdb", "pyarrow"])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "this test needs polars, duckdb and pyarrow: pip install polars duckdb pyarrow"
-        );
-    }
-    let f = run_with_an_uncommitted_attempt();
+/// The Python readers the tests use (the versions the README names).
+fn python_readers() {
+    crate::python_packages(
+        "polars, duckdb, pyarrow",
+        &["polars==2.1.0", "duckdb==2.0.1", "pyarrow==26.0.1"],
+    );
+}
+
+/// `tests/readers/read_committed.py` over `rla-pipe files`' list of `step_rewards` of run
+/// `small` in `store`, with `env` (the S3 environment for an `s3://` store): each reader's
+/// (rows, sum of reward), checked against `sql`'s `want` for the `readers` named.
+fn readers_agree_with_sql(
+    store: &str,
+    env: &[(&str, String)],
+    want: &Run,
+    readers: &[&str],
+) -> serde_json::Value {
+    python_readers();
     let script = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/tests/readers/read_committed.py"
@@ -119,11 +116,12 @@ fn python_readers_get_exactly_the_committed_rows() {
         .args([
             script,
             env!("CARGO_BIN_EXE_rla-pipe"),
-            &f.store_arg(),
+            store,
             "small",
             "step_rewards",
             "reward",
         ])
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     assert!(
@@ -132,12 +130,9 @@ fn python_readers_get_exactly_the_committed_rows() {
         String::from_utf8_lossy(&out.stderr)
     );
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let want = f
-        .sql("SELECT count(*), sum(reward) FROM step_rewards")
-        .ok()
-        .csv();
+    let want = want.csv();
     let (rows, sum): (u64, f64) = (want[0][0].parse().unwrap(), want[0][1].parse().unwrap());
-    for reader in ["polars", "lazy", "duckdb", "pyarrow"] {
+    for reader in readers {
         assert_eq!(got[reader][0].as_u64(), Some(rows), "{reader}: {got}");
         let s = got[reader][1].as_f64().unwrap();
         assert!(
@@ -145,6 +140,24 @@ fn python_readers_get_exactly_the_committed_rows() {
             "{reader}: {s} vs {sum}"
         );
     }
+    got
+}
+
+const COUNT_AND_SUM: &str = "SELECT count(*), sum(reward) FROM step_rewards";
+
+/// Polars (eager and lazy), DuckDB and pyarrow read `files`' list and get exactly `sql`'s rows
+/// and sums, although an uncommitted attempt lies in the same directory.
+#[test]
+fn python_readers_get_exactly_the_committed_rows() {
+    let f = run_with_an_uncommitted_attempt();
+    let want = f.sql(COUNT_AND_SUM).ok();
+    readers_agree_with_sql(
+        &f.store_arg(),
+        &[],
+        &want,
+        &["polars", "lazy", "duckdb", "pyarrow"],
+    );
+    let rows: u64 = want.csv()[0][0].parse().unwrap();
     // The directory listing a user might glob holds more rows than were committed.
     let all = std::process::Command::new("python3")
         .args([
@@ -161,6 +174,72 @@ fn python_readers_get_exactly_the_committed_rows() {
         globbed > rows,
         "the uncommitted attempt should be visible to a glob: {globbed} vs {rows}"
     );
+}
+
+/// The README's S3 lines: Polars (eager and lazy, `storage_options`) and pyarrow
+/// (`S3FileSystem`) read `files`' `s3://` URLs from an S3 server (moto) and get exactly `sql`'s
+/// rows, although an uncommitted attempt lies beside a committed file in the bucket. (DuckDB
+/// reads S3 through its `httpfs` extension, which it downloads at run time: not testable
+/// offline.)
+#[test]
+fn python_readers_read_s3_stores() {
+    let moto = crate::s3::start_moto();
+    let f = Fixture::new();
+    let cfg = f.config().display().to_string();
+    let url = "s3://rla/readers";
+    crate::s3::rla_s3(
+        &f,
+        &moto,
+        &["run", &cfg, "--store", url, "--iterations", "2"],
+    )
+    .ok();
+    let listed = crate::s3::rla_s3(
+        &f,
+        &moto,
+        &[
+            "files",
+            "--store",
+            url,
+            "--run",
+            "small",
+            "--table",
+            "step_rewards",
+        ],
+    )
+    .ok();
+    let committed = listed
+        .stdout
+        .lines()
+        .next()
+        .unwrap()
+        .split('\t')
+        .next()
+        .unwrap();
+    let key = committed.strip_prefix("s3://rla/").unwrap();
+    let attempt = format!(
+        "{}/zzzz-uncommitted-attempt.parquet",
+        key.rsplit_once('/').unwrap().0
+    );
+    // An interrupted attempt: a copy of a committed file that no manifest names.
+    let copied = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import boto3, os, sys; boto3.client('s3', endpoint_url=os.environ['AWS_ENDPOINT_URL']).copy_object(Bucket='rla', Key=sys.argv[2], CopySource={'Bucket': 'rla', 'Key': sys.argv[1]})",
+            key,
+            &attempt,
+        ])
+        .envs(moto.env())
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    let want = crate::s3::rla_s3(
+        &f,
+        &moto,
+        &["sql", "--store", url, "--format", "csv", COUNT_AND_SUM],
+    )
+    .ok();
+    let got = readers_agree_with_sql(url, &moto.env(), &want, &["polars", "lazy", "pyarrow"]);
+    assert!(got["duckdb"].is_null(), "{got}");
 }
 
 /// `schema --format json` describes exactly the columns `sql` exposes, in order, with a meaning

@@ -7,9 +7,25 @@ use std::time::{Duration, Instant};
 
 use crate::{Fixture, Run};
 
-struct Moto {
+pub(crate) struct Moto {
     child: Child,
     port: u16,
+}
+
+impl Moto {
+    /// The environment a client of this server needs.
+    pub(crate) fn env(&self) -> [(&'static str, String); 5] {
+        [
+            (
+                "AWS_ENDPOINT_URL",
+                format!("http://127.0.0.1:{}", self.port),
+            ),
+            ("AWS_ALLOW_HTTP", "true".into()),
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY.into()),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_KEY.into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    }
 }
 
 impl Drop for Moto {
@@ -28,17 +44,8 @@ fn python(code: &str) -> bool {
         .is_ok_and(|s| s.success())
 }
 
-fn start_moto() -> Moto {
-    if !python("import moto.server") {
-        let ok = Command::new("python3")
-            .args(["-m", "pip", "install", "-q", "moto[server]==5.2.1"])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(
-            ok,
-            "this test needs moto's S3 server: pip install 'moto[server]==5.2.1'"
-        );
-    }
+pub(crate) fn start_moto() -> Moto {
+    crate::python_packages("moto.server", &["moto[server]==5.2.1"]);
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -74,18 +81,11 @@ fn start_moto() -> Moto {
 const ACCESS_KEY: &str = "AKIARLAPIPETESTKEY01";
 const SECRET_KEY: &str = "rla-pipe-test-secret-3f9c2e71b6";
 
-fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
+pub(crate) fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
     cmd.current_dir(f.dir.path())
         .env_remove("RUST_LOG")
-        .env(
-            "AWS_ENDPOINT_URL",
-            format!("http://127.0.0.1:{}", moto.port),
-        )
-        .env("AWS_ALLOW_HTTP", "true")
-        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
-        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
-        .env("AWS_REGION", "us-east-1")
+        .envs(moto.env())
         .args(args);
     Run::from(cmd.output().unwrap())
 }
