@@ -106,6 +106,7 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
                     .push_u64(m.outputs.iter().map(|o| o.rows).sum())
                     .push_u64(m.outputs.iter().map(|o| o.bytes).sum())
                     .push_f64(m.seconds)
+                    .push_opt_f64(m.store_seconds)
                     .push_str(&c.digest)
                     .push_str(&m.config_hash)
                     .push_str(&m.code_version)

@@ -43,7 +43,8 @@ pub const WRITE_BATCH_ROWS: usize = 8192;
 const CHUNK_CONCURRENCY: usize = 3;
 
 /// Run a stage and write every output table through the sink. Returns the output files in the
-/// order the stage declares its outputs.
+/// order the stage declares its outputs, and the seconds the writers spent encoding, hashing
+/// and uploading them (summed over the tables).
 ///
 /// A stage with a [`Stage::partition_column`] whose inputs are committed files runs range by
 /// range over that column (contiguous ranges of ~`run.chunk_rows` input rows, two at a time, one
@@ -55,7 +56,7 @@ pub async fn execute(
     ctx: &StageContext,
     sink: &Sink,
     on_rows: &(dyn Fn(&str, u64) + Sync),
-) -> Result<Vec<OutputFile>> {
+) -> Result<(Vec<OutputFile>, f64)> {
     // One writer task per output table: tables are encoded in parallel, and encoding overlaps
     // with computing the next batches.
     let mut senders = Vec::new();
@@ -86,13 +87,15 @@ pub async fn execute(
         return Err(e);
     }
     let mut files = Vec::new();
+    let mut busy = 0.0;
     for w in writers {
-        let written = w
-            .await
-            .map_err(|e| Error::data(format!("stage {}: writer task failed: {e}", stage.name())))?;
-        files.push(written?);
+        let (file, seconds) = w.await.map_err(|e| {
+            Error::data(format!("stage {}: writer task failed: {e}", stage.name()))
+        })??;
+        files.push(file);
+        busy += seconds;
     }
-    Ok(files)
+    Ok((files, busy))
 }
 
 /// Compute the stage's outputs and send each table's batches, in key order, to its writer.
@@ -388,6 +391,8 @@ struct TableWriter {
     /// Replay of a file written by an earlier build: its schema and this build's column
     /// indices that make it up.
     written: Option<(arrow::datatypes::SchemaRef, Vec<usize>)>,
+    /// Time spent in the Parquet writer: encoding, hashing, uploading.
+    busy: std::time::Duration,
 }
 
 impl TableWriter {
@@ -451,6 +456,7 @@ impl TableWriter {
             coalescer,
             rows: 0,
             written: keep.map(|k| (schema, k)),
+            busy: std::time::Duration::ZERO,
         })
     }
 
@@ -479,30 +485,39 @@ impl TableWriter {
         };
         self.rows += batch.num_rows() as u64;
         self.coalescer.push_batch(batch)?;
+        self.write_completed().await
+    }
+
+    /// Hand the coalescer's full batches to the Parquet writer.
+    async fn write_completed(&mut self) -> Result<()> {
+        let t0 = std::time::Instant::now();
         while let Some(b) = self.coalescer.next_completed_batch() {
             self.writer.write(&b).await?;
         }
+        self.busy += t0.elapsed();
         Ok(())
     }
 
-    async fn finish(mut self) -> Result<OutputFile> {
+    /// Flush and close the file: its manifest entry and the writer's busy seconds.
+    async fn finish(mut self) -> Result<(OutputFile, f64)> {
         self.coalescer.finish_buffered_batch()?;
-        while let Some(b) = self.coalescer.next_completed_batch() {
-            self.writer.write(&b).await?;
-        }
+        self.write_completed().await?;
+        let t0 = std::time::Instant::now();
         self.writer.finish().await?;
+        self.busy += t0.elapsed();
         let (bytes, digest) = self.writer.into_inner().finish();
         let written = match &self.written {
             Some((schema, _)) => schema.clone(),
             None => self.def.schema.clone(),
         };
-        Ok(OutputFile {
+        let file = OutputFile {
             table: self.def.name.to_string(),
             path: self.path,
             bytes,
             rows: self.rows,
             digest,
             schema: schema::fingerprint(&written),
-        })
+        };
+        Ok((file, self.busy.as_secs_f64()))
     }
 }

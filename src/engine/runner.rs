@@ -322,9 +322,11 @@ impl Engine {
         let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
         let outputs = exec::execute(stage.clone(), &ctx, &sink, &on_rows).await;
         bar.finish_and_clear();
-        let outputs = outputs?;
+        let (outputs, writing) = outputs?;
         crash_point("after-data");
+        let t_artifacts = Instant::now();
         let artifacts = store_artifacts(&self.store, &self.run_id, iter, &ctx).await?;
+        let store_seconds = writing + t_artifacts.elapsed().as_secs_f64();
         crash_point("after-artifacts");
         let m = StageManifest {
             format: manifest::FORMAT,
@@ -349,6 +351,7 @@ impl Engine {
             artifacts,
             started_at,
             seconds: t0.elapsed().as_secs_f64(),
+            store_seconds: Some(store_seconds),
             status: "committed".into(),
             shared: None,
         };

@@ -320,6 +320,7 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("rows", UInt64, false),
                 f("bytes", UInt64, false),
                 f("seconds", Float64, false),
+                f("store_seconds", Float64, true),
                 f("digest", Utf8, false),
                 f("config_hash", Utf8, false),
                 f("code_version", Utf8, false),

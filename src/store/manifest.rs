@@ -98,6 +98,12 @@ pub struct StageManifest {
     pub artifacts: Vec<ArtifactFile>,
     pub started_at: String,
     pub seconds: f64,
+    /// Of `seconds`, the time spent storing the outputs: Parquet encoding, blake3 hashing and
+    /// uploading the data files (summed over the tables, which are written in parallel with
+    /// the computation, so this can exceed the share of wall time it costs), plus hashing and
+    /// uploading the checkpoints. Absent in manifests of builds before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_seconds: Option<f64>,
     /// `committed`, or `shared` for a branch run's reference to a parent's stage.
     pub status: String,
     /// In a branch run (`replay --from N --into ID`), the stages of iterations before N are the
@@ -253,7 +259,7 @@ mod tests {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),
                     bytes: n.len() as u64, digest: digest(n.as_bytes()),
                 }).collect(),
-                started_at: now_rfc3339(), seconds: secs, status: "committed".into(),
+                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), status: "committed".into(),
                 shared: None,
             };
             let bytes = to_bytes(&m);

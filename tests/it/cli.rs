@@ -9,6 +9,18 @@ fn run_then_query_every_table() {
     assert!(r.stderr.contains("iter   1  committed"), "{}", r.stderr);
     // 2 iterations × 4 stages.
     assert_eq!(f.sql("SELECT count(*) FROM stage_runs").ok().scalar(), "8");
+    // Every manifest records the time its outputs took to store: some for every stage (each
+    // writes bytes), and never more than the stage's wall time per table (one writer per
+    // table, running within the stage; these stages write at most 4 tables).
+    assert_eq!(
+        f.sql(
+            "SELECT count(*) FROM stage_runs WHERE store_seconds IS NULL OR store_seconds <= 0 \
+             OR store_seconds > 4 * seconds"
+        )
+        .ok()
+        .scalar(),
+        "0"
+    );
     assert_eq!(
         f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
         (2 * 24 * 4).to_string()

@@ -61,6 +61,13 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
         r.stdout,
         "iter,split,s,n\n0,held_out,3,8\n0,ood,1,8\n1,held_out,2,8\n1,ood,0,8\n"
     );
+    // Its manifests predate `store_seconds`: NULL, not a made-up zero.
+    assert_eq!(
+        f.sql("SELECT count(store_seconds) FROM stage_runs")
+            .ok()
+            .scalar(),
+        "0"
+    );
     let r = f.sql("SELECT round(sum(advantage), 9) AS a FROM policy_advantages");
     assert_eq!(r.stdout, "a\n2.333333333\n");
 
