@@ -20,8 +20,9 @@ BIN = os.environ.get("RLA_PIPE_BIN", os.path.join(TARGET, "debug", "rla-pipe"))
 STEPS_PER_TASK = 8 * 10  # n = 8 rollouts, episodes of 1..19 steps (mean 10)
 
 
-def measured(cmd):
-    """Run cmd in a child, return (seconds, peak RSS in MiB) of that child alone."""
+def measured(cmd, may_fail=False):
+    """Run cmd in a child, return (seconds, peak RSS in MiB) of that child alone; with may_fail,
+    (None, None) when it fails (DuckDB held to 2 GB runs out of memory at 10M rows)."""
     wrapper = (
         "import resource, subprocess, sys, time\n"
         "t = time.perf_counter(); r = subprocess.run(sys.argv[1:]); dt = time.perf_counter() - t\n"
@@ -30,9 +31,17 @@ def measured(cmd):
     )
     out = subprocess.run([sys.executable, "-c", wrapper] + cmd, capture_output=True, text=True)
     if out.returncode != 0:
+        if may_fail:
+            errors = [l for l in out.stderr.splitlines() if "Error" in l] or [f"exit {out.returncode}"]
+            print(f"failed: {errors[-1]}", flush=True)
+            return None, None
         sys.exit(f"command failed: {' '.join(cmd)}\n{out.stdout}\n{out.stderr}")
     dt, rss = out.stdout.strip().splitlines()[-1].split()
     return float(dt), float(rss)
+
+
+def fmt(x, spec, unit=""):
+    return "failed" if x is None else format(x, spec) + unit
 
 
 def config(n):
@@ -100,15 +109,16 @@ def main():
         runner = ("import duckdb, sys; c = duckdb.connect(); c.execute(\"SET threads = 2\"); "
                   "c.execute(sys.argv[2]); c.execute(open(sys.argv[1]).read())")
         theirs, theirs_rss = measured([sys.executable, "-c", runner, script, "SELECT 1"])
-        capped, capped_rss = measured([sys.executable, "-c", runner, script, "SET memory_limit = '2GB'"])
+        capped, capped_rss = measured([sys.executable, "-c", runner, script, "SET memory_limit = '2GB'"],
+                                      may_fail=True)
         rows.append((n, steps, gen, ours, ours_rss, theirs, theirs_rss, capped, capped_rss))
         print(f"N={n:>10} steps={steps:>10} gen={gen:6.1f}s  rla-pipe {ours:6.2f}s {ours_rss:7.0f} MiB"
-              f"  duckdb {theirs:6.2f}s {theirs_rss:7.0f} MiB  duckdb(2GB) {capped:6.2f}s {capped_rss:7.0f} MiB",
+              f"  duckdb {theirs:6.2f}s {theirs_rss:7.0f} MiB  duckdb(2GB) {fmt(capped, '6.2f', ' s')} {fmt(capped_rss, '7.0f', ' MiB')}",
               flush=True)
-    print("\n| step rows | RM rows | rla-pipe (s) | rla-pipe peak RSS (MiB) | s per 1M steps | DuckDB (s) | DuckDB peak RSS (MiB) | DuckDB, memory_limit 2GB (s) | its peak RSS (MiB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| step rows | RM rows | rla-pipe (s) | rla-pipe peak RSS (MiB) | s per 1M steps | DuckDB (s) | DuckDB peak RSS (MiB) | rla-pipe / DuckDB | DuckDB, memory_limit 2GB (s) | its peak RSS (MiB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for n, steps, gen, ours, orss, theirs, trss, capped, crss in rows:
-        print(f"| {steps:,} | {3*steps:,} | {ours:.2f} | {orss:.0f} | {ours / steps * 1e6:.2f} | {theirs:.2f} | {trss:.0f} | {capped:.2f} | {crss:.0f} |")
+        print(f"| {steps:,} | {3*steps:,} | {ours:.2f} | {orss:.0f} | {ours / steps * 1e6:.2f} | {theirs:.2f} | {trss:.0f} | {ours / theirs:.2f}× | {fmt(capped, '.2f')} | {fmt(crss, '.0f')} |")
 
 
 if __name__ == "__main__":
