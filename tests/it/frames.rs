@@ -38,19 +38,12 @@ fn lines(df: &DataFrame, columns: &[&str]) -> Vec<String> {
 }
 
 fn sql_lines(f: &Fixture, run: &str, table: &str, columns: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = f
-        .sql(&format!(
-            "SELECT {} FROM {table} WHERE run_id = '{run}'",
-            columns.join(", ")
-        ))
-        .ok()
-        .stdout
-        .lines()
-        .skip(1)
-        .map(str::to_string)
-        .collect();
-    out.sort();
-    out
+    f.sql(&format!(
+        "SELECT {} FROM {table} WHERE run_id = '{run}'",
+        columns.join(", ")
+    ))
+    .ok()
+    .sorted_lines()
 }
 
 #[test]
@@ -154,15 +147,9 @@ fn lazy_frames_read_s3_stores() {
     )
     .ok();
     let q = format!("SELECT {} FROM tasks", TASK_COLUMNS.join(", "));
-    let mut want: Vec<String> =
-        crate::s3::rla_s3(&f, &moto, &["sql", "--store", url, "--format", "csv", &q])
-            .ok()
-            .stdout
-            .lines()
-            .skip(1)
-            .map(str::to_string)
-            .collect();
-    want.sort();
+    let want = crate::s3::rla_s3(&f, &moto, &["sql", "--store", url, "--format", "csv", &q])
+        .ok()
+        .sorted_lines();
     assert!(!want.is_empty());
     let rows = f.dir.path().join("scanned.csv");
     let out = std::process::Command::new(std::env::current_exe().unwrap())

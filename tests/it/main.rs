@@ -251,6 +251,12 @@ impl Run {
         }
         self
     }
+    /// CSV output → its data lines, sorted (header dropped).
+    pub fn sorted_lines(&self) -> Vec<String> {
+        let mut lines: Vec<String> = self.stdout.lines().skip(1).map(str::to_string).collect();
+        lines.sort();
+        lines
+    }
     /// CSV output → rows of fields (header dropped).
     pub fn csv(&self) -> Vec<Vec<String>> {
         self.stdout
