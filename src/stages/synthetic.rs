@@ -53,6 +53,8 @@ struct Generator {
     iter: u32,
     root: u64,
     tasks: Arc<Vec<Task>>,
+    /// Indices into `tasks` in the `tasks` table's key order (slot; one task per slot).
+    by_slot: Arc<Vec<usize>>,
     n: u32,
     m: u32,
     rm_enabled: bool,
@@ -85,11 +87,14 @@ impl Generator {
             })
             .collect();
         tasks.sort_by(|a, b| a.task_id.cmp(&b.task_id));
+        let mut by_slot: Vec<usize> = (0..tasks.len()).collect();
+        by_slot.sort_by_key(|&i| tasks[i].slot);
         Generator {
             run_id: ctx.run_id.clone(),
             iter: ctx.iter,
             root: ctx.seed,
             tasks: Arc::new(tasks),
+            by_slot: Arc::new(by_slot),
             n: c.rollout.n,
             m: c.reward_model.samples,
             rm_enabled: c.reward_model.enabled,
@@ -135,14 +140,14 @@ impl Generator {
     }
 
     fn batch(&self, table: &'static str, chunk: usize) -> Result<RecordBatch> {
-        let tasks = &self.tasks
-            [chunk * TASKS_PER_BATCH..((chunk + 1) * TASKS_PER_BATCH).min(self.tasks.len())];
+        let range = chunk * TASKS_PER_BATCH..((chunk + 1) * TASKS_PER_BATCH).min(self.tasks.len());
+        let tasks = &self.tasks[range.clone()];
         let mut out = TableBuilder::new(table)?;
         match table {
+            // The pool in slot order, cut into the same chunks: the stream is handed to the
+            // engine as sorted by the table's key across chunks, not only within each.
             "tasks" => {
-                let mut by_slot: Vec<&Task> = tasks.iter().collect();
-                by_slot.sort_by_key(|t| t.slot);
-                for t in by_slot {
+                for t in self.by_slot[range].iter().map(|&i| &self.tasks[i]) {
                     out.push_str(&t.task_id)
                         .push_u32(t.slot)
                         .push_str("active")
@@ -276,6 +281,17 @@ mod tests {
             .sum();
         assert_eq!(steps.num_rows() as u64, total_steps);
         assert_eq!(rm.num_rows() as u64, total_steps * 3);
+        // `tasks` is in key (slot) order across its two batches too.
+        let tasks = output(&Synthetic, &c, "tasks").await;
+        let slots = tasks
+            .column_by_name("slot")
+            .unwrap()
+            .as_any()
+            .downcast_ref::<arrow::array::UInt32Array>()
+            .unwrap()
+            .values()
+            .to_vec();
+        assert_eq!(slots, (0..300).collect::<Vec<u32>>());
         // Key order holds across batch boundaries.
         let ids = traj.column_by_name("traj_id").unwrap();
         let ids = ids
