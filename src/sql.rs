@@ -88,6 +88,7 @@ pub async fn session_over<'a>(
             def.name,
             &def,
             &fs.into_iter().map(|f| f.path).zip(runs).collect::<Vec<_>>(),
+            tables::FileOrder::Unknown,
         )?;
     }
     Ok(ctx)

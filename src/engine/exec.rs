@@ -14,7 +14,7 @@ use crate::error::{Error, Result};
 use crate::schema::{self, TableDef};
 use crate::stage::{InputFiles, Stage, StageContext, TableOutput};
 use crate::store::manifest::OutputFile;
-use crate::store::tables::{new_session, register_files};
+use crate::store::tables::{FileOrder, new_session, register_files};
 use crate::store::{self, Store, layout};
 
 /// Where a stage's outputs go.
@@ -293,6 +293,7 @@ async fn range_session(
                 .iter()
                 .map(|f| (f.path.clone(), run_id.to_string()))
                 .collect::<Vec<_>>(),
+            FileOrder::Key,
         )?;
         let filter = if conds.is_empty() || def.schema.field_with_name(column).is_err() {
             String::new()

@@ -18,6 +18,7 @@ use crate::store::catalog::{self, Committed};
 use crate::store::manifest::{
     self, InputKind, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
 };
+use crate::store::tables::FileOrder;
 use crate::store::{Store, layout};
 
 /// Runs one run's DAG over a store.
@@ -561,6 +562,7 @@ pub async fn build_context(
                     .iter()
                     .map(|f| (f.path.clone(), run_id.to_string()))
                     .collect::<Vec<_>>(),
+                FileOrder::Key,
             )?;
             tables_in.push((def, files));
         }
@@ -577,7 +579,14 @@ pub async fn build_context(
     for table in declared {
         if !inputs.iter().any(|(_, ts)| ts.contains(table)) {
             let def = schema::table_def(table).expect("known table");
-            crate::store::tables::register_files(&session, store, def.name, &def, &[])?;
+            crate::store::tables::register_files(
+                &session,
+                store,
+                def.name,
+                &def,
+                &[],
+                FileOrder::Key,
+            )?;
             tables_in.push((def, Vec::new()));
         }
     }

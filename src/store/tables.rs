@@ -47,6 +47,18 @@ pub fn new_session(
     Ok(ctx)
 }
 
+/// Whether DataFusion is told that a table's files are sorted by the table's key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileOrder {
+    /// Declared: ordered aggregations stream and sorts by the key are skipped. Stage inputs,
+    /// so a stage re-executed by replay plans exactly as when it ran.
+    Key,
+    /// Not declared: DataFusion sorts and groups as over any files. For `sql`: some committed
+    /// files are not in key order (DataFusion 55.2 can drop a stage's final sort; README, Known
+    /// problem), and a query must not return wrong groups or unsorted `ORDER BY` results.
+    Unknown,
+}
+
 /// Register a table over committed Parquet files (paths relative to the store root), with the
 /// table's declared schema. No files → an empty table with that schema.
 ///
@@ -58,6 +70,7 @@ pub fn register_files(
     name: &str,
     def: &TableDef,
     files: &[(String, String)],
+    order: FileOrder,
 ) -> Result<()> {
     // Files whose run_id column is already right (`None`) and those to relabel, per run.
     let mut groups: std::collections::BTreeMap<Option<&str>, Vec<&str>> = Default::default();
@@ -69,11 +82,11 @@ pub fn register_files(
     let provider: Arc<dyn datafusion::catalog::TableProvider> = if files.is_empty() {
         Arc::new(MemTable::try_new(def.schema.clone(), vec![vec![]])?)
     } else if groups.len() == 1 && groups.contains_key(&None) {
-        listing(store, def, &groups[&None])?
+        listing(store, def, &groups[&None], order)?
     } else {
         let mut union: Option<datafusion::prelude::DataFrame> = None;
         for (relabel, paths) in &groups {
-            let mut df = ctx.read_table(listing(store, def, paths)?)?;
+            let mut df = ctx.read_table(listing(store, def, paths, order)?)?;
             if let Some(run) = relabel {
                 let columns = def.schema.fields().iter().map(|f| {
                     if f.name() == "run_id" {
@@ -96,26 +109,31 @@ pub fn register_files(
     Ok(())
 }
 
-/// A listing table over some committed files, with the table's schema and sort order.
+/// A listing table over some committed files, with the table's schema and, for
+/// [`FileOrder::Key`], its sort order.
 fn listing(
     store: &Store,
     def: &TableDef,
     paths: &[&str],
+    order: FileOrder,
 ) -> Result<Arc<dyn datafusion::catalog::TableProvider>> {
     let urls = paths
         .iter()
         .map(|p| ListingTableUrl::parse(store.datafusion_url(p)))
         .collect::<datafusion::error::Result<Vec<_>>>()?;
-    // Every committed file is sorted by the table's key: telling DataFusion lets it stream
-    // ordered aggregations and skip sorts.
-    let order = def
+    // Committed files are meant to be sorted by the table's key: telling DataFusion lets it
+    // stream ordered aggregations and skip sorts.
+    let key_order = def
         .key
         .iter()
         .map(|k| col(*k).sort(true, false))
         .collect::<Vec<_>>();
     let options = ListingOptions::new(Arc::new(ParquetFormat::default()))
         .with_file_extension(".parquet")
-        .with_file_sort_order(vec![order]);
+        .with_file_sort_order(match order {
+            FileOrder::Key => vec![key_order],
+            FileOrder::Unknown => vec![],
+        });
     let config = ListingTableConfig::new_with_multi_paths(urls)
         .with_listing_options(options)
         .with_schema(def.schema.clone());
