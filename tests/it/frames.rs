@@ -136,16 +136,8 @@ const TASK_COLUMNS: [&str; 6] = ["run_id", "iter", "task_id", "slot", "status", 
 /// in their own, shared process.
 #[test]
 fn lazy_frames_read_s3_stores() {
-    let moto = crate::s3::start_moto();
-    let f = Fixture::new();
-    let cfg = f.config().display().to_string();
     let url = "s3://rla/frames";
-    crate::s3::rla_s3(
-        &f,
-        &moto,
-        &["run", &cfg, "--store", url, "--iterations", "1"],
-    )
-    .ok();
+    let (moto, f) = crate::s3::small_run_on_s3(url, "1");
     let q = format!("SELECT {} FROM tasks", TASK_COLUMNS.join(", "));
     let want = crate::s3::rla_s3(&f, &moto, &["sql", "--store", url, "--format", "csv", &q])
         .ok()

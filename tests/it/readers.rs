@@ -183,16 +183,8 @@ fn python_readers_get_exactly_the_committed_rows() {
 /// offline.)
 #[test]
 fn python_readers_read_s3_stores() {
-    let moto = crate::s3::start_moto();
-    let f = Fixture::new();
-    let cfg = f.config().display().to_string();
     let url = "s3://rla/readers";
-    crate::s3::rla_s3(
-        &f,
-        &moto,
-        &["run", &cfg, "--store", url, "--iterations", "2"],
-    )
-    .ok();
+    let (moto, f) = crate::s3::small_run_on_s3(url, "2");
     let listed = crate::s3::rla_s3(
         &f,
         &moto,

@@ -90,18 +90,26 @@ pub(crate) fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
     Run::from(cmd.output().unwrap())
 }
 
-#[test]
-fn s3_store_end_to_end() {
+/// moto, and a fixture whose small pipeline has run `iterations` iterations on the S3 store
+/// `url` (run id `small`).
+pub(crate) fn small_run_on_s3(url: &str, iterations: &str) -> (Moto, Fixture) {
     let moto = start_moto();
     let f = Fixture::new();
     let cfg = f.config().display().to_string();
-    let url = "s3://rla/some/prefix";
     rla_s3(
         &f,
         &moto,
-        &["run", &cfg, "--store", url, "--iterations", "1"],
+        &["run", &cfg, "--store", url, "--iterations", iterations],
     )
     .ok();
+    (moto, f)
+}
+
+#[test]
+fn s3_store_end_to_end() {
+    let url = "s3://rla/some/prefix";
+    let (moto, f) = small_run_on_s3(url, "1");
+    let cfg = f.config().display().to_string();
     // The same run on a local store commits byte-identical files.
     f.run_small(&["--iterations", "1"]).ok();
     let q = "SELECT stage, rows, bytes FROM stage_runs ORDER BY stage";
