@@ -82,13 +82,14 @@ pub async fn session_over<'a>(
         let (fs, runs): (Vec<_>, Vec<_>) =
             files.remove(table).unwrap_or_default().into_iter().unzip();
         tables::check_files(store, &def, &fs).await?;
+        let order = tables::FileOrder::of(&fs);
         tables::register_files(
             &ctx,
             store,
             def.name,
             &def,
             &fs.into_iter().map(|f| f.path).zip(runs).collect::<Vec<_>>(),
-            tables::FileOrder::Unknown,
+            order,
         )?;
     }
     Ok(ctx)

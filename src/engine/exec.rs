@@ -29,10 +29,24 @@ pub enum Sink {
     },
     /// Only hash (replay). A table named in `as_written` is encoded with that schema — the one
     /// its committed file was written with by an earlier build: columns added since are left
-    /// out, so the replayed bytes compare with the committed ones.
+    /// out, so the replayed bytes compare with the committed ones. A table in `unchecked` was
+    /// committed by a build whose writer did not check key order ([`OutputFile::sorted`] false):
+    /// it is replayed as that build wrote it — sorted by DataFusion as planned, not checked.
     HashOnly {
         as_written: std::collections::BTreeMap<String, arrow::datatypes::SchemaRef>,
+        unchecked: std::collections::BTreeSet<String>,
     },
+}
+
+impl Sink {
+    /// Whether a table's rows are sorted by the engine and checked by the writer (always, but
+    /// for the replay of files written before that).
+    fn checks_order(&self, table: &str) -> bool {
+        match self {
+            Sink::Store { .. } => true,
+            Sink::HashOnly { unchecked, .. } => !unchecked.contains(table),
+        }
+    }
 }
 
 /// Rows per batch handed to the Parquet writer. Batches are re-cut to exactly this size so the
@@ -72,7 +86,7 @@ pub async fn execute(
             writer.finish().await
         }));
     }
-    let fed = feed(stage.clone(), ctx, &senders, on_rows).await;
+    let fed = feed(stage.clone(), ctx, sink, &senders, on_rows).await;
     drop(senders);
     if let Err(e) = fed {
         // A writer that failed (e.g. a null in a non-nullable column) closed its channel: its
@@ -102,6 +116,7 @@ pub async fn execute(
 async fn feed(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
+    sink: &Sink,
     senders: &[(&'static str, tokio::sync::mpsc::Sender<RecordBatch>)],
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<()> {
@@ -113,12 +128,14 @@ async fn feed(
             let chunks = futures::stream::iter(ranges.into_iter().map(|range| {
                 let (stage, inputs, config) = (stage.clone(), inputs.clone(), ctx.config.clone());
                 let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
+                let sink = sink.clone();
                 tokio::spawn(async move {
                     let session = range_session(&inputs, &run_id, column, &range).await?;
                     let chunk = StageContext::detached(run_id, iter, seed, config, session);
                     let mut collected = Vec::new();
                     for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
-                        let stream = into_sorted_stream(stage.name(), &def, out).await?;
+                        let checked = sink.checks_order(def.name);
+                        let stream = into_sorted_stream(stage.name(), &def, out, checked).await?;
                         use futures::TryStreamExt;
                         collected.push(stream.try_collect::<Vec<_>>().await?);
                     }
@@ -147,7 +164,8 @@ async fn feed(
                 .into_iter()
                 .enumerate()
             {
-                let mut stream = into_sorted_stream(stage.name(), &def, out).await?;
+                let checked = sink.checks_order(def.name);
+                let mut stream = into_sorted_stream(stage.name(), &def, out, checked).await?;
                 let (table, tx) = &senders[i];
                 forwards.push(async move {
                     let mut n = 0u64;
@@ -358,21 +376,36 @@ fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
     Ok(())
 }
 
+/// A stage's output as a stream in the table's key order.
+///
+/// A frame is sorted by the engine's sort over DataFusion's optimized plan
+/// ([`super::sort::sorted_by_key`]), which DataFusion cannot take for done (`checked`). Builds
+/// before 2026-11-24 asked DataFusion for `ORDER BY` the key, which 55.2 could drop (README,
+/// Known problem); replaying the files they wrote asks it that way again.
 async fn into_sorted_stream(
     stage: &str,
     def: &TableDef,
     out: TableOutput,
+    checked: bool,
 ) -> Result<SendableRecordBatchStream> {
     match out {
         TableOutput::Frame(df) => {
             let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
             check_schema(stage, def, &schema)?;
-            let sort = def
-                .key
-                .iter()
-                .map(|k| col(*k).sort(true, false))
-                .collect::<Vec<_>>();
-            Ok(df.sort(sort)?.execute_stream().await?)
+            if !checked {
+                let sort = def
+                    .key
+                    .iter()
+                    .map(|k| col(*k).sort(true, false))
+                    .collect::<Vec<_>>();
+                return Ok(df.sort(sort)?.execute_stream().await?);
+            }
+            let task = Arc::new(df.task_ctx());
+            let plan = df.create_physical_plan().await?;
+            Ok(datafusion::physical_plan::execute_stream(
+                super::sort::sorted_by_key(def, plan)?,
+                task,
+            )?)
         }
         TableOutput::Sorted(stream) => {
             check_schema(stage, def, &stream.schema())?;
@@ -394,6 +427,8 @@ struct TableWriter {
     written: Option<(arrow::datatypes::SchemaRef, Vec<usize>)>,
     /// Time spent in the Parquet writer: encoding, hashing, uploading.
     busy: std::time::Duration,
+    /// Checks key order (all but replays of files written before it was checked).
+    order: Option<super::sort::KeyOrderCheck>,
 }
 
 impl TableWriter {
@@ -417,7 +452,7 @@ impl TableWriter {
         };
         // The schema the file is encoded with, and which of this build's columns go into it.
         let (schema, keep) = match sink {
-            Sink::HashOnly { as_written } => match as_written.get(table) {
+            Sink::HashOnly { as_written, .. } => match as_written.get(table) {
                 Some(old)
                     if old.fields().len() != def.schema.fields().len()
                         || old.fields().iter().zip(def.schema.fields()).any(|(a, b)| {
@@ -449,7 +484,12 @@ impl TableWriter {
         };
         let writer = store::parquet::writer(object_writer, schema.clone())?;
         let coalescer = BatchCoalescer::new(schema.clone(), WRITE_BATCH_ROWS);
+        let order = match sink.checks_order(table) {
+            true => Some(super::sort::KeyOrderCheck::new(&def)?),
+            false => None,
+        };
         Ok(TableWriter {
+            order,
             stage: stage.to_string(),
             def,
             path,
@@ -477,6 +517,30 @@ impl TableWriter {
                 self.stage, self.def.name, self.def.name
             ))
         })?;
+        if let Some(order) = &mut self.order
+            && let Err(i) = order.check(&batch)?
+        {
+            let key = self
+                .def
+                .key
+                .iter()
+                .map(|k| {
+                    let c = batch.column_by_name(k).expect("key column");
+                    let v = arrow::util::display::array_value_to_string(c, i)
+                        .unwrap_or_else(|_| "?".into());
+                    format!("{k}={v}")
+                })
+                .collect::<Vec<_>>();
+            return Err(Error::data(format!(
+                "stage {}: table {}: row {} ({}) is not in key order ({}): it sorts before the \
+                 row written before it; nothing is committed (a bug: please report it)",
+                self.stage,
+                self.def.name,
+                order.rows + i as u64,
+                key.join(", "),
+                self.def.key.join(", ")
+            )));
+        }
         let batch = match &self.written {
             Some((schema, keep)) => RecordBatch::try_new(
                 schema.clone(),
@@ -518,6 +582,7 @@ impl TableWriter {
             rows: self.rows,
             digest,
             schema: schema::fingerprint(&written),
+            sorted: self.order.is_some(),
         };
         Ok((file, self.busy.as_secs_f64()))
     }

@@ -9,6 +9,7 @@ pub mod dag;
 pub mod exec;
 pub mod replay;
 pub mod runner;
+pub mod sort;
 pub mod summary;
 
 pub use dag::{Dag, InitialCheckpoint, InputSource, ModelOrigins};

@@ -13,7 +13,7 @@ use object_store::path::Path;
 
 use super::Dag;
 use super::exec::{self, Sink};
-use super::runner::{build_context, load_checkpoint};
+use super::runner::{InputOrder, build_context, load_checkpoint};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::store::catalog::{self, Committed};
@@ -220,6 +220,12 @@ async fn verify_run(
                 changed.join("; ")
             )));
         }
+        let unchecked: std::collections::BTreeSet<String> = m
+            .outputs
+            .iter()
+            .filter(|o| !o.sorted)
+            .map(|o| o.table.clone())
+            .collect();
         let mut inputs: Vec<(Committed, Vec<&'static str>)> = Vec::new();
         let mut checkpoints = std::collections::BTreeMap::new();
         for input in &m.inputs {
@@ -254,6 +260,13 @@ async fn verify_run(
             config.clone(),
             stage.inputs(),
             &inputs,
+            // A stage committed before the writer checked key order declared all its inputs
+            // sorted; it is replayed as it ran.
+            if unchecked.is_empty() {
+                InputOrder::Checked
+            } else {
+                InputOrder::AllDeclared
+            },
         )
         .await?;
         ctx.checkpoints = checkpoints;
@@ -263,6 +276,7 @@ async fn verify_run(
                 .filter(|((s, _), _)| *s == m.stage)
                 .map(|((_, t), schema)| (t.clone(), schema.clone()))
                 .collect(),
+            unchecked,
         };
         let (outputs, _) = exec::execute(stage.clone(), &ctx, &sink, &|_, _| {}).await?;
         let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));

@@ -306,6 +306,7 @@ impl Engine {
             self.config.clone(),
             stage.inputs(),
             &inputs,
+            InputOrder::Checked,
         )
         .await?;
         let (checkpoints, refs) = self.checkpoints_of(iter, stage.as_ref(), done).await?;
@@ -529,7 +530,18 @@ pub fn stage_seed(cfg: &Config, iter: u32, stage: &str) -> u64 {
     derive_seed(cfg.run.seed, &[&iter.to_string(), stage])
 }
 
+/// Which input tables a stage is told are sorted by key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputOrder {
+    /// Those whose files the writer checked for key order ([`FileOrder::of`]).
+    Checked,
+    /// All of them, as builds before 2026-11-24 did: for replaying a stage such a build
+    /// committed, which must plan as it did then.
+    AllDeclared,
+}
+
 /// A stage context whose input tables are the files named by the given committed manifests.
+#[allow(clippy::too_many_arguments)]
 pub async fn build_context(
     store: &Store,
     run_id: &str,
@@ -538,6 +550,7 @@ pub async fn build_context(
     config: Arc<Config>,
     declared: &[&'static str],
     inputs: &[(Committed, Vec<&'static str>)],
+    order: InputOrder,
 ) -> Result<(StageContext, Vec<InputRef>)> {
     let session = crate::store::tables::new_session(store, config.run.memory_limit_mib, None)?;
     let mut refs = Vec::new();
@@ -562,7 +575,10 @@ pub async fn build_context(
                     .iter()
                     .map(|f| (f.path.clone(), run_id.to_string()))
                     .collect::<Vec<_>>(),
-                FileOrder::Key,
+                match order {
+                    InputOrder::Checked => FileOrder::of(&files),
+                    InputOrder::AllDeclared => FileOrder::Key,
+                },
             )?;
             tables_in.push((def, files));
         }

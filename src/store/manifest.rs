@@ -29,6 +29,12 @@ pub struct OutputFile {
     /// changed type is an error).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub schema: String,
+    /// The writer checked, row by row, that the file is in the table's key order. False (absent)
+    /// in manifests of builds before 2026-11-24, whose files may not be: DataFusion 55.2 could
+    /// drop a stage's final sort (README, Known problem). Readers tell DataFusion that a table's
+    /// files are sorted only when all of them are marked ([`crate::store::tables::FileOrder`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub sorted: bool,
 }
 
 /// One artifact (checkpoint) a stage wrote.
@@ -230,9 +236,11 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             "[0-9a-f]{64}",
+            any::<bool>(),
         )
-            .prop_map(|(table, path, bytes, rows, digest)| OutputFile {
+            .prop_map(|(table, path, bytes, rows, digest, sorted)| OutputFile {
                 schema: String::new(),
+                sorted,
                 table,
                 path,
                 bytes,

@@ -50,13 +50,25 @@ pub fn new_session(
 /// Whether DataFusion is told that a table's files are sorted by the table's key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileOrder {
-    /// Declared: ordered aggregations stream and sorts by the key are skipped. Stage inputs,
-    /// so a stage re-executed by replay plans exactly as when it ran.
+    /// Declared: ordered aggregations stream and sorts by the key are skipped.
     Key,
-    /// Not declared: DataFusion sorts and groups as over any files. For `sql`: some committed
-    /// files are not in key order (DataFusion 55.2 can drop a stage's final sort; README, Known
-    /// problem), and a query must not return wrong groups or unsorted `ORDER BY` results.
+    /// Not declared: DataFusion sorts and groups as over any files. Files written before the
+    /// writer checked key order may not be in it (DataFusion 55.2 could drop a stage's final
+    /// sort; README, Known problem), and a query must not then return wrong groups or unsorted
+    /// `ORDER BY` results.
     Unknown,
+}
+
+impl FileOrder {
+    /// [`FileOrder::Key`] when the writer checked every one of the files for key order
+    /// ([`OutputFile::sorted`]), else [`FileOrder::Unknown`].
+    pub fn of<'a>(files: impl IntoIterator<Item = &'a OutputFile>) -> FileOrder {
+        if files.into_iter().all(|f| f.sorted) {
+            FileOrder::Key
+        } else {
+            FileOrder::Unknown
+        }
+    }
 }
 
 /// Register a table over committed Parquet files (paths relative to the store root), with the
