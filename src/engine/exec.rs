@@ -29,24 +29,10 @@ pub enum Sink {
     },
     /// Only hash (replay). A table named in `as_written` is encoded with that schema — the one
     /// its committed file was written with by an earlier build: columns added since are left
-    /// out, so the replayed bytes compare with the committed ones. A table in `unchecked` was
-    /// committed by a build whose writer did not check key order ([`OutputFile::sorted`] false):
-    /// it is replayed as that build wrote it — sorted by DataFusion as planned, not checked.
+    /// out, so the replayed bytes compare with the committed ones.
     HashOnly {
         as_written: std::collections::BTreeMap<String, arrow::datatypes::SchemaRef>,
-        unchecked: std::collections::BTreeSet<String>,
     },
-}
-
-impl Sink {
-    /// Whether a table's rows are sorted by the engine and checked by the writer (always, but
-    /// for the replay of files written before that).
-    fn checks_order(&self, table: &str) -> bool {
-        match self {
-            Sink::Store { .. } => true,
-            Sink::HashOnly { unchecked, .. } => !unchecked.contains(table),
-        }
-    }
 }
 
 /// Rows per batch handed to the Parquet writer. Batches are re-cut to exactly this size so the
@@ -86,7 +72,7 @@ pub async fn execute(
             writer.finish().await
         }));
     }
-    let fed = feed(stage.clone(), ctx, sink, &senders, on_rows).await;
+    let fed = feed(stage.clone(), ctx, &senders, on_rows).await;
     drop(senders);
     if let Err(e) = fed {
         // A writer that failed (e.g. a null in a non-nullable column) closed its channel: its
@@ -116,7 +102,6 @@ pub async fn execute(
 async fn feed(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
-    sink: &Sink,
     senders: &[(&'static str, tokio::sync::mpsc::Sender<RecordBatch>)],
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<()> {
@@ -128,16 +113,19 @@ async fn feed(
             let chunks = futures::stream::iter(ranges.into_iter().map(|range| {
                 let (stage, inputs, config) = (stage.clone(), inputs.clone(), ctx.config.clone());
                 let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
-                let sink = sink.clone();
                 tokio::spawn(async move {
                     let session = range_session(&inputs, &run_id, column, &range).await?;
                     let chunk = StageContext::detached(run_id, iter, seed, config, session);
                     let mut collected = Vec::new();
                     for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
-                        let checked = sink.checks_order(def.name);
-                        let stream = into_sorted_stream(stage.name(), &def, out, checked).await?;
+                        // DataFusion sorts the range's rows (or takes them for sorted), and
+                        // the engine sorts them again only if they are not in key order: a
+                        // check is cheaper than a sort of rows that already are.
+                        let stream =
+                            into_sorted_stream(stage.name(), &def, out, SortBy::DataFusion).await?;
                         use futures::TryStreamExt;
-                        collected.push(stream.try_collect::<Vec<_>>().await?);
+                        let batches = stream.try_collect::<Vec<_>>().await?;
+                        collected.push(super::sort::in_key_order(&def, batches)?);
                     }
                     Ok::<_, Error>(collected)
                 })
@@ -164,8 +152,8 @@ async fn feed(
                 .into_iter()
                 .enumerate()
             {
-                let checked = sink.checks_order(def.name);
-                let mut stream = into_sorted_stream(stage.name(), &def, out, checked).await?;
+                let mut stream =
+                    into_sorted_stream(stage.name(), &def, out, SortBy::Engine).await?;
                 let (table, tx) = &senders[i];
                 forwards.push(async move {
                     let mut n = 0u64;
@@ -376,23 +364,62 @@ fn check_schema(stage: &str, def: &TableDef, got: &SchemaRef) -> Result<()> {
     Ok(())
 }
 
-/// A stage's output as a stream in the table's key order.
-///
-/// A frame is sorted by the engine's sort over DataFusion's optimized plan
-/// ([`super::sort::sorted_by_key`]), which DataFusion cannot take for done (`checked`). Builds
-/// before 2026-11-24 asked DataFusion for `ORDER BY` the key, which 55.2 could drop (README,
-/// Known problem); replaying the files they wrote asks it that way again.
+/// The rows and blake3 digest of a committed data file re-encoded with its rows in key order,
+/// as this build's writer would write them (same schema, batches, writer settings). For
+/// replaying a file an earlier build wrote before key order was checked: equal to the replayed
+/// digest when the file holds exactly the replayed rows.
+pub async fn digest_in_key_order(def: &TableDef, file: bytes::Bytes) -> Result<(u64, String)> {
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+        .with_batch_size(WRITE_BATCH_ROWS)
+        .build()?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let batches = reader.collect::<std::result::Result<Vec<_>, _>>()?;
+    let written = TableDef {
+        schema: schema.clone(),
+        ..def.clone()
+    };
+    let mut writer = store::parquet::writer(None, schema.clone())?;
+    let mut coalescer = BatchCoalescer::new(schema, WRITE_BATCH_ROWS);
+    let mut rows = 0;
+    for b in super::sort::in_key_order(&written, batches)? {
+        rows += b.num_rows() as u64;
+        coalescer.push_batch(b)?;
+        while let Some(b) = coalescer.next_completed_batch() {
+            writer.write(&b).await?;
+        }
+    }
+    coalescer.finish_buffered_batch()?;
+    while let Some(b) = coalescer.next_completed_batch() {
+        writer.write(&b).await?;
+    }
+    writer.finish().await?;
+    Ok((rows, writer.into_inner().finish().1))
+}
+
+/// Who sorts a frame a stage computed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SortBy {
+    /// `ORDER BY` the key in DataFusion's plan, which DataFusion 55.2 may drop when it wrongly
+    /// takes the rows for sorted (README, Key order): for ranges, whose rows the engine then
+    /// checks and sorts if needed ([`super::sort::in_key_order`]).
+    DataFusion,
+    /// The engine's sort over DataFusion's optimized plan ([`super::sort::sorted_by_key`]),
+    /// which DataFusion cannot take for done.
+    Engine,
+}
+
+/// A stage's output as a stream in the table's key order (see [`SortBy`]).
 async fn into_sorted_stream(
     stage: &str,
     def: &TableDef,
     out: TableOutput,
-    checked: bool,
+    sort: SortBy,
 ) -> Result<SendableRecordBatchStream> {
     match out {
         TableOutput::Frame(df) => {
             let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
             check_schema(stage, def, &schema)?;
-            if !checked {
+            if sort == SortBy::DataFusion {
                 let sort = def
                     .key
                     .iter()
@@ -427,8 +454,8 @@ struct TableWriter {
     written: Option<(arrow::datatypes::SchemaRef, Vec<usize>)>,
     /// Time spent in the Parquet writer: encoding, hashing, uploading.
     busy: std::time::Duration,
-    /// Checks key order (all but replays of files written before it was checked).
-    order: Option<super::sort::KeyOrderCheck>,
+    /// Checks that rows come in key order.
+    order: super::sort::KeyOrderCheck,
 }
 
 impl TableWriter {
@@ -452,7 +479,7 @@ impl TableWriter {
         };
         // The schema the file is encoded with, and which of this build's columns go into it.
         let (schema, keep) = match sink {
-            Sink::HashOnly { as_written, .. } => match as_written.get(table) {
+            Sink::HashOnly { as_written } => match as_written.get(table) {
                 Some(old)
                     if old.fields().len() != def.schema.fields().len()
                         || old.fields().iter().zip(def.schema.fields()).any(|(a, b)| {
@@ -484,12 +511,8 @@ impl TableWriter {
         };
         let writer = store::parquet::writer(object_writer, schema.clone())?;
         let coalescer = BatchCoalescer::new(schema.clone(), WRITE_BATCH_ROWS);
-        let order = match sink.checks_order(table) {
-            true => Some(super::sort::KeyOrderCheck::new(&def)?),
-            false => None,
-        };
         Ok(TableWriter {
-            order,
+            order: super::sort::KeyOrderCheck::new(&def)?,
             stage: stage.to_string(),
             def,
             path,
@@ -517,9 +540,7 @@ impl TableWriter {
                 self.stage, self.def.name, self.def.name
             ))
         })?;
-        if let Some(order) = &mut self.order
-            && let Err(i) = order.check(&batch)?
-        {
+        if let Err(i) = self.order.check(&batch)? {
             let key = self
                 .def
                 .key
@@ -536,7 +557,7 @@ impl TableWriter {
                  row written before it; nothing is committed (a bug: please report it)",
                 self.stage,
                 self.def.name,
-                order.rows + i as u64,
+                self.order.rows + i as u64,
                 key.join(", "),
                 self.def.key.join(", ")
             )));
@@ -582,7 +603,7 @@ impl TableWriter {
             rows: self.rows,
             digest,
             schema: schema::fingerprint(&written),
-            sorted: self.order.is_some(),
+            sorted: true,
         };
         Ok((file, self.busy.as_secs_f64()))
     }

@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, RecordBatch};
+use arrow::array::{ArrayRef, BinaryArray, RecordBatch};
 use arrow::compute::SortOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -148,12 +148,32 @@ impl ExecutionPlan for ForgetOrder {
     }
 }
 
+/// `batches` in key order: as they are when they already are (checked), else sorted (stably)
+/// into one batch.
+pub fn in_key_order(def: &TableDef, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
+    let mut check = KeyOrderCheck::new(def)?;
+    let mut sorted = true;
+    for b in &batches {
+        if check.check(b)?.is_err() {
+            sorted = false;
+            break;
+        }
+    }
+    if sorted || batches.is_empty() {
+        return Ok(batches);
+    }
+    let all = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
+    let keys = check.keys(&all)?;
+    let indices = arrow::compute::sort_to_indices(&keys, None, None)?;
+    Ok(vec![arrow::compute::take_record_batch(&all, &indices)?])
+}
+
 /// Checks that the rows a writer is given are in key order, across batches.
 pub struct KeyOrderCheck {
     columns: Vec<usize>,
     converter: arrow::row::RowConverter,
-    /// The key of the last row checked.
-    last: Option<arrow::row::OwnedRow>,
+    /// The key of the last row checked, in the row format.
+    last: Option<Vec<u8>>,
     /// Rows checked so far.
     pub rows: u64,
 }
@@ -182,27 +202,35 @@ impl KeyOrderCheck {
         })
     }
 
-    /// `Ok(Err(i))`: the batch's row `i` sorts before the row checked before it.
-    pub fn check(&mut self, batch: &RecordBatch) -> Result<std::result::Result<(), usize>> {
+    /// The batch's keys in arrow's row format, as binary values whose byte order is the key
+    /// order (compared by arrow's kernels, not row by row here).
+    fn keys(&self, batch: &RecordBatch) -> Result<BinaryArray> {
         let keys: Vec<ArrayRef> = self
             .columns
             .iter()
             .map(|i| batch.column(*i).clone())
             .collect();
-        let rows = self.converter.convert_columns(&keys)?;
-        let n = rows.num_rows();
+        Ok(self.converter.convert_columns(&keys)?.try_into_binary()?)
+    }
+
+    /// `Ok(Err(i))`: the batch's row `i` sorts before the row checked before it.
+    pub fn check(&mut self, batch: &RecordBatch) -> Result<std::result::Result<(), usize>> {
+        let n = batch.num_rows();
         if n == 0 {
             return Ok(Ok(()));
         }
+        let keys = self.keys(batch)?;
         if let Some(last) = &self.last
-            && rows.row(0) < last.row()
+            && keys.value(0) < last.as_slice()
         {
             return Ok(Err(0));
         }
-        if let Some(i) = (1..n).find(|i| rows.row(*i) < rows.row(i - 1)) {
-            return Ok(Err(i));
+        let before =
+            arrow::compute::kernels::cmp::lt(&keys.slice(1, n - 1), &keys.slice(0, n - 1))?;
+        if let Some(i) = before.values().set_indices().next() {
+            return Ok(Err(i + 1));
         }
-        self.last = Some(rows.row(n - 1).owned());
+        self.last = Some(keys.value(n - 1).to_vec());
         self.rows += n as u64;
         Ok(Ok(()))
     }
@@ -253,6 +281,19 @@ mod tests {
             c.check(&batch(&["a", "b", "a"], &[0, 0, 5])).unwrap(),
             Err(2)
         );
+    }
+
+    #[test]
+    fn out_of_order_rows_are_sorted_and_ordered_ones_kept_as_they_are() {
+        let d = def();
+        let ordered = vec![batch(&["a", "b"], &[3, 1]), batch(&["b", "c"], &[2, 0])];
+        assert_eq!(in_key_order(&d, ordered.clone()).unwrap(), ordered);
+        let mixed = vec![batch(&["b", "a"], &[1, 3]), batch(&["c", "b"], &[0, 2])];
+        assert_eq!(
+            in_key_order(&d, mixed).unwrap(),
+            vec![batch(&["a", "b", "b", "c"], &[3, 1, 2, 0])]
+        );
+        assert!(in_key_order(&d, vec![]).unwrap().is_empty());
     }
 
     #[tokio::test]
