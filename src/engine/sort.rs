@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use arrow::array::{ArrayRef, BinaryArray, RecordBatch};
+use arrow::array::{ArrayRef, RecordBatch};
 use arrow::compute::SortOptions;
 use datafusion::common::tree_node::TreeNodeRecursion;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
@@ -148,8 +148,8 @@ impl ExecutionPlan for ForgetOrder {
     }
 }
 
-/// `batches` in key order: as they are when they already are (checked), else sorted (stably)
-/// into one batch.
+/// `batches` in key order: as they are when they already are (checked), else sorted into one
+/// batch.
 pub fn in_key_order(def: &TableDef, batches: Vec<RecordBatch>) -> Result<Vec<RecordBatch>> {
     let mut check = KeyOrderCheck::new(def)?;
     let mut sorted = true;
@@ -163,17 +163,29 @@ pub fn in_key_order(def: &TableDef, batches: Vec<RecordBatch>) -> Result<Vec<Rec
         return Ok(batches);
     }
     let all = arrow::compute::concat_batches(&batches[0].schema(), &batches)?;
-    let keys = check.keys(&all)?;
-    let indices = arrow::compute::sort_to_indices(&keys, None, None)?;
+    tracing::debug!(
+        table = def.name,
+        rows = all.num_rows(),
+        "DataFusion left rows out of key order: sorting them"
+    );
+    let keys = check
+        .columns
+        .iter()
+        .map(|i| arrow::compute::SortColumn {
+            values: all.column(*i).clone(),
+            options: Some(KEY_ORDER),
+        })
+        .collect::<Vec<_>>();
+    let indices = arrow::compute::lexsort_to_indices(&keys, None)?;
     Ok(vec![arrow::compute::take_record_batch(&all, &indices)?])
 }
 
-/// Checks that the rows a writer is given are in key order, across batches.
+/// Checks that the rows a writer is given are in key order, across batches: column by column
+/// with arrow's comparison kernels (no row-by-row loop here).
 pub struct KeyOrderCheck {
     columns: Vec<usize>,
-    converter: arrow::row::RowConverter,
-    /// The key of the last row checked, in the row format.
-    last: Option<Vec<u8>>,
+    /// The key columns of the last row checked.
+    last: Option<Vec<ArrayRef>>,
     /// Rows checked so far.
     pub rows: u64,
 }
@@ -185,32 +197,11 @@ impl KeyOrderCheck {
             .iter()
             .map(|k| def.schema.index_of(k))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let fields = columns
-            .iter()
-            .map(|i| {
-                arrow::row::SortField::new_with_options(
-                    def.schema.field(*i).data_type().clone(),
-                    KEY_ORDER,
-                )
-            })
-            .collect();
         Ok(KeyOrderCheck {
             columns,
-            converter: arrow::row::RowConverter::new(fields)?,
             last: None,
             rows: 0,
         })
-    }
-
-    /// The batch's keys in arrow's row format, as binary values whose byte order is the key
-    /// order (compared by arrow's kernels, not row by row here).
-    fn keys(&self, batch: &RecordBatch) -> Result<BinaryArray> {
-        let keys: Vec<ArrayRef> = self
-            .columns
-            .iter()
-            .map(|i| batch.column(*i).clone())
-            .collect();
-        Ok(self.converter.convert_columns(&keys)?.try_into_binary()?)
     }
 
     /// `Ok(Err(i))`: the batch's row `i` sorts before the row checked before it.
@@ -219,21 +210,46 @@ impl KeyOrderCheck {
         if n == 0 {
             return Ok(Ok(()));
         }
-        let keys = self.keys(batch)?;
+        let keys: Vec<ArrayRef> = self
+            .columns
+            .iter()
+            .map(|i| batch.column(*i).clone())
+            .collect();
+        let first: Vec<ArrayRef> = keys.iter().map(|c| c.slice(0, 1)).collect();
         if let Some(last) = &self.last
-            && keys.value(0) < last.as_slice()
+            && first_before(&first, last)?.is_some()
         {
             return Ok(Err(0));
         }
-        let before =
-            arrow::compute::kernels::cmp::lt(&keys.slice(1, n - 1), &keys.slice(0, n - 1))?;
-        if let Some(i) = before.values().set_indices().next() {
+        let next: Vec<ArrayRef> = keys.iter().map(|c| c.slice(1, n - 1)).collect();
+        let prev: Vec<ArrayRef> = keys.iter().map(|c| c.slice(0, n - 1)).collect();
+        if let Some(i) = first_before(&next, &prev)? {
             return Ok(Err(i + 1));
         }
-        self.last = Some(keys.value(n - 1).to_vec());
+        // A copy, so that the check does not hold on to the batch's buffers.
+        self.last = Some(
+            keys.iter()
+                .map(|c| arrow::compute::concat(&[c.slice(n - 1, 1).as_ref()]))
+                .collect::<std::result::Result<_, _>>()?,
+        );
         self.rows += n as u64;
         Ok(Ok(()))
     }
+}
+
+/// The first `i` where the key `next[..][i]` sorts before `prev[..][i]` (lexicographically over
+/// the key columns, each ascending).
+fn first_before(next: &[ArrayRef], prev: &[ArrayRef]) -> Result<Option<usize>> {
+    use arrow::compute::kernels::{boolean, cmp};
+    let mut before: Option<arrow::array::BooleanArray> = None;
+    for (n, p) in next.iter().zip(prev).rev() {
+        let lt = cmp::lt(n, p)?;
+        before = Some(match before {
+            None => lt,
+            Some(later) => boolean::or(&lt, &boolean::and(&cmp::eq(n, p)?, &later)?)?,
+        });
+    }
+    Ok(before.and_then(|b| b.values().set_indices().next()))
 }
 
 #[cfg(test)]

@@ -45,8 +45,10 @@ joined AS (
            CASE WHEN ${mode} = 'verl' AND g.n > 1
                 THEN sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n - 1 AS DOUBLE)))
                 ELSE sqrt(g.m2 / (CAST(g.n AS DOUBLE) * CAST(g.n AS DOUBLE))) END AS std
-    FROM quantized q
-    JOIN stats g ON q.task_id = g.task_id AND q.step_idx = g.step_idx
+    -- stats first: DataFusion hashes the smaller per-(task, step) side and streams the sorted
+    -- step rows through it, so they come out in key order and need no sort.
+    FROM stats g
+    JOIN quantized q ON q.task_id = g.task_id AND q.step_idx = g.step_idx
     JOIN acc a ON q.task_id = a.task_id
     LEFT JOIN trained tr ON q.task_id = tr.task_id
 ),

@@ -44,8 +44,10 @@ scored AS (
            CASE WHEN s.score = 0 THEN ${unparsable}
                 ELSE g.reward * CAST(s.score AS DOUBLE) END AS consistency_reward,
            g.rm_count, g.mean, g.std, g.task_acc, g.trained
-    FROM rm_samples s
-    JOIN stats g
+    -- stats first: DataFusion hashes the per-step side and streams the sorted samples through
+    -- it, so they come out in key order and need no sort.
+    FROM stats g
+    JOIN rm_samples s
       ON s.traj_id = g.traj_id AND s.step_idx = g.step_idx
 )
 SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_reward,
