@@ -80,6 +80,7 @@ fn train_policy<B: AutodiffBackend>(
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
+    let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);
     let mut old = Vec::with_capacity(decisions.len());
     for (d, c) in decisions
@@ -95,6 +96,7 @@ fn train_policy<B: AutodiffBackend>(
         ));
         old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
     }
+    let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
         let b = idx.len();
         let (new, tokens) = policy::chosen_log_probs(
@@ -113,7 +115,79 @@ fn train_policy<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
         (loss, kl, clip, tokens)
     });
+    let train_seconds = t0.elapsed().as_secs_f64();
+    bench_dump(
+        spec,
+        ck,
+        s,
+        seed,
+        &metrics,
+        serde_json::json!({
+            "kind": "decisions",
+            "temperature": temperature,
+            "action_mean": spec.action_mean,
+            "decisions": decisions.iter().map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions})).collect::<Vec<_>>(),
+            "chosen": chosen,
+            "adv": adv,
+            "old_logprobs": old,
+            "snapshot_seconds": snapshot_seconds,
+            "train_seconds": train_seconds,
+        }),
+    )?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
+}
+
+/// With `RLA_PIPE_BENCH_UPDATE=<dir>` (`benches/torch_update.py`), write what a model's update
+/// did to `<dir>/<role>.json` — its samples, settings, optimizer plan, the snapshot
+/// log-probabilities, burn's per-step metrics and seconds — and the weights it started from to
+/// `<dir>/<role>.ckpt`, so that PyTorch can run the same update on the same weights. Off (and
+/// free) otherwise; the small transformer only.
+fn bench_dump(
+    spec: &ModelSpec,
+    ck: &Weights,
+    s: &PpoSettings,
+    seed: u64,
+    metrics: &[StepMetrics],
+    mut data: serde_json::Value,
+) -> Result<()> {
+    let Some(dir) = std::env::var_os("RLA_PIPE_BENCH_UPDATE") else {
+        return Ok(());
+    };
+    let Weights::Small(weights) = ck else {
+        return Ok(());
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let io =
+        |e: std::io::Error| Error::data(format!("RLA_PIPE_BENCH_UPDATE={}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    let n = data["adv"].as_array().map_or(0, Vec::len);
+    data["role"] = spec.role.into();
+    data["settings"] = serde_json::json!({
+        "clip_eps": s.clip_eps,
+        "kl_beta": s.kl_beta,
+        "log_ratio_clamp": s.log_ratio_clamp,
+        "lr": s.lr,
+        "weight_decay": s.weight_decay,
+        "adam_eps": s.adam_eps,
+        "grad_clip": s.grad_clip,
+    });
+    data["plan"] = serde_json::json!(ppo::plan(n, s, seed));
+    data["metrics"] = metrics
+        .iter()
+        .map(|m| {
+            serde_json::json!({
+                "loss": m.loss, "kl": m.kl, "clip_frac": m.clip_frac,
+                "grad_norm": m.grad_norm, "samples": m.samples, "tokens": m.tokens,
+            })
+        })
+        .collect();
+    data["cores"] = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .into();
+    std::fs::write(dir.join(format!("{}.ckpt", spec.role)), weights.encode()).map_err(io)?;
+    let json = serde_json::to_vec(&data).map_err(|e| Error::data(e.to_string()))?;
+    std::fs::write(dir.join(format!("{}.json", spec.role)), json).map_err(io)?;
+    Ok(())
 }
 
 /// Train a model on its own responses, token by token: the reward model (one PPO sample per
@@ -133,6 +207,7 @@ fn train_responses<B: AutodiffBackend>(
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
     let vocab = spec.config.vocab;
+    let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);
     let bias_inner = spec.verdicts().bias::<B::InnerBackend>(vocab, device);
     let mut old: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
@@ -160,6 +235,7 @@ fn train_responses<B: AutodiffBackend>(
         );
     }
     let bias = spec.verdicts().bias::<B>(vocab, device);
+    let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
         let b = idx.len();
         let (new, valid, tokens) = response_log_probs(
@@ -183,6 +259,25 @@ fn train_responses<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
         (loss, kl, clip, tokens)
     });
+    let train_seconds = t0.elapsed().as_secs_f64();
+    bench_dump(
+        spec,
+        ck,
+        s,
+        seed,
+        &metrics,
+        serde_json::json!({
+            "kind": "responses",
+            "temperature": temperature,
+            "allowed": spec.verdicts().allowed(),
+            "prompts": prompts,
+            "responses": responses,
+            "adv": adv,
+            "old_logprobs": old,
+            "snapshot_seconds": snapshot_seconds,
+            "train_seconds": train_seconds,
+        }),
+    )?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
