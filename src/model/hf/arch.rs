@@ -185,9 +185,7 @@ impl<B: Backend> CausalLm<B> {
             .reshape([b, t, a.hidden]);
         let (cos, sin) = self.rope_tables(positions);
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
-        let bias = mask
-            .float()
-            .mul_scalar(-1e9)
+        let bias = crate::model::transformer::attention_bias(mask)
             .unsqueeze_dim::<4>(1)
             .repeat_dim(1, g)
             .reshape([b, 1, g * t, keys])
