@@ -1,6 +1,6 @@
 //! One small decoder-only transformer family for the policy and the reward model: token and
 //! learned position embeddings, pre-norm blocks (RMSNorm → causal multi-head attention → RMSNorm
-//! → GELU MLP), a final RMSNorm and an untied output head. Generic over the burn backend.
+//! → SiLU MLP), a final RMSNorm and an untied output head. Generic over the burn backend.
 //!
 //! Every parameter is a 2-D tensor created by [`Transformer::build`] in one fixed order, which
 //! is also the order [`Transformer::params`] lists them in: that is the checkpoint format (see
