@@ -378,22 +378,13 @@ pub async fn digest_in_key_order(def: &TableDef, file: bytes::Bytes) -> Result<(
         schema: schema.clone(),
         ..def.clone()
     };
-    let mut writer = store::parquet::writer(None, schema.clone())?;
-    let mut coalescer = BatchCoalescer::new(schema, WRITE_BATCH_ROWS);
+    let mut encoder = Encoder::new(None, schema)?;
     let mut rows = 0;
     for b in super::sort::in_key_order(&written, batches)? {
         rows += b.num_rows() as u64;
-        coalescer.push_batch(b)?;
-        while let Some(b) = coalescer.next_completed_batch() {
-            writer.write(&b).await?;
-        }
+        encoder.push(b).await?;
     }
-    coalescer.finish_buffered_batch()?;
-    while let Some(b) = coalescer.next_completed_batch() {
-        writer.write(&b).await?;
-    }
-    writer.finish().await?;
-    Ok((rows, writer.into_inner().finish().1))
+    Ok((rows, encoder.finish().await?.1))
 }
 
 /// Who sorts a frame a stage computed.
@@ -441,19 +432,61 @@ async fn into_sorted_stream(
     }
 }
 
-/// One output table being written: schema conformance, fixed-size batches, Parquet, hashing.
+/// Batches re-cut to exactly [`WRITE_BATCH_ROWS`] rows into the deterministic Parquet writer,
+/// which hashes (and uploads, given a sink) every byte: the bytes depend only on the rows.
+struct Encoder {
+    writer: parquet::arrow::AsyncArrowWriter<store::parquet::HashingWriter>,
+    coalescer: BatchCoalescer,
+    /// Time spent in the Parquet writer: encoding, hashing, uploading.
+    busy: std::time::Duration,
+}
+
+impl Encoder {
+    fn new(sink: Option<object_store::buffered::BufWriter>, schema: SchemaRef) -> Result<Encoder> {
+        Ok(Encoder {
+            writer: store::parquet::writer(sink, schema.clone())?,
+            coalescer: BatchCoalescer::new(schema, WRITE_BATCH_ROWS),
+            busy: std::time::Duration::ZERO,
+        })
+    }
+
+    async fn push(&mut self, batch: RecordBatch) -> Result<()> {
+        self.coalescer.push_batch(batch)?;
+        self.write_completed().await
+    }
+
+    /// Hand the coalescer's full batches to the Parquet writer.
+    async fn write_completed(&mut self) -> Result<()> {
+        let t0 = std::time::Instant::now();
+        while let Some(b) = self.coalescer.next_completed_batch() {
+            self.writer.write(&b).await?;
+        }
+        self.busy += t0.elapsed();
+        Ok(())
+    }
+
+    /// Flush and close: (bytes written, blake3 hex digest, busy seconds).
+    async fn finish(mut self) -> Result<(u64, String, f64)> {
+        self.coalescer.finish_buffered_batch()?;
+        self.write_completed().await?;
+        let t0 = std::time::Instant::now();
+        self.writer.finish().await?;
+        self.busy += t0.elapsed();
+        let (bytes, digest) = self.writer.into_inner().finish();
+        Ok((bytes, digest, self.busy.as_secs_f64()))
+    }
+}
+
+/// One output table being written: schema conformance, key order, then the [`Encoder`].
 struct TableWriter {
     stage: String,
     def: TableDef,
     path: String,
-    writer: parquet::arrow::AsyncArrowWriter<store::parquet::HashingWriter>,
-    coalescer: BatchCoalescer,
+    encoder: Encoder,
     rows: u64,
     /// Replay of a file written by an earlier build: its schema and this build's column
     /// indices that make it up.
     written: Option<(arrow::datatypes::SchemaRef, Vec<usize>)>,
-    /// Time spent in the Parquet writer: encoding, hashing, uploading.
-    busy: std::time::Duration,
     /// Checks that rows come in key order.
     order: super::sort::KeyOrderCheck,
 }
@@ -509,18 +542,14 @@ impl TableWriter {
             },
             Sink::Store { .. } => (def.schema.clone(), None),
         };
-        let writer = store::parquet::writer(object_writer, schema.clone())?;
-        let coalescer = BatchCoalescer::new(schema.clone(), WRITE_BATCH_ROWS);
         Ok(TableWriter {
             order: super::sort::KeyOrderCheck::new(&def)?,
+            encoder: Encoder::new(object_writer, schema.clone())?,
             stage: stage.to_string(),
             def,
             path,
-            writer,
-            coalescer,
             rows: 0,
             written: keep.map(|k| (schema, k)),
-            busy: std::time::Duration::ZERO,
         })
     }
 
@@ -570,28 +599,12 @@ impl TableWriter {
             None => batch,
         };
         self.rows += batch.num_rows() as u64;
-        self.coalescer.push_batch(batch)?;
-        self.write_completed().await
-    }
-
-    /// Hand the coalescer's full batches to the Parquet writer.
-    async fn write_completed(&mut self) -> Result<()> {
-        let t0 = std::time::Instant::now();
-        while let Some(b) = self.coalescer.next_completed_batch() {
-            self.writer.write(&b).await?;
-        }
-        self.busy += t0.elapsed();
-        Ok(())
+        self.encoder.push(batch).await
     }
 
     /// Flush and close the file: its manifest entry and the writer's busy seconds.
-    async fn finish(mut self) -> Result<(OutputFile, f64)> {
-        self.coalescer.finish_buffered_batch()?;
-        self.write_completed().await?;
-        let t0 = std::time::Instant::now();
-        self.writer.finish().await?;
-        self.busy += t0.elapsed();
-        let (bytes, digest) = self.writer.into_inner().finish();
+    async fn finish(self) -> Result<(OutputFile, f64)> {
+        let (bytes, digest, busy) = self.encoder.finish().await?;
         let written = match &self.written {
             Some((schema, _)) => schema.clone(),
             None => self.def.schema.clone(),
@@ -605,6 +618,6 @@ impl TableWriter {
             schema: schema::fingerprint(&written),
             sorted: true,
         };
-        Ok((file, self.busy.as_secs_f64()))
+        Ok((file, busy))
     }
 }

@@ -115,41 +115,59 @@ fn train_policy<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
         (loss, kl, clip, tokens)
     });
-    let train_seconds = t0.elapsed().as_secs_f64();
-    bench_dump(
+    let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
+    let run = Run {
         spec,
         ck,
         s,
         seed,
-        &metrics,
+        metrics: &metrics,
+        adv,
+        temperature,
+        seconds,
+    };
+    bench_dump(
+        run,
         serde_json::json!({
             "kind": "decisions",
-            "temperature": temperature,
             "action_mean": spec.action_mean,
             "decisions": decisions.iter().map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions})).collect::<Vec<_>>(),
             "chosen": chosen,
-            "adv": adv,
             "old_logprobs": old,
-            "snapshot_seconds": snapshot_seconds,
-            "train_seconds": train_seconds,
         }),
     )?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
-/// With `RLA_PIPE_BENCH_UPDATE=<dir>` (`benches/torch_update.py`), write what a model's update
-/// did to `<dir>/<role>.json` — its samples, settings, optimizer plan, the snapshot
-/// log-probabilities, burn's per-step metrics and seconds — and the weights it started from to
-/// `<dir>/<role>.ckpt`, so that PyTorch can run the same update on the same weights. Off (and
-/// free) otherwise; the small transformer only.
-fn bench_dump(
-    spec: &ModelSpec,
-    ck: &Weights,
-    s: &PpoSettings,
+/// A model's update, as [`bench_dump`] records it for either kind of samples.
+struct Run<'a> {
+    spec: &'a ModelSpec,
+    ck: &'a Weights,
+    s: &'a PpoSettings,
     seed: u64,
-    metrics: &[StepMetrics],
-    mut data: serde_json::Value,
-) -> Result<()> {
+    metrics: &'a [StepMetrics],
+    adv: &'a [f64],
+    temperature: f64,
+    /// Seconds computing the snapshot log-probabilities, then in the optimizer steps.
+    seconds: [f64; 2],
+}
+
+/// With `RLA_PIPE_BENCH_UPDATE=<dir>` (`benches/torch_update.py`), write what a model's update
+/// did to `<dir>/<role>.json` — its samples (`data`: their kind, token ids and snapshot
+/// log-probabilities), advantages, settings, optimizer plan, burn's per-step metrics and
+/// seconds — and the weights it started from to `<dir>/<role>.ckpt`, so that PyTorch can run
+/// the same update on the same weights. Off (and free) otherwise; the small transformer only.
+fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
+    let Run {
+        spec,
+        ck,
+        s,
+        seed,
+        metrics,
+        adv,
+        temperature,
+        seconds,
+    } = run;
     let Some(dir) = std::env::var_os("RLA_PIPE_BENCH_UPDATE") else {
         return Ok(());
     };
@@ -160,8 +178,11 @@ fn bench_dump(
     let io =
         |e: std::io::Error| Error::data(format!("RLA_PIPE_BENCH_UPDATE={}: {e}", dir.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;
-    let n = data["adv"].as_array().map_or(0, Vec::len);
     data["role"] = spec.role.into();
+    data["adv"] = serde_json::json!(adv);
+    data["temperature"] = temperature.into();
+    data["snapshot_seconds"] = seconds[0].into();
+    data["train_seconds"] = seconds[1].into();
     data["settings"] = serde_json::json!({
         "clip_eps": s.clip_eps,
         "kl_beta": s.kl_beta,
@@ -171,7 +192,7 @@ fn bench_dump(
         "adam_eps": s.adam_eps,
         "grad_clip": s.grad_clip,
     });
-    data["plan"] = serde_json::json!(ppo::plan(n, s, seed));
+    data["plan"] = serde_json::json!(ppo::plan(adv.len(), s, seed));
     data["metrics"] = metrics
         .iter()
         .map(|m| {
@@ -259,23 +280,25 @@ fn train_responses<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
         (loss, kl, clip, tokens)
     });
-    let train_seconds = t0.elapsed().as_secs_f64();
-    bench_dump(
+    let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
+    let run = Run {
         spec,
         ck,
         s,
         seed,
-        &metrics,
+        metrics: &metrics,
+        adv,
+        temperature,
+        seconds,
+    };
+    bench_dump(
+        run,
         serde_json::json!({
             "kind": "responses",
-            "temperature": temperature,
             "allowed": spec.verdicts().allowed(),
             "prompts": prompts,
             "responses": responses,
-            "adv": adv,
             "old_logprobs": old,
-            "snapshot_seconds": snapshot_seconds,
-            "train_seconds": train_seconds,
         }),
     )?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
