@@ -251,8 +251,10 @@ enum ModelCommand {
     Generate {
         /// The model directory.
         dir: PathBuf,
-        #[arg(long)]
-        prompt: String,
+        /// The prompt; repeat it to generate several prompts as one batch (with the KV cache:
+        /// one forward per token for all of them).
+        #[arg(long, required = true)]
+        prompt: Vec<String>,
         /// Apply the tokenizer's chat template (the prompt is the user message).
         #[arg(long)]
         chat: bool,
@@ -270,7 +272,8 @@ enum ModelCommand {
         /// Where the model runs.
         #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
         device: DeviceArg,
-        /// json: an object with prompt_ids, generated_ids and text (and the digest, timings).
+        /// json: an object with prompt_ids, generated_ids and text (and the digest, timings);
+        /// an array of them for several prompts.
         #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
         format: TextOrJson,
     },
@@ -1048,7 +1051,7 @@ fn model(command: ModelCommand) -> Result<()> {
                 bail!("--top-p must be in (0, 1] and --temperature ≥ 0");
             }
             let request = hf::GenerateRequest {
-                prompt,
+                prompts: prompt,
                 chat,
                 system,
                 sampling: hf::Sampling {
@@ -1059,17 +1062,25 @@ fn model(command: ModelCommand) -> Result<()> {
                 },
             };
             let device = Device::from(device);
-            let g = crate::on_backend!(device, infer, generate_text(&dir, &request))?;
+            let replies = crate::on_backend!(device, infer, generate_text(&dir, &request))?;
             match format {
-                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&g)?),
+                TextOrJson::Json if replies.len() == 1 => {
+                    println!("{}", serde_json::to_string_pretty(&replies[0])?)
+                }
+                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&replies)?),
                 TextOrJson::Text => {
-                    println!("{}", g.text);
+                    for (i, g) in replies.iter().enumerate() {
+                        if replies.len() > 1 {
+                            println!("--- prompt {}", i + 1);
+                        }
+                        println!("{}", g.text);
+                    }
+                    let g = &replies[0];
+                    let prompt: usize = replies.iter().map(|g| g.prompt_ids.len()).sum();
+                    let generated: usize = replies.iter().map(|g| g.generated_ids.len()).sum();
                     eprintln!(
                         "({} prompt + {} generated tokens, {:.1} tokens/s, loaded in {:.1} s)",
-                        g.prompt_ids.len(),
-                        g.generated_ids.len(),
-                        g.tokens_per_second,
-                        g.load_seconds
+                        prompt, generated, g.tokens_per_second, g.load_seconds
                     );
                 }
             }

@@ -19,6 +19,7 @@
 
 pub mod adapt;
 pub mod advantage;
+mod bench;
 pub mod evaluate;
 pub mod judge;
 pub mod pool;

@@ -10,6 +10,7 @@
 use arrow::array::RecordBatch;
 use async_trait::async_trait;
 
+use super::bench;
 use super::trajectories::{self, Trajectory};
 use crate::determinism::derive_seed;
 use crate::error::Result;
@@ -45,7 +46,9 @@ fn judge_on<B: burn::tensor::backend::Backend>(
 ) -> Result<Vec<Vec<Judgement>>> {
     let model = checkpoint.to_model::<B>(device)?;
     let mut out = Vec::with_capacity(prompts.len());
+    let mut seconds = Vec::new();
     for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
+        let t0 = std::time::Instant::now();
         out.extend(reward::generate(
             &model,
             spec.verdicts(),
@@ -56,6 +59,25 @@ fn judge_on<B: burn::tensor::backend::Backend>(
             temperature,
             device,
         ));
+        seconds.push(t0.elapsed().as_secs_f64());
+    }
+    // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): the prompts, the sampled tokens
+    // and their log-probabilities, the seconds of each call of STEP_BATCH prompts.
+    if bench::enabled(bench::GENERATE) {
+        let v = spec.verdicts();
+        let data = serde_json::json!({
+            "kind": "responses",
+            "batch": STEP_BATCH,
+            "m": m,
+            "max_tokens": max_tokens,
+            "temperature": temperature,
+            "allowed": v.allowed(),
+            "stops": v.stops(),
+            "prompts": prompts,
+            "samples": out.iter().map(|js| js.iter().map(|j| serde_json::json!({"tokens": j.tokens, "logprob": j.logprob})).collect::<Vec<_>>()).collect::<Vec<_>>(),
+            "seconds": seconds,
+        });
+        bench::write(bench::GENERATE, "rm_score", checkpoint, data)?;
     }
     Ok(out)
 }

@@ -131,6 +131,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
     cap: u32,
     temperature: f64,
     greedy: bool,
+    dump: Option<&str>,
 ) -> Result<Vec<Rolled>> {
     struct Live {
         episode: Box<dyn crate::env::Episode>,
@@ -141,6 +142,11 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         won: Option<bool>,
     }
     let model = checkpoint.to_model::<B>(device)?;
+    // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): every scoring call with its
+    // decisions, log π and seconds, as `<dump>.json`.
+    let mut bench = dump
+        .filter(|_| super::bench::enabled(super::bench::GENERATE))
+        .map(|_| Vec::new());
     let mut live = Vec::with_capacity(jobs.len());
     for (task_id, task_spec, r, seed) in jobs {
         let episode = environment
@@ -213,6 +219,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     let past = past(&l.steps);
                     decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
                 }
+                let t0 = std::time::Instant::now();
                 let lp = policy::to_host(policy::log_probs(
                     &model,
                     &decisions,
@@ -220,6 +227,13 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     spec.action_mean,
                     device,
                 ));
+                if let Some(calls) = bench.as_mut() {
+                    calls.push(serde_json::json!({
+                        "seconds": t0.elapsed().as_secs_f64(),
+                        "decisions": decisions.iter().map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions})).collect::<Vec<_>>(),
+                        "logprobs": decisions.iter().zip(&lp).map(|(d, row)| row[..d.actions.len()].to_vec()).collect::<Vec<_>>(),
+                    }));
+                }
                 for (k, &i) in chunk.iter().enumerate() {
                     let l = &mut live[i];
                     let n = l.episode.observation().admissible.len();
@@ -272,6 +286,16 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             }
         }
     }
+    if let Some(calls) = bench {
+        let data = serde_json::json!({
+            "kind": "decisions",
+            "temperature": temperature,
+            "action_mean": spec.action_mean,
+            "calls": calls,
+        });
+        let name = dump.expect("recording only with a dump name");
+        super::bench::write(super::bench::GENERATE, name, checkpoint, data)?;
+    }
     Ok(live
         .into_iter()
         .map(|l| Rolled {
@@ -282,13 +306,15 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
 }
 
 /// Play `jobs` with the policy a config names: the learned one from `checkpoint`, or uniform.
-/// `temperature`: sample at it; `None`: greedy (the most likely admissible action).
+/// `temperature`: sample at it; `None`: greedy (the most likely admissible action). `dump`:
+/// the name of the benchmark dump its model calls are written to (see [`super::bench`]).
 pub(crate) fn play_policy(
     config: &crate::config::Config,
     checkpoint: &[u8],
     environment: &Arc<dyn Environment>,
     jobs: &[Job<'_>],
     temperature: Option<f64>,
+    dump: Option<&str>,
 ) -> Result<Vec<Rolled>> {
     let cap = config.env.max_steps;
     if config.policy.kind == crate::config::PolicyKind::Uniform {
@@ -310,7 +336,8 @@ pub(crate) fn play_policy(
             jobs,
             cap,
             temperature,
-            greedy
+            greedy,
+            dump
         )
     )
 }
@@ -405,6 +432,7 @@ impl Stage for Rollout {
             &environment,
             &jobs,
             Some(ctx.config.policy.temperature),
+            Some("rollout"),
         )?;
         let mut trajectories = TableBuilder::new("trajectories")?;
         let mut steps = TableBuilder::new("steps")?;

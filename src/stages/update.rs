@@ -152,11 +152,11 @@ struct Run<'a> {
     seconds: [f64; 2],
 }
 
-/// With `RLA_PIPE_BENCH_UPDATE=<dir>` (`benches/torch_update.py`), write what a model's update
-/// did to `<dir>/<role>.json` — its samples (`data`: their kind, token ids and snapshot
-/// log-probabilities), advantages, settings, optimizer plan, burn's per-step metrics and
-/// seconds — and the weights it started from to `<dir>/<role>.ckpt`, so that PyTorch can run
-/// the same update on the same weights. Off (and free) otherwise; the small transformer only.
+/// With `RLA_PIPE_BENCH_UPDATE=<dir>` (`benches/torch_update.py`, see [`bench`](super::bench)),
+/// write what a model's update did to `<dir>/<role>.json` — its samples (`data`: their kind,
+/// token ids and snapshot log-probabilities), advantages, settings, optimizer plan, burn's
+/// per-step metrics and seconds — and the weights it started from to `<dir>/<role>.ckpt`, so
+/// that PyTorch can run the same update on the same weights.
 fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
     let Run {
         spec,
@@ -168,16 +168,9 @@ fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
         temperature,
         seconds,
     } = run;
-    let Some(dir) = std::env::var_os("RLA_PIPE_BENCH_UPDATE") else {
+    if !super::bench::enabled(super::bench::UPDATE) {
         return Ok(());
-    };
-    let Weights::Small(weights) = ck else {
-        return Ok(());
-    };
-    let dir = std::path::PathBuf::from(dir);
-    let io =
-        |e: std::io::Error| Error::data(format!("RLA_PIPE_BENCH_UPDATE={}: {e}", dir.display()));
-    std::fs::create_dir_all(&dir).map_err(io)?;
+    }
     data["role"] = spec.role.into();
     data["adv"] = serde_json::json!(adv);
     data["temperature"] = temperature.into();
@@ -202,13 +195,7 @@ fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
             })
         })
         .collect();
-    data["cores"] = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .into();
-    std::fs::write(dir.join(format!("{}.ckpt", spec.role)), weights.encode()).map_err(io)?;
-    let json = serde_json::to_vec(&data).map_err(|e| Error::data(e.to_string()))?;
-    std::fs::write(dir.join(format!("{}.json", spec.role)), json).map_err(io)?;
-    Ok(())
+    super::bench::write(super::bench::UPDATE, spec.role, ck, data)
 }
 
 /// Train a model on its own responses, token by token: the reward model (one PPO sample per

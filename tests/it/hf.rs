@@ -405,6 +405,23 @@ fn model_inspect_and_generate_through_the_binary() {
     // The chat template frames the prompt.
     let c = generate(&["--chat"]);
     assert_eq!(c["prompt_ids"], serde_json::json!([1, 0, 5, 6, 7, 2, 1, 3]));
+    // Several prompts are one batch (prompts of different lengths, padded); each greedy reply
+    // is the one the prompt gets alone.
+    let batch = |prompts: &[&str]| {
+        let mut args = vec!["model", "generate", d, "--max-tokens", "6", "--format", "json"];
+        for p in prompts {
+            args.extend_from_slice(&["--prompt", p]);
+        }
+        let r = f.rla(&args);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+        serde_json::from_str::<serde_json::Value>(&r.stdout).unwrap()
+    };
+    let both = batch(&["t5 t6 t7", "t6"]);
+    let alone = batch(&["t6"]);
+    assert_eq!(both.as_array().map(Vec::len), Some(2));
+    assert_eq!(both[0]["generated_ids"], g["generated_ids"]);
+    assert_eq!(both[1]["generated_ids"], alone["generated_ids"]);
+    assert_eq!(both[1]["prompt_ids"], serde_json::json!([6]));
 }
 
 /// The reference's greedy continuation (`--greedy N`).

@@ -128,15 +128,16 @@ pub fn inspect(dir: &Path) -> Result<Inspection> {
 /// What `rla-pipe model generate` asks for.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
-    pub prompt: String,
-    /// Wrap the prompt as a user message in the chat template.
+    /// One or more prompts, generated as one batch (row `r` samples from its own seed).
+    pub prompts: Vec<String>,
+    /// Wrap each prompt as a user message in the chat template.
     pub chat: bool,
     /// A system message (chat only).
     pub system: Option<String>,
     pub sampling: Sampling,
 }
 
-/// What `rla-pipe model generate` answers.
+/// What `rla-pipe model generate` answers, per prompt.
 #[derive(Debug, Clone, Serialize)]
 pub struct Generation {
     pub prompt_ids: Vec<u32>,
@@ -146,48 +147,63 @@ pub struct Generation {
     /// The model's weights digest.
     pub digest: String,
     pub load_seconds: f64,
-    /// Generated tokens per second (prompt encoding included).
+    /// Seconds generating the whole batch (prompt encoding included).
+    pub seconds: f64,
+    /// Generated tokens per second of the whole batch (prompt encoding included).
     pub tokens_per_second: f64,
 }
 
-/// Load a model directory and continue one prompt (`on_backend!`-callable).
+/// Load a model directory and continue its prompts in one batch (`on_backend!`-callable).
 pub fn generate_text<B: Backend>(
     device: &B::Device,
     dir: &Path,
     req: &GenerateRequest,
-) -> Result<Generation> {
+) -> Result<Vec<Generation>> {
     let started = std::time::Instant::now();
     let m = HfModel::<B>::open(dir, device)?;
     let load_seconds = started.elapsed().as_secs_f64();
-    let prompt_ids = if req.chat {
-        let mut messages = Vec::new();
-        if let Some(system) = &req.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", &req.prompt));
-        let text = m.tokenizer.apply_chat_template(&messages, true)?;
-        m.tokenizer.encode(&text, false)?
-    } else {
-        m.tokenizer.encode(&req.prompt, true)?
-    };
+    let prompts = req
+        .prompts
+        .iter()
+        .map(|prompt| {
+            if req.chat {
+                let mut messages = Vec::new();
+                if let Some(system) = &req.system {
+                    messages.push(ChatMessage::new("system", system));
+                }
+                messages.push(ChatMessage::new("user", prompt));
+                let text = m.tokenizer.apply_chat_template(&messages, true)?;
+                m.tokenizer.encode(&text, false)
+            } else {
+                m.tokenizer.encode(prompt, true)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
     let started = std::time::Instant::now();
     let generated = generate(
         &m.model,
-        std::slice::from_ref(&prompt_ids),
+        &prompts,
         &m.tokenizer.eos_ids,
         &req.sampling,
         device,
     )?;
     let seconds = started.elapsed().as_secs_f64();
-    let generated_ids = generated.into_iter().next().unwrap_or_default();
-    Ok(Generation {
-        text: m.tokenizer.decode(&generated_ids, true)?,
-        tokens_per_second: generated_ids.len() as f64 / seconds.max(1e-9),
-        prompt_ids,
-        generated_ids,
-        digest: m.digest,
-        load_seconds,
-    })
+    let total: usize = generated.iter().map(Vec::len).sum();
+    prompts
+        .into_iter()
+        .zip(generated)
+        .map(|(prompt_ids, generated_ids)| {
+            Ok(Generation {
+                text: m.tokenizer.decode(&generated_ids, true)?,
+                seconds,
+                tokens_per_second: total as f64 / seconds.max(1e-9),
+                prompt_ids,
+                generated_ids,
+                digest: m.digest.clone(),
+                load_seconds,
+            })
+        })
+        .collect()
 }
 
 /// [`weights::digest`] of a model directory, computed once per process and directory (the

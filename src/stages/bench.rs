@@ -1,0 +1,47 @@
+//! Benchmark dumps: off (and free) unless an environment variable names a directory. A model
+//! stage then writes what it computed — its inputs as token ids, its results, its seconds — to
+//! `<dir>/<name>.json` and the weights it ran to `<dir>/<name>.ckpt`, so that `benches/torch_*.py`
+//! runs the same work in PyTorch on the same weights and compares results and speed.
+//! The small transformer only (a pretrained model's weights are not dumped).
+
+use crate::error::{Error, Result};
+use crate::model::Weights;
+
+/// `update` (`benches/torch_update.py`): each model's samples, PPO settings, optimizer plan,
+/// snapshot log-probabilities and per-step metrics.
+pub(crate) const UPDATE: &str = "RLA_PIPE_BENCH_UPDATE";
+/// `rollout` and `rm_score` (`benches/torch_generate.py`): every scoring / generation call with
+/// its prompts, results and seconds.
+pub(crate) const GENERATE: &str = "RLA_PIPE_BENCH_GENERATE";
+
+/// Whether `var` asks for dumps.
+pub(crate) fn enabled(var: &str) -> bool {
+    std::env::var_os(var).is_some()
+}
+
+/// Write `data` (plus the machine's core count) and `weights` as `<name>.json` / `<name>.ckpt`
+/// into the directory `var` names; nothing when it is unset or the weights are not the small
+/// transformer's.
+pub(crate) fn write(
+    var: &str,
+    name: &str,
+    weights: &Weights,
+    mut data: serde_json::Value,
+) -> Result<()> {
+    let Some(dir) = std::env::var_os(var) else {
+        return Ok(());
+    };
+    let Weights::Small(weights) = weights else {
+        return Ok(());
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let io = |e: std::io::Error| Error::data(format!("{var}={}: {e}", dir.display()));
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    data["cores"] = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .into();
+    std::fs::write(dir.join(format!("{name}.ckpt")), weights.encode()).map_err(io)?;
+    let json = serde_json::to_vec(&data).map_err(|e| Error::data(e.to_string()))?;
+    std::fs::write(dir.join(format!("{name}.json")), json).map_err(io)?;
+    Ok(())
+}
