@@ -22,10 +22,10 @@ Usage:  python3 benches/torch_generate.py [PIPELINE.toml] [--set key=value ...]
 Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe)
 Needs:  torch, numpy (installed with pip if missing)
 """
-import json, os, subprocess, sys, tempfile, time
+import json, os, sys, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_update import BIN, ROOT, Transformer, encode, load_checkpoint, policy_log_probs, torch  # noqa: E402
+from torch_update import Transformer, dump_dir, encode, load_checkpoint, policy_log_probs, torch  # noqa: E402
 
 
 def policy_calls(model, d):
@@ -82,17 +82,7 @@ def rm_calls(model, d):
 
 
 def main():
-    args = sys.argv[1:]
-    dump = os.environ.get("DUMP")
-    if not dump:
-        pipeline = args[0] if args and not args[0].startswith("--") else os.path.join(ROOT, "pipelines", "gridnav.toml")
-        sets = [a for a in args if a != pipeline]
-        tmp = tempfile.mkdtemp(prefix="rla-torch-")
-        dump = os.path.join(tmp, "dump")
-        env = dict(os.environ, RLA_PIPE_BENCH_GENERATE=dump)
-        cmd = [BIN, "run", pipeline, "--store", os.path.join(tmp, "runs"), "--set", "run.iterations=1", *sets, "-q"]
-        print("running:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, env=env, check=True)
+    dump = dump_dir("RLA_PIPE_BENCH_GENERATE", sys.argv[1:])
     rows = []
     for name, run, label in (("rollout", policy_calls, "policy (rollout scoring)"),
                              ("rm_score", rm_calls, "reward model (rm_score generation)")):

@@ -270,18 +270,25 @@ def rel(a, b):
     return abs(a - b) / max(abs(b), 1e-12)
 
 
-def main():
-    args = sys.argv[1:]
+def dump_dir(var, args):
+    """$DUMP, or the dump directory of one iteration of the pipeline in `args` (default
+    pipelines/gridnav.toml, then --set key=value ...) run with the dump variable `var` set."""
     dump = os.environ.get("DUMP")
-    if not dump:
-        pipeline = args[0] if args and not args[0].startswith("--") else os.path.join(ROOT, "pipelines", "gridnav.toml")
-        sets = [a for a in args if a != pipeline]
-        tmp = tempfile.mkdtemp(prefix="rla-torch-")
-        dump = os.path.join(tmp, "dump")
-        env = dict(os.environ, RLA_PIPE_BENCH_UPDATE=dump)
-        cmd = [BIN, "run", pipeline, "--store", os.path.join(tmp, "runs"), "--set", "run.iterations=1", *sets, "-q"]
-        print("running:", " ".join(cmd), flush=True)
-        subprocess.run(cmd, env=env, check=True)
+    if dump:
+        return dump
+    pipeline = args[0] if args and not args[0].startswith("--") else os.path.join(ROOT, "pipelines", "gridnav.toml")
+    sets = [a for a in args if a != pipeline]
+    tmp = tempfile.mkdtemp(prefix="rla-torch-")
+    dump = os.path.join(tmp, "dump")
+    env = dict(os.environ, **{var: dump})
+    cmd = [BIN, "run", pipeline, "--store", os.path.join(tmp, "runs"), "--set", "run.iterations=1", *sets, "-q"]
+    print("running:", " ".join(cmd), flush=True)
+    subprocess.run(cmd, env=env, check=True)
+    return dump
+
+
+def main():
+    dump = dump_dir("RLA_PIPE_BENCH_UPDATE", sys.argv[1:])
     rows = []
     for role in ("policy", "rm"):
         path = os.path.join(dump, f"{role}.json")
