@@ -408,7 +408,15 @@ fn model_inspect_and_generate_through_the_binary() {
     // Several prompts are one batch (prompts of different lengths, padded); each greedy reply
     // is the one the prompt gets alone.
     let batch = |prompts: &[&str]| {
-        let mut args = vec!["model", "generate", d, "--max-tokens", "6", "--format", "json"];
+        let mut args = vec![
+            "model",
+            "generate",
+            d,
+            "--max-tokens",
+            "6",
+            "--format",
+            "json",
+        ];
         for p in prompts {
             args.extend_from_slice(&["--prompt", p]);
         }
