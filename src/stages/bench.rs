@@ -6,6 +6,7 @@
 
 use crate::error::{Error, Result};
 use crate::model::Weights;
+use crate::model::policy::Decision;
 
 /// `update` (`benches/torch_update.py`): each model's samples, PPO settings, optimizer plan,
 /// snapshot log-probabilities and per-step metrics.
@@ -17,6 +18,14 @@ pub(crate) const GENERATE: &str = "RLA_PIPE_BENCH_GENERATE";
 /// Whether `var` asks for dumps.
 pub(crate) fn enabled(var: &str) -> bool {
     std::env::var_os(var).is_some()
+}
+
+/// Policy decisions as the benches read them: `[{"prompt": [ids], "actions": [[ids], ...]}]`.
+pub(crate) fn decisions(decisions: &[Decision]) -> serde_json::Value {
+    decisions
+        .iter()
+        .map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions}))
+        .collect()
 }
 
 /// Write `data` (plus the machine's core count) and `weights` as `<name>.json` / `<name>.ckpt`

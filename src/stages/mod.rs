@@ -15,7 +15,8 @@
 //! | `adapt` | `tasks`, `task_accuracy`, `judgements`, `trajectories`, `rm_samples`, `steps` | `adaptations` |
 //! | `evaluate` | `tasks`, the new policy checkpoint | `evaluations` |
 //!
-//! Stages that run a model share [`trajectories`] (steps grouped into trajectories, for prompts).
+//! Stages that run a model share [`trajectories`] (steps grouped into trajectories, for prompts)
+//! and `bench` (their benchmark dumps for `benches/torch_*.py`, off unless `RLA_PIPE_BENCH_*` is set).
 
 pub mod adapt;
 pub mod advantage;

@@ -146,7 +146,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
     // decisions, log π and seconds, as `<dump>.json`.
     let mut bench = dump
         .filter(|_| super::bench::enabled(super::bench::GENERATE))
-        .map(|_| Vec::new());
+        .map(|name| (name, Vec::new()));
     let mut live = Vec::with_capacity(jobs.len());
     for (task_id, task_spec, r, seed) in jobs {
         let episode = environment
@@ -227,10 +227,10 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     spec.action_mean,
                     device,
                 ));
-                if let Some(calls) = bench.as_mut() {
+                if let Some((_, calls)) = bench.as_mut() {
                     calls.push(serde_json::json!({
                         "seconds": t0.elapsed().as_secs_f64(),
-                        "decisions": decisions.iter().map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions})).collect::<Vec<_>>(),
+                        "decisions": super::bench::decisions(&decisions),
                         "logprobs": decisions.iter().zip(&lp).map(|(d, row)| row[..d.actions.len()].to_vec()).collect::<Vec<_>>(),
                     }));
                 }
@@ -286,14 +286,13 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             }
         }
     }
-    if let Some(calls) = bench {
+    if let Some((name, calls)) = bench {
         let data = serde_json::json!({
             "kind": "decisions",
             "temperature": temperature,
             "action_mean": spec.action_mean,
             "calls": calls,
         });
-        let name = dump.expect("recording only with a dump name");
         super::bench::write(super::bench::GENERATE, name, checkpoint, data)?;
     }
     Ok(live

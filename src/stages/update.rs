@@ -131,7 +131,7 @@ fn train_policy<B: AutodiffBackend>(
         serde_json::json!({
             "kind": "decisions",
             "action_mean": spec.action_mean,
-            "decisions": decisions.iter().map(|d| serde_json::json!({"prompt": d.prompt, "actions": d.actions})).collect::<Vec<_>>(),
+            "decisions": super::bench::decisions(decisions),
             "chosen": chosen,
             "old_logprobs": old,
         }),
