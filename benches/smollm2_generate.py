@@ -19,16 +19,13 @@ Needs:  torch, transformers, gguf, numpy (installed with pip if missing)
 """
 import argparse, json, os, subprocess, sys, time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/rla-pipe-target"))
-BIN = os.environ.get("RLA_PIPE_BIN", os.path.join(TARGET, "debug", "rla-pipe"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_update import BIN, ROOT, torch  # noqa: E402  (installs torch and numpy if missing)
 
 try:
-    import torch
     import transformers
 except ImportError:
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "torch", "transformers"], check=True)
-    import torch
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "transformers"], check=True)
     import transformers
 
 PROMPTS = [

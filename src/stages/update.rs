@@ -126,16 +126,15 @@ fn train_policy<B: AutodiffBackend>(
         temperature,
         seconds,
     };
-    bench_dump(
-        run,
+    bench_dump(run, || {
         serde_json::json!({
             "kind": "decisions",
             "action_mean": spec.action_mean,
             "decisions": super::bench::decisions(decisions),
             "chosen": chosen,
             "old_logprobs": old,
-        }),
-    )?;
+        })
+    })?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
@@ -156,8 +155,8 @@ struct Run<'a> {
 /// write what a model's update did to `<dir>/<role>.json` — its samples (`data`: their kind,
 /// token ids and snapshot log-probabilities), advantages, settings, optimizer plan, burn's
 /// per-step metrics and seconds — and the weights it started from to `<dir>/<role>.ckpt`, so
-/// that PyTorch can run the same update on the same weights.
-fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
+/// that PyTorch can run the same update on the same weights. `data` is only built when dumping.
+fn bench_dump(run: Run<'_>, data: impl FnOnce() -> serde_json::Value) -> Result<()> {
     let Run {
         spec,
         ck,
@@ -171,6 +170,7 @@ fn bench_dump(run: Run<'_>, mut data: serde_json::Value) -> Result<()> {
     if !super::bench::enabled(super::bench::UPDATE) {
         return Ok(());
     }
+    let mut data = data();
     data["role"] = spec.role.into();
     data["adv"] = serde_json::json!(adv);
     data["temperature"] = temperature.into();
@@ -278,16 +278,15 @@ fn train_responses<B: AutodiffBackend>(
         temperature,
         seconds,
     };
-    bench_dump(
-        run,
+    bench_dump(run, || {
         serde_json::json!({
             "kind": "responses",
             "allowed": spec.verdicts().allowed(),
             "prompts": prompts,
             "responses": responses,
             "old_logprobs": old,
-        }),
-    )?;
+        })
+    })?;
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
