@@ -55,6 +55,15 @@ enum Command {
         /// Stop after this stage (of the last iteration reached).
         #[arg(long, value_name = "STAGE")]
         until: Option<String>,
+        /// Run the relational stages' task ranges on these workers (`rla-pipe worker`),
+        /// comma-separated host:port; overrides run.cluster. Results are the same byte for byte.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "HOST:PORT,...",
+            env = "RLA_PIPE_CLUSTER"
+        )]
+        cluster: Vec<String>,
     },
     /// Query every committed table of a store with SQL (read-only).
     #[command(
@@ -80,6 +89,37 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         /// The query, e.g. "SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter".
         #[arg(required_unless_present = "file")]
         query: Option<String>,
+        /// Run the query on these workers (`rla-pipe worker`), comma-separated host:port.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "HOST:PORT,...",
+            env = "RLA_PIPE_CLUSTER"
+        )]
+        cluster: Vec<String>,
+        /// With --cluster: MiB of Parquet each distributed scan task reads (smaller: more tasks;
+        /// a query over less than one task's worth runs in this process).
+        #[arg(long, value_name = "MIB", default_value_t = 16.0, requires = "cluster")]
+        split_mib: f64,
+    },
+    /// Serve a worker of a cluster: the relational stages' task ranges of `rla-pipe run
+    /// --cluster` and the queries of `rla-pipe sql --cluster` run here, reading the store
+    /// directly (give it the same store URL and credentials as the coordinator).
+    #[command(after_help = "A 3-worker cluster on one machine:\n  \
+rla-pipe worker --listen 127.0.0.1:7001 --store ./runs &\n  \
+rla-pipe worker --listen 127.0.0.1:7002 --store ./runs &\n  \
+rla-pipe worker --listen 127.0.0.1:7003 --store ./runs &\n  \
+rla-pipe run pipelines/gridnav.toml --cluster 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003")]
+    Worker {
+        /// Address to listen on (host:port; port 0 picks a free one, printed on stdout).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: std::net::SocketAddr,
+        /// Store URL the worker reads: the coordinator's store (a path, file://, s3://, gs://, az://).
+        #[arg(long = "store", env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Memory budget of the worker's queries in MiB (operators spill to disk beyond it).
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        memory_limit_mib: u64,
     },
     /// Audit a committed iteration (`--iter N --verify`: re-execute it from its committed inputs
     /// and compare digests), or ask a counterfactual (`--from N --set k=v --into NEW`: a branch
@@ -403,6 +443,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             iterations,
             sets,
             until,
+            cluster,
         } => {
             run(
                 &pipeline,
@@ -411,6 +452,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 iterations,
                 &sets,
                 until.as_deref(),
+                cluster,
                 quiet,
             )
             .await?
@@ -422,7 +464,17 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             out,
             file,
             query,
-        } => sql(&store, run.as_deref(), format, out, file, query, quiet).await?,
+            cluster,
+            split_mib,
+        } => {
+            let on = SqlCluster { cluster, split_mib };
+            sql(&store, run.as_deref(), format, out, file, query, &on, quiet).await?
+        }
+        Command::Worker {
+            listen,
+            store,
+            memory_limit_mib,
+        } => worker(listen, &store, memory_limit_mib).await?,
         Command::Replay {
             store,
             run,
@@ -499,11 +551,16 @@ async fn run(
     iterations: Option<u32>,
     sets: &[String],
     until: Option<&str>,
+    cluster: Vec<String>,
     quiet: bool,
 ) -> Result<()> {
     let mut cfg = Config::load(pipeline, sets)?;
     if let Some(s) = store {
         cfg.run.store = s;
+    }
+    if !cluster.is_empty() {
+        crate::config::cluster_urls(&cluster).map_err(|e| anyhow::anyhow!("--cluster: {e}"))?;
+        cfg.run.cluster = cluster;
     }
     if let Some(n) = iterations {
         if n == 0 {
@@ -534,6 +591,7 @@ async fn sql(
     out: Option<PathBuf>,
     file: Option<PathBuf>,
     query: Option<String>,
+    on: &SqlCluster,
     quiet: bool,
 ) -> Result<()> {
     let query = match (query, file) {
@@ -546,7 +604,16 @@ async fn sql(
     if let Some(r) = run {
         layout::validate_run_id(r)?;
     }
-    let ctx = crate::sql::session(&store, run).await?;
+    let ctx = match crate::cluster::Cluster::parse(&on.cluster)? {
+        None => crate::sql::session(&store, run).await?,
+        Some(cluster) => {
+            if !(on.split_mib > 0.0 && on.split_mib.is_finite()) {
+                bail!("--split-mib must be a positive number of MiB");
+            }
+            let split = (on.split_mib * 1024.0 * 1024.0).max(1.0) as usize;
+            crate::sql::cluster_session(&store, run, &cluster, split).await?
+        }
+    };
     let (schema, batches) = crate::sql::query(&ctx, &query).await?;
     match out {
         Some(path) => {
@@ -557,6 +624,31 @@ async fn sql(
         }
         None => print_batches(format, &batches)?,
     }
+    Ok(())
+}
+
+/// `sql --cluster` and `--split-mib`.
+struct SqlCluster {
+    cluster: Vec<String>,
+    split_mib: f64,
+}
+
+/// `rla-pipe worker`: serve until Ctrl-C / SIGTERM.
+async fn worker(listen: std::net::SocketAddr, store: &str, memory_limit_mib: u64) -> Result<()> {
+    if memory_limit_mib < 64 {
+        bail!("--memory-limit-mib must be at least 64");
+    }
+    let store = Store::open(store)?;
+    crate::cluster::worker::serve(listen, &store, memory_limit_mib, |bound| {
+        // The one line on stdout: scripts (and tests) read the address from it.
+        println!(
+            "rla-pipe worker listening on http://{bound} (store {})",
+            store.url()
+        );
+        use std::io::Write as _;
+        let _ = std::io::stdout().flush();
+    })
+    .await?;
     Ok(())
 }
 

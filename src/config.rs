@@ -140,6 +140,10 @@ pub struct RunConfig {
     /// Where the models run: `cpu` (burn's flex backend, bit-reproducible) or `cuda` (needs a
     /// build with `--features cuda`). Not hashed.
     pub device: Device,
+    /// Workers (`host:port` of `rla-pipe worker --listen`) that run the relational stages'
+    /// task ranges; empty (the default): everything runs in this process. Results are the same
+    /// byte for byte. Not hashed.
+    pub cluster: Vec<String>,
 }
 
 impl Default for RunConfig {
@@ -152,6 +156,7 @@ impl Default for RunConfig {
             memory_limit_mib: 1024,
             chunk_rows: 1_000_000,
             device: Device::Cpu,
+            cluster: Vec::new(),
         }
     }
 }
@@ -288,6 +293,9 @@ impl RunConfig {
             "must be at least 64",
         );
         self.device.validate(c);
+        if let Err(e) = cluster_urls(&self.cluster) {
+            c.check(false, "run.cluster", e);
+        }
     }
 }
 
@@ -322,6 +330,37 @@ impl RewardConfig {
     }
 }
 
+/// The worker URLs of `run.cluster` / `--cluster`: each `host:port` or `http://host:port`,
+/// none twice.
+pub fn cluster_urls(addrs: &[String]) -> std::result::Result<Vec<url::Url>, String> {
+    let mut urls = Vec::new();
+    for a in addrs {
+        let text = if a.contains("://") {
+            a.clone()
+        } else {
+            format!("http://{a}")
+        };
+        let bad = |why: String| {
+            format!(
+                "worker address {a:?} must be host:port or http://host:port (the address `rla-pipe worker --listen` was given){why}"
+            )
+        };
+        let url = url::Url::parse(&text).map_err(|e| bad(format!(": {e}")))?;
+        if url.scheme() != "http"
+            || url.host_str().is_none_or(str::is_empty)
+            || url.port().is_none()
+            || url.path() != "/"
+        {
+            return Err(bad(String::new()));
+        }
+        if urls.contains(&url) {
+            return Err(format!("worker {url} is listed twice"));
+        }
+        urls.push(url);
+    }
+    Ok(urls)
+}
+
 /// Keys excluded from the config hash: they change how a run executes, not what it computes.
 pub const UNHASHED_KEYS: &[&str] = &[
     "run.store",
@@ -329,6 +368,7 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.memory_limit_mib",
     "run.chunk_rows",
     "run.device",
+    "run.cluster",
     "adapt.openai.endpoint",
     "adapt.openai.timeout_secs",
     "adapt.openai.concurrency",

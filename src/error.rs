@@ -56,6 +56,9 @@ pub enum Error {
     /// Environment adaptation failed (e.g. the adapter's LLM endpoint is unreachable).
     #[error("adaptation error: {0}")]
     Adapt(String),
+    /// A cluster worker is unreachable, runs another build or store, or failed mid-stage.
+    #[error("cluster error: {0}")]
+    Cluster(String),
     /// The run was interrupted (Ctrl-C) before the current stage committed.
     #[error("interrupted: {0}")]
     Interrupted(String),

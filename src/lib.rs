@@ -16,6 +16,7 @@
 
 pub mod adapt;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod determinism;
 pub mod engine;

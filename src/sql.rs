@@ -12,6 +12,7 @@ use datafusion::catalog::MemTable;
 use datafusion::execution::context::SQLOptions;
 use datafusion::prelude::SessionContext;
 
+use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
@@ -21,7 +22,23 @@ use crate::store::tables;
 
 /// Build the query session: one table per data table plus `stage_runs`.
 pub async fn session(store: &Store, run: Option<&str>) -> Result<SessionContext> {
-    session_of(store, &catalog::load_runs(store, run).await?).await
+    session_of(store, &catalog::load_runs(store, run).await?, true).await
+}
+
+/// [`session`] whose queries run on a cluster's workers (datafusion-distributed's planner:
+/// scans split into tasks of about `split_bytes` of Parquet, shuffles between workers). The
+/// files' key order is not declared to the planner: datafusion-distributed 4.0.0 can merge a
+/// shuffle's streams unordered while keeping a declared order (upstream PR #735), so sorts and
+/// ordered aggregations are always planned in full.
+pub async fn cluster_session(
+    store: &Store,
+    run: Option<&str>,
+    cluster: &Cluster,
+    split_bytes: usize,
+) -> Result<SessionContext> {
+    cluster.check(store).await?;
+    let local = session_of(store, &catalog::load_runs(store, run).await?, false).await?;
+    cluster.sql_session(&local, split_bytes)
 }
 
 /// The query session over some runs only (each must exist: a missing one is named).
@@ -31,16 +48,22 @@ pub async fn session_of_runs(store: &Store, runs: &[String]) -> Result<SessionCo
         crate::store::layout::validate_run_id(r)?;
         states.push(catalog::load_run(store, r).await?);
     }
-    session_of(store, &states).await
+    session_of(store, &states, true).await
 }
 
-async fn session_of(store: &Store, runs: &[RunState]) -> Result<SessionContext> {
-    let ctx = session_over(
+/// The session over some runs; `declare_order`: tell DataFusion which files are in key order.
+async fn session_of(
+    store: &Store,
+    runs: &[RunState],
+    declare_order: bool,
+) -> Result<SessionContext> {
+    let ctx = register_over(
         store,
         runs.iter()
             .flat_map(|r| r.iters.values())
             .flat_map(|it| it.stages.values())
             .map(|c| &c.manifest),
+        declare_order,
     )
     .await?;
     let stage_runs = stage_runs_batch(runs)?;
@@ -59,6 +82,14 @@ async fn session_of(store: &Store, runs: &[RunState]) -> Result<SessionContext> 
 pub async fn session_over<'a>(
     store: &Store,
     manifests: impl Iterator<Item = &'a crate::store::manifest::StageManifest>,
+) -> Result<SessionContext> {
+    register_over(store, manifests, true).await
+}
+
+async fn register_over<'a>(
+    store: &Store,
+    manifests: impl Iterator<Item = &'a crate::store::manifest::StageManifest>,
+    declare_order: bool,
 ) -> Result<SessionContext> {
     let ctx = tables::new_session(store, 1024, None)?;
     // Each file with the run whose rows it holds (a branch's shared files are its parent's).
@@ -82,7 +113,10 @@ pub async fn session_over<'a>(
         let (fs, runs): (Vec<_>, Vec<_>) =
             files.remove(table).unwrap_or_default().into_iter().unzip();
         tables::check_files(store, &def, &fs).await?;
-        let order = tables::FileOrder::of(&fs);
+        let order = match declare_order {
+            true => tables::FileOrder::of(&fs),
+            false => tables::FileOrder::Unknown,
+        };
         tables::register_files(
             &ctx,
             store,

@@ -7,9 +7,11 @@ use arrow::compute::BatchCoalescer;
 use arrow::datatypes::DataType;
 use arrow::datatypes::SchemaRef;
 use datafusion::execution::SendableRecordBatchStream;
+use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionContext, col};
 use futures::StreamExt;
 
+use crate::cluster::Cluster;
 use crate::error::{Error, Result};
 use crate::schema::{self, TableDef};
 use crate::stage::{InputFiles, Stage, StageContext, TableOutput};
@@ -51,10 +53,14 @@ const CHUNK_CONCURRENCY: usize = 3;
 /// thread each), and its ranges' outputs are concatenated in order. Memory is bounded by the range
 /// size, not the iteration size, and no global sort is needed since every file is sorted by key.
 /// Other stages run as one query per output, all outputs at once.
+///
+/// With a `cluster`, such a stage's ranges run on its workers instead (each range whole on one
+/// worker, [`Cluster::run_tasks`]), with the same outputs byte for byte.
 pub async fn execute(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
     sink: &Sink,
+    cluster: Option<&Cluster>,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(Vec<OutputFile>, f64)> {
     // One writer task per output table: tables are encoded in parallel, and encoding overlaps
@@ -72,7 +78,7 @@ pub async fn execute(
             writer.finish().await
         }));
     }
-    let fed = feed(stage.clone(), ctx, &senders, on_rows).await;
+    let fed = feed(stage.clone(), ctx, &senders, cluster, on_rows).await;
     drop(senders);
     if let Err(e) = fed {
         // A writer that failed (e.g. a null in a non-nullable column) closed its channel: its
@@ -103,11 +109,58 @@ async fn feed(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
     senders: &[(&'static str, tokio::sync::mpsc::Sender<RecordBatch>)],
+    cluster: Option<&Cluster>,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<()> {
     let closed = || Error::data(format!("stage {}: a writer stopped early", stage.name()));
     let mut rows = vec![0u64; senders.len()];
     match (stage.partition_column(), &ctx.inputs) {
+        (Some(column), Some(inputs)) if cluster.is_some() => {
+            let cluster = cluster.expect("matched");
+            let ranges = plan_ranges(ctx, inputs, column).await?;
+            // Every range's plan, per output table, planned here as a single node plans it.
+            let mut plans: Vec<(TableDef, Vec<Arc<dyn ExecutionPlan>>)> = Vec::new();
+            for range in &ranges {
+                let session = range_session(inputs, &ctx.run_id, column, range).await?;
+                let chunk = StageContext::detached(
+                    ctx.run_id.clone(),
+                    ctx.iter,
+                    ctx.seed,
+                    ctx.config.clone(),
+                    session,
+                );
+                for (i, (def, out)) in run_outputs(stage.as_ref(), &chunk)
+                    .await?
+                    .into_iter()
+                    .enumerate()
+                {
+                    let plan = range_plan(stage.name(), &def, out).await?;
+                    match plans.get_mut(i) {
+                        Some((_, ps)) => ps.push(plan),
+                        None => plans.push((def, vec![plan])),
+                    }
+                }
+            }
+            let state = ctx.session.state();
+            let lookahead = CHUNK_CONCURRENCY * cluster.urls().len();
+            let mut forwards = Vec::new();
+            for (i, (def, table_plans)) in plans.into_iter().enumerate() {
+                let finish: crate::cluster::Finish =
+                    Arc::new(move |_, batches| super::sort::in_key_order(&def, batches));
+                let stream = cluster.run_tasks(
+                    table_plans,
+                    state.config().clone(),
+                    state.runtime_env().clone(),
+                    lookahead,
+                    finish,
+                )?;
+                let name = stage.name();
+                forwards.push(forward(stream, &senders[i], on_rows, &closed, move |e| {
+                    on_cluster(name, e)
+                }));
+            }
+            futures::future::try_join_all(forwards).await?;
+        }
         (Some(column), Some(inputs)) => {
             let ranges = plan_ranges(ctx, inputs, column).await?;
             let chunks = futures::stream::iter(ranges.into_iter().map(|range| {
@@ -152,19 +205,8 @@ async fn feed(
                 .into_iter()
                 .enumerate()
             {
-                let mut stream =
-                    into_sorted_stream(stage.name(), &def, out, SortBy::Engine).await?;
-                let (table, tx) = &senders[i];
-                forwards.push(async move {
-                    let mut n = 0u64;
-                    while let Some(batch) = stream.next().await {
-                        let batch = batch?;
-                        n += batch.num_rows() as u64;
-                        tx.send(batch).await.map_err(|_| closed())?;
-                        on_rows(table, n);
-                    }
-                    Ok::<_, Error>(())
-                });
+                let stream = into_sorted_stream(stage.name(), &def, out, SortBy::Engine).await?;
+                forwards.push(forward(stream, &senders[i], on_rows, &closed, |e| e));
             }
             futures::future::try_join_all(forwards).await?;
         }
@@ -199,6 +241,63 @@ async fn run_outputs(
         )));
     }
     Ok(out)
+}
+
+/// Send a table's batches to its writer (`closed`: the error when the writer stopped), reporting
+/// the rows sent so far; `on_error` shapes a failed batch's error.
+async fn forward(
+    mut stream: SendableRecordBatchStream,
+    (table, tx): &(&'static str, tokio::sync::mpsc::Sender<RecordBatch>),
+    on_rows: &(dyn Fn(&str, u64) + Sync),
+    closed: &(dyn Fn() -> Error + Sync),
+    on_error: impl Fn(Error) -> Error,
+) -> Result<()> {
+    let mut n = 0u64;
+    while let Some(batch) = stream.next().await {
+        let batch = batch.map_err(|e| on_error(e.into()))?;
+        n += batch.num_rows() as u64;
+        tx.send(batch).await.map_err(|_| closed())?;
+        on_rows(table, n);
+    }
+    Ok(())
+}
+
+/// An error of a stage running on a cluster: one that came from a worker is a cluster error
+/// naming the stage, and saying what to do.
+fn on_cluster(stage: &str, e: Error) -> Error {
+    let text = match e {
+        Error::Cluster(text) => text,
+        other if other.to_string().contains("worker http://") => other.to_string(),
+        other => return other,
+    };
+    Error::Cluster(format!(
+        "stage {stage}: {text}; nothing of the stage is committed: run the same command again \
+         (with the worker back, or another in its place) to resume"
+    ))
+}
+
+/// The physical plan of one range's output, sorted by the key in DataFusion's plan (the
+/// coordinator checks each range's rows, as [`SortBy::DataFusion`] says).
+async fn range_plan(
+    stage: &str,
+    def: &TableDef,
+    out: TableOutput,
+) -> Result<Arc<dyn ExecutionPlan>> {
+    let TableOutput::Frame(df) = out else {
+        return Err(Error::data(format!(
+            "stage {stage}: table {} is computed in this process (a stream, not a plan) and \
+             cannot run on a cluster",
+            def.name
+        )));
+    };
+    let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
+    check_schema(stage, def, &schema)?;
+    let sort = def
+        .key
+        .iter()
+        .map(|k| col(*k).sort(true, false))
+        .collect::<Vec<_>>();
+    Ok(df.sort(sort)?.create_physical_plan().await?)
 }
 
 /// A half-open range `[lo, hi)` of the partition column; `None` = unbounded.

@@ -273,7 +273,7 @@ async fn verify_run(
                 .map(|((_, t), schema)| (t.clone(), schema.clone()))
                 .collect(),
         };
-        let (outputs, _) = exec::execute(stage.clone(), &ctx, &sink, &|_, _| {}).await?;
+        let (outputs, _) = exec::execute(stage.clone(), &ctx, &sink, None, &|_, _| {}).await?;
         let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
         for a in &m.artifacts {
             if !produced.iter().any(|(name, _)| *name == a.name) {

@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::Dag;
 use super::exec::{self, Sink};
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
@@ -32,6 +33,8 @@ pub struct Engine {
     models: std::collections::BTreeMap<String, String>,
     /// Print per-stage lines and progress bars on stderr.
     pub verbose: bool,
+    /// `run.cluster`'s workers, which run the partitioned stages' ranges.
+    cluster: Option<Cluster>,
 }
 
 impl Engine {
@@ -122,6 +125,7 @@ impl Engine {
             }
         }
         Ok(Engine {
+            cluster: Cluster::parse(&config.run.cluster)?,
             store,
             run_id: run_id.to_string(),
             config: Arc::new(config),
@@ -154,6 +158,19 @@ impl Engine {
                 "--until {u}: no such stage (stages: {})",
                 names.join(", ")
             )));
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.check(&self.store).await?;
+            self.say(format!(
+                "cluster: {} workers ({})",
+                cluster.urls().len(),
+                cluster
+                    .urls()
+                    .iter()
+                    .map(crate::cluster::show)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
         }
         for iter in 0..iterations {
             if self
@@ -322,7 +339,15 @@ impl Engine {
             attempt: attempt.clone(),
         };
         let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
-        let outputs = exec::execute(stage.clone(), &ctx, &sink, &on_rows).await;
+        let cluster = match (&self.cluster, stage.partition_column()) {
+            (Some(c), Some(_)) => {
+                // Between stages a worker may have gone: name it now, before any work is sent.
+                c.check(&self.store).await?;
+                Some(c)
+            }
+            _ => None,
+        };
+        let outputs = exec::execute(stage.clone(), &ctx, &sink, cluster, &on_rows).await;
         bar.finish_and_clear();
         let (outputs, writing) = outputs?;
         crash_point("after-data");

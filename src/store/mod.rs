@@ -124,6 +124,11 @@ impl Store {
         }
     }
 
+    /// Whether another process can open the store (everything but `memory://`).
+    pub fn is_shared(&self) -> bool {
+        !self.url.starts_with("memory://")
+    }
+
     /// Whether the store is a local directory.
     pub fn is_local(&self) -> bool {
         self.local_root.is_some()

@@ -25,6 +25,34 @@ pub fn new_session(
     memory_limit_mib: u64,
     partitions: Option<usize>,
 ) -> Result<SessionContext> {
+    // DATAFUSION_* environment variables tune the engine (e.g. DATAFUSION_EXECUTION_TARGET_PARTITIONS);
+    // results do not depend on them: the stages' SQL is order-independent.
+    let mut config = SessionConfig::from_env()?;
+    apply_session_settings(&mut config)?;
+    if let Some(n) = partitions {
+        config = config.with_target_partitions(n);
+    }
+    Ok(SessionContext::new_with_config_rt(
+        config,
+        runtime(store, memory_limit_mib)?,
+    ))
+}
+
+/// The settings every rla-pipe session has (a worker's too, `crate::cluster::worker`).
+pub fn apply_session_settings(config: &mut SessionConfig) -> Result<()> {
+    let options = config.options_mut();
+    options.catalog.information_schema = true;
+    options.execution.parquet.pushdown_filters = true;
+    options.set("datafusion.execution.batch_size", "8192")?;
+    Ok(())
+}
+
+/// The runtime of a session: a memory budget and the store registered under
+/// [`store::DATAFUSION_URL`].
+pub fn runtime(
+    store: &Store,
+    memory_limit_mib: u64,
+) -> Result<Arc<datafusion::execution::runtime_env::RuntimeEnv>> {
     // A fair pool: operators that can spill (sorts, aggregations) each get a fair share and spill
     // beyond it, so a large iteration finishes within the budget instead of failing.
     let pool =
@@ -32,19 +60,9 @@ pub fn new_session(
     let runtime = RuntimeEnvBuilder::new()
         .with_memory_pool(Arc::new(pool))
         .build_arc()?;
-    // DATAFUSION_* environment variables tune the engine (e.g. DATAFUSION_EXECUTION_TARGET_PARTITIONS);
-    // results do not depend on them: the stages' SQL is order-independent.
-    let mut config = SessionConfig::from_env()?
-        .with_information_schema(true)
-        .with_batch_size(8192)
-        .set_bool("datafusion.execution.parquet.pushdown_filters", true);
-    if let Some(n) = partitions {
-        config = config.with_target_partitions(n);
-    }
-    let ctx = SessionContext::new_with_config_rt(config, runtime);
     let url = url::Url::parse(store::DATAFUSION_URL).expect("static url");
-    ctx.register_object_store(&url, store.object_store());
-    Ok(ctx)
+    runtime.register_object_store(&url, store.object_store());
+    Ok(runtime)
 }
 
 /// Whether DataFusion is told that a table's files are sorted by the table's key.

@@ -3,6 +3,7 @@
 mod adapt;
 mod branch;
 mod cli;
+mod cluster;
 mod commit;
 mod concurrency;
 mod fixtures;

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""The relational stages (reward_join + advantage + task_accuracy) on 0 (single node), 1, 2 and
+3 local `rla-pipe worker`s, over benches/relational.py's data.
+
+For each N (step rows; 3N RM rows):
+  1. `rla-pipe run --until synthetic` generates and commits the inputs once (not measured);
+  2. for each worker count, a copy of that store runs the three stages (`--cluster` with that
+     many workers started on loopback; none: single node), measured: wall time, peak RSS of the
+     coordinator and of each worker, bytes over loopback (/proc/net/dev), and the stages' own
+     seconds and writer seconds (stage_runs);
+  3. every committed file's digest is compared with the single-node run's (byte-identical).
+
+Usage:  python3 benches/cluster.py [N ...]      (default: 10000000)
+Env:    RLA_PIPE_BIN, BENCH_DIR as for benches/relational.py; WORKERS (default: 1,2,3)
+"""
+import json, os, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from relational import BIN, config, measured  # noqa: E402
+
+STAGES = ("reward_join", "advantage", "task_accuracy")
+
+
+def loopback_bytes():
+    for line in open("/proc/net/dev"):
+        name, _, rest = line.partition(":")
+        if name.strip() == "lo":
+            return int(rest.split()[8])  # transmitted bytes
+    return 0
+
+
+def peak_rss_mib(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def start_worker(store):
+    p = subprocess.Popen([BIN, "worker", "--listen", "127.0.0.1:0", "--store", store],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = p.stdout.readline()
+    return p, line.split("http://")[1].split()[0]
+
+
+def digests(store):
+    out = {}
+    cdir = os.path.join(store, "bench", "_commits", "iter=000000")
+    for name in sorted(os.listdir(cdir)):
+        if name.startswith("_"):
+            continue
+        for o in json.load(open(os.path.join(cdir, name)))["outputs"]:
+            out[o["table"]] = o["digest"]
+    return out
+
+
+def stage_seconds(store):
+    q = ("SELECT stage, seconds, store_seconds FROM stage_runs WHERE stage IN "
+         f"({', '.join(repr(s) for s in STAGES)}) ORDER BY stage")
+    out = subprocess.run([BIN, "sql", "--store", store, "--format", "csv", q],
+                         capture_output=True, text=True, check=True).stdout.splitlines()[1:]
+    total = sum(float(l.split(",")[1]) for l in out)
+    writing = sum(float(l.split(",")[2] or 0) for l in out)
+    return total, writing
+
+
+def main():
+    sizes = [int(a) for a in sys.argv[1:]] or [10_000_000]
+    counts = [int(w) for w in os.environ.get("WORKERS", "1,2,3").split(",")]
+    base = os.environ.get("BENCH_DIR") or tempfile.mkdtemp(prefix="rla-cluster-")
+    rows = []
+    for n in sizes:
+        d = os.path.join(base, f"n{n}")
+        os.makedirs(d, exist_ok=True)
+        cfg = os.path.join(d, "bench.toml")
+        open(cfg, "w").write(config(n))
+        inputs = os.path.join(d, "inputs")
+        if not os.path.exists(os.path.join(inputs, "bench", "_commits", "iter=000000", "synthetic.json")):
+            subprocess.run(["rm", "-rf", inputs], check=True)
+            subprocess.run([BIN, "run", cfg, "--store", inputs, "--until", "synthetic", "-q"], check=True)
+        steps = int(subprocess.run([BIN, "sql", "--store", inputs, "--format", "csv", "SELECT count(*) FROM steps"],
+                                   capture_output=True, text=True, check=True).stdout.splitlines()[1])
+        single = None
+        for workers in [0] + counts:
+            store = os.path.join(d, f"w{workers}")
+            subprocess.run(["rm", "-rf", store], check=True)
+            subprocess.run(["cp", "-r", inputs, store], check=True)
+            procs = [start_worker(store) for _ in range(workers)]
+            cmd = [BIN, "run", cfg, "--store", store, "-q"]
+            if procs:
+                cmd += ["--cluster", ",".join(addr for _, addr in procs)]
+            net0 = loopback_bytes()
+            wall, rss = measured(cmd)
+            net = loopback_bytes() - net0
+            worker_rss = [peak_rss_mib(p.pid) for p, _ in procs]
+            for p, _ in procs:
+                p.terminate()
+                p.wait()
+            stages, writing = stage_seconds(store)
+            got = digests(store)
+            if single is None:
+                single = got
+            same = got == single
+            rows.append((steps, workers, wall, rss, worker_rss, net, stages, writing, same))
+            print(f"N={steps:>10} workers={workers} wall {wall:6.2f}s coordinator {rss:6.0f} MiB "
+                  f"workers {' '.join(f'{r:.0f}' for r in worker_rss) or '-'} MiB loopback {net / 2**20:8.1f} MiB "
+                  f"stages {stages:6.2f}s store {writing:6.2f}s identical={same}", flush=True)
+            if not same:
+                sys.exit(f"workers={workers}: committed files differ from the single node's: {got} vs {single}")
+    print("\n| step rows | workers | wall (s) | stages (s) | store (s) | coordinator peak RSS (MiB) | worker peak RSS (MiB) | loopback (MiB) | identical |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for steps, w, wall, rss, wrss, net, stages, writing, same in rows:
+        print(f"| {steps:,} | {w or 'single node'} | {wall:.2f} | {stages:.2f} | {writing:.2f} | {rss:.0f} | "
+              f"{' / '.join(f'{r:.0f}' for r in wrss) or '-'} | {net / 2**20:.1f} | {'yes' if same else 'NO'} |")
+
+
+if __name__ == "__main__":
+    main()

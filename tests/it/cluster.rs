@@ -1,0 +1,282 @@
+//! `rla-pipe worker` and `run.cluster`: a run whose relational stages run on two loopback
+//! workers commits the bytes a single-node run commits; a killed worker is an error naming it,
+//! fast, and the rerun completes; `sql --cluster` answers as `sql` does.
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::{Fixture, GRIDNAV, Run, SMALL_GRIDNAV};
+
+/// A worker process, killed when dropped.
+struct Worker {
+    child: Child,
+    addr: String,
+}
+
+impl Worker {
+    fn start(store: &str) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+            .args(["worker", "--listen", "127.0.0.1:0", "--store", store])
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn rla-pipe worker");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split("http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .unwrap_or_else(|| panic!("worker did not say where it listens: {line:?}"))
+            .to_string();
+        Worker { child, addr }
+    }
+
+    fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// The run's settings: small gridnav, task ranges of ~50 input rows (so a relational stage has
+/// several ranges to spread over the workers; results do not depend on it).
+fn run(f: &Fixture, store: &str, iterations: u32, cluster: Option<&str>) -> Run {
+    let iterations = iterations.to_string();
+    let mut args = vec![
+        "-q",
+        "run",
+        GRIDNAV,
+        "--store",
+        store,
+        "--run-id",
+        "c",
+        "--iterations",
+        &iterations,
+        "--set",
+        "run.chunk_rows=50",
+    ];
+    for s in SMALL_GRIDNAV {
+        args.extend(["--set", s]);
+    }
+    if let Some(c) = cluster {
+        args.extend(["--cluster", c]);
+    }
+    f.rla(&args)
+}
+
+/// Every committed data file's bytes, by table and iteration, from the stage manifests of run
+/// `c` (file names hold attempt ids; a failed attempt's files are not committed).
+fn committed(store: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let commits = store.join("c").join("_commits");
+    for iter in std::fs::read_dir(&commits).unwrap() {
+        let iter = iter.unwrap().path();
+        for m in std::fs::read_dir(&iter).unwrap() {
+            let m = m.unwrap().path();
+            if m.file_name().unwrap() == "_iteration.json" {
+                continue;
+            }
+            let json: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
+            for o in json["outputs"].as_array().unwrap() {
+                let path = o["path"].as_str().unwrap();
+                let name = format!(
+                    "{}/{}",
+                    iter.file_name().unwrap().to_string_lossy(),
+                    o["table"].as_str().unwrap()
+                );
+                out.push((name, std::fs::read(store.join(path)).unwrap()));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Wait until `path` exists (at most 10 minutes).
+fn wait_for(path: &Path) {
+    let t0 = Instant::now();
+    while !path.exists() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(600),
+            "{} never appeared",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn cluster_run_equals_single_node_and_a_killed_worker_is_named_then_the_rerun_completes() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    std::fs::create_dir_all(f.store()).unwrap();
+    let alone = f.dir.path().join("alone");
+    let alone_arg = alone.display().to_string();
+
+    let a = Worker::start(&store);
+    let mut b = Worker::start(&store);
+    let cluster = format!("{},{}", a.addr, b.addr);
+    let r = run(&f, &alone_arg, 3, None);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    // Kill a worker mid-run: once iteration 1's rollout is committed (its relational stages,
+    // and iteration 2's, are still to come), the run stops naming the dead worker, with
+    // nothing of the failed stage committed.
+    let f_store = f.store();
+    let rollout_1 = f_store.join("c/_commits/iter=000001/rollout.json");
+    let mid_run = std::thread::scope(|s| {
+        let running = s.spawn(|| run(&f, &store, 3, Some(&cluster)));
+        wait_for(&rollout_1);
+        b.kill();
+        running.join().unwrap()
+    });
+    assert_eq!(mid_run.code, 1, "{}", mid_run.stderr);
+    assert!(!mid_run.stderr.contains("panicked"), "{}", mid_run.stderr);
+    assert!(
+        mid_run
+            .stderr
+            .contains(&format!("worker http://{}", b.addr)),
+        "the error names the dead worker: {}",
+        mid_run.stderr
+    );
+    assert!(
+        !f_store
+            .join("c/_commits/iter=000002/_iteration.json")
+            .exists()
+    );
+
+    // Started again with the dead worker listed: an error naming it in < 5 s.
+    let t0 = Instant::now();
+    let r = run(&f, &store, 3, Some(&cluster));
+    let took = t0.elapsed();
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&format!("worker http://{}", b.addr)),
+        "{}",
+        r.stderr
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}: {}", r.stderr);
+
+    // An address nothing answers at (a blackhole: the connect times out) is named too.
+    let t0 = Instant::now();
+    let r = run(
+        &f,
+        &store,
+        3,
+        Some(&format!("{},10.255.255.1:7001", a.addr)),
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("10.255.255.1:7001"), "{}", r.stderr);
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+
+    // A worker of another store is refused by name.
+    let other = f.dir.path().join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let stranger = Worker::start(&other.display().to_string());
+    let r = run(
+        &f,
+        &store,
+        3,
+        Some(&format!("{},{}", a.addr, stranger.addr)),
+    );
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&stranger.addr) && r.stderr.contains("store"),
+        "{}",
+        r.stderr
+    );
+
+    // The rerun on a replacement worker completes, and every committed byte equals the
+    // single-node run's.
+    let c = Worker::start(&store);
+    let r = run(&f, &store, 3, Some(&format!("{},{}", a.addr, c.addr)));
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let (dist, single) = (committed(&f.store()), committed(&alone));
+    assert_eq!(
+        dist.iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        single.iter().map(|(n, _)| n).collect::<Vec<_>>()
+    );
+    for ((name, x), (_, y)) in dist.iter().zip(&single) {
+        assert!(
+            x == y,
+            "{name}: the cluster run's file differs from the single node's"
+        );
+    }
+    // Replay (single node) verifies the cluster's iterations.
+    for iter in ["0", "1", "2"] {
+        let r = f.rla(&[
+            "replay", "--store", &store, "--run", "c", "--iter", iter, "--verify",
+        ]);
+        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    }
+
+    // `sql --cluster`, its scans split into many tasks, answers as `sql` does.
+    let workers = format!("{},{}", a.addr, c.addr);
+    for q in [
+        "SELECT * FROM step_rewards ORDER BY task_id, traj_id, step",
+        "SELECT iter, task_id, count(*) AS n, min(step) AS lo, max(step) AS hi FROM steps \
+         GROUP BY iter, task_id ORDER BY iter, task_id",
+        "SELECT t.task_id, count(*) AS n FROM trajectories t JOIN steps s \
+         ON t.traj_id = s.traj_id AND t.iter = s.iter GROUP BY t.task_id ORDER BY t.task_id",
+    ] {
+        let local = f.rla(&["sql", "--store", &store, "--format", "csv", q]);
+        assert_eq!(local.code, 0, "{}", local.stderr);
+        let dist = f.rla(&[
+            "sql",
+            "--store",
+            &store,
+            "--format",
+            "csv",
+            "--cluster",
+            &workers,
+            "--split-mib",
+            "0.001",
+            q,
+        ]);
+        assert_eq!(dist.code, 0, "{q}: {}", dist.stderr);
+        assert_eq!(dist.stdout, local.stdout, "{q}");
+        assert!(local.stdout.lines().count() > 2, "{q}: {}", local.stdout);
+    }
+}
+
+#[test]
+fn bad_cluster_addresses_and_worker_flags_are_clear_errors() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    for (bad, says) in [
+        ("127.0.0.1", "host:port"),
+        ("https://127.0.0.1:7001", "host:port"),
+        ("127.0.0.1:7001,127.0.0.1:7001", "listed twice"),
+    ] {
+        let r = run(&f, &store, 1, Some(bad));
+        assert_eq!(r.code, 1, "{bad}: {}", r.stderr);
+        assert!(r.stderr.contains(says), "{bad}: {}", r.stderr);
+    }
+    let r = f.rla(&[
+        "run",
+        GRIDNAV,
+        "--store",
+        "memory://",
+        "--cluster",
+        "127.0.0.1:1",
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("memory"), "{}", r.stderr);
+    let r = f.rla(&["worker", "--listen", "127.0.0.1:0", "--store", "memory://"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("memory"), "{}", r.stderr);
+    let r = f.rla(&["worker", "--listen", "nowhere"]);
+    assert_eq!(r.code, 2, "{}", r.stderr);
+}
