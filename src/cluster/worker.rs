@@ -62,6 +62,7 @@ pub async fn serve(
 async fn build_session(
     ctx: WorkerQueryContext,
 ) -> std::result::Result<SessionState, datafusion::error::DataFusionError> {
+    tracing::info!("worker: a task arrived; planning it");
     let mut builder = ctx.builder;
     let config = builder.config().get_or_insert_default();
     tables::apply_session_settings(config).map_err(|e| {

@@ -9,19 +9,25 @@ use std::time::{Duration, Instant};
 
 use crate::{Fixture, GRIDNAV, Run, SMALL_GRIDNAV};
 
-/// A worker process, killed when dropped.
+/// A worker process (`-v`: a log line per task, into `log`), killed when dropped.
 struct Worker {
     child: Child,
     addr: String,
+    log: std::path::PathBuf,
 }
 
 impl Worker {
     fn start(store: &str) -> Worker {
+        let log = tempfile::NamedTempFile::new()
+            .unwrap()
+            .into_temp_path()
+            .keep()
+            .unwrap();
         let mut child = Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
-            .args(["worker", "--listen", "127.0.0.1:0", "--store", store])
+            .args(["-v", "worker", "--listen", "127.0.0.1:0", "--store", store])
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("spawn rla-pipe worker");
         let mut line = String::new();
@@ -34,7 +40,15 @@ impl Worker {
             .and_then(|rest| rest.split_whitespace().next())
             .unwrap_or_else(|| panic!("worker did not say where it listens: {line:?}"))
             .to_string();
-        Worker { child, addr }
+        Worker { child, addr, log }
+    }
+
+    /// Tasks the worker has run.
+    fn tasks(&self) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .matches("a task arrived")
+            .count()
     }
 
     fn kill(&mut self) {
@@ -46,6 +60,7 @@ impl Worker {
 impl Drop for Worker {
     fn drop(&mut self) {
         self.kill();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 
@@ -225,13 +240,14 @@ fn cluster_run_equals_single_node_and_a_killed_worker_is_named_then_the_rerun_co
     // `sql --cluster`, its scans split into many tasks, answers as `sql` does.
     let workers = format!("{},{}", a.addr, c.addr);
     for q in [
-        "SELECT * FROM step_rewards ORDER BY task_id, traj_id, step",
-        "SELECT iter, task_id, count(*) AS n, min(step) AS lo, max(step) AS hi FROM steps \
+        "SELECT * FROM step_rewards ORDER BY iter, task_id, traj_id, step_idx",
+        "SELECT iter, task_id, count(*) AS n, min(step_idx) AS lo, max(step_idx) AS hi FROM steps \
          GROUP BY iter, task_id ORDER BY iter, task_id",
         "SELECT t.task_id, count(*) AS n FROM trajectories t JOIN steps s \
          ON t.traj_id = s.traj_id AND t.iter = s.iter GROUP BY t.task_id ORDER BY t.task_id",
     ] {
         let local = f.rla(&["sql", "--store", &store, "--format", "csv", q]);
+        let before = a.tasks() + c.tasks();
         assert_eq!(local.code, 0, "{}", local.stderr);
         let dist = f.rla(&[
             "sql",
@@ -248,6 +264,10 @@ fn cluster_run_equals_single_node_and_a_killed_worker_is_named_then_the_rerun_co
         assert_eq!(dist.code, 0, "{q}: {}", dist.stderr);
         assert_eq!(dist.stdout, local.stdout, "{q}");
         assert!(local.stdout.lines().count() > 2, "{q}: {}", local.stdout);
+        assert!(
+            a.tasks() + c.tasks() > before,
+            "{q}: no task ran on the workers"
+        );
     }
 }
 
