@@ -16,7 +16,7 @@ Env:    RLA_PIPE_BIN, BENCH_DIR as for benches/relational.py; WORKERS (default: 
 import json, os, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from relational import BIN, config, measured  # noqa: E402
+from relational import BIN, generate, measured  # noqa: E402
 
 STAGES = ("reward_join", "advantage", "task_accuracy")
 
@@ -71,15 +71,8 @@ def main():
     rows = []
     for n in sizes:
         d = os.path.join(base, f"n{n}")
-        os.makedirs(d, exist_ok=True)
-        cfg = os.path.join(d, "bench.toml")
-        open(cfg, "w").write(config(n))
-        inputs = os.path.join(d, "inputs")
-        if not os.path.exists(os.path.join(inputs, "bench", "_commits", "iter=000000", "synthetic.json")):
-            subprocess.run(["rm", "-rf", inputs], check=True)
-            subprocess.run([BIN, "run", cfg, "--store", inputs, "--until", "synthetic", "-q"], check=True)
-        steps = int(subprocess.run([BIN, "sql", "--store", inputs, "--format", "csv", "SELECT count(*) FROM steps"],
-                                   capture_output=True, text=True, check=True).stdout.splitlines()[1])
+        cfg, inputs = os.path.join(d, "bench.toml"), os.path.join(d, "inputs")
+        _, steps = generate(n, cfg, inputs)
         single = None
         for workers in [0] + counts:
             store = os.path.join(d, f"w{workers}")

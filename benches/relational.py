@@ -61,6 +61,20 @@ samples = 3
 """
 
 
+def generate(n, cfg, store):
+    """Write the config for N step rows to cfg and commit the synthetic inputs into a new store:
+    (seconds it took, step rows)."""
+    os.makedirs(os.path.dirname(cfg), exist_ok=True)
+    open(cfg, "w").write(config(n))
+    subprocess.run(["rm", "-rf", store], check=True)
+    t = time.perf_counter()
+    subprocess.run([BIN, "run", cfg, "--store", store, "--until", "synthetic", "-q"], check=True)
+    gen = time.perf_counter() - t
+    steps = int(subprocess.run([BIN, "sql", "--store", store, "--format", "csv", "SELECT count(*) FROM steps"],
+                               capture_output=True, text=True, check=True).stdout.splitlines()[1])
+    return gen, steps
+
+
 def committed_files(store, table):
     out = []
     cdir = os.path.join(store, "bench", "_commits", "iter=000000")
@@ -91,16 +105,8 @@ def main():
     rows = []
     for n in sizes:
         d = os.path.join(base, f"n{n}")
-        os.makedirs(d, exist_ok=True)
-        cfg = os.path.join(d, "bench.toml")
-        open(cfg, "w").write(config(n))
-        store = os.path.join(d, "runs")
-        subprocess.run(["rm", "-rf", store], check=True)
-        t = time.perf_counter()
-        subprocess.run([BIN, "run", cfg, "--store", store, "--until", "synthetic", "-q"], check=True)
-        gen = time.perf_counter() - t
-        steps = int(subprocess.run([BIN, "sql", "--store", store, "--format", "csv", "SELECT count(*) FROM steps"],
-                                   capture_output=True, text=True, check=True).stdout.splitlines()[1])
+        cfg, store = os.path.join(d, "bench.toml"), os.path.join(d, "runs")
+        gen, steps = generate(n, cfg, store)
         ours, ours_rss = measured([BIN, "run", cfg, "--store", store, "-q"])
         outdir = os.path.join(d, "duckdb-out")
         os.makedirs(outdir, exist_ok=True)

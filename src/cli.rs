@@ -55,15 +55,8 @@ enum Command {
         /// Stop after this stage (of the last iteration reached).
         #[arg(long, value_name = "STAGE")]
         until: Option<String>,
-        /// Run the relational stages' task ranges on these workers (`rla-pipe worker`),
-        /// comma-separated host:port; overrides run.cluster. Results are the same byte for byte.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_name = "HOST:PORT,...",
-            env = "RLA_PIPE_CLUSTER"
-        )]
-        cluster: Vec<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
     },
     /// Query every committed table of a store with SQL (read-only).
     #[command(
@@ -89,14 +82,8 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         /// The query, e.g. "SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter".
         #[arg(required_unless_present = "file")]
         query: Option<String>,
-        /// Run the query on these workers (`rla-pipe worker`), comma-separated host:port.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_name = "HOST:PORT,...",
-            env = "RLA_PIPE_CLUSTER"
-        )]
-        cluster: Vec<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
         /// With --cluster: MiB of Parquet each distributed scan task reads (smaller: more tasks;
         /// a query over less than one task's worth runs in this process).
         #[arg(long, value_name = "MIB", default_value_t = 16.0, requires = "cluster")]
@@ -363,6 +350,21 @@ struct StoreArgs {
     url: String,
 }
 
+/// The workers a command runs on (`run`: the relational stages' task ranges, overriding
+/// `run.cluster`; `sql`: the query).
+#[derive(Args, Debug)]
+struct ClusterArgs {
+    /// Run on these workers (`rla-pipe worker`), comma-separated host:port (`run`: the same
+    /// bytes as in this process; `sql`: float sums may differ in the last bits).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "HOST:PORT,...",
+        env = "RLA_PIPE_CLUSTER"
+    )]
+    cluster: Vec<String>,
+}
+
 impl StoreArgs {
     /// The store, which must exist (read commands never create one).
     fn open(&self) -> Result<Store> {
@@ -452,7 +454,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 iterations,
                 &sets,
                 until.as_deref(),
-                cluster,
+                cluster.cluster,
                 quiet,
             )
             .await?
@@ -467,7 +469,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             cluster,
             split_mib,
         } => {
-            let on = SqlCluster { cluster, split_mib };
+            let on = SqlCluster {
+                cluster: cluster.cluster,
+                split_mib,
+            };
             sql(&store, run.as_deref(), format, out, file, query, &on, quiet).await?
         }
         Command::Worker {
