@@ -134,7 +134,15 @@ async fn feed(
                     .into_iter()
                     .enumerate()
                 {
-                    let plan = range_plan(stage.name(), &def, out).await?;
+                    let TableOutput::Frame(df) = out else {
+                        return Err(Error::data(format!(
+                            "stage {}: table {} is computed in this process (a stream, not a \
+                             plan) and cannot run on a cluster",
+                            stage.name(),
+                            def.name
+                        )));
+                    };
+                    let plan = sorted_plan(stage.name(), &def, df).await?;
                     match plans.get_mut(i) {
                         Some((_, ps)) => ps.push(plan),
                         None => plans.push((def, vec![plan])),
@@ -276,20 +284,13 @@ fn on_cluster(stage: &str, e: Error) -> Error {
     ))
 }
 
-/// The physical plan of one range's output, sorted by the key in DataFusion's plan (the
-/// coordinator checks each range's rows, as [`SortBy::DataFusion`] says).
-async fn range_plan(
+/// The physical plan of a stage's frame, checked against its table's schema and sorted by the
+/// key in DataFusion's plan ([`SortBy::DataFusion`]: the engine checks the rows it yields).
+async fn sorted_plan(
     stage: &str,
     def: &TableDef,
-    out: TableOutput,
+    df: datafusion::dataframe::DataFrame,
 ) -> Result<Arc<dyn ExecutionPlan>> {
-    let TableOutput::Frame(df) = out else {
-        return Err(Error::data(format!(
-            "stage {stage}: table {} is computed in this process (a stream, not a plan) and \
-             cannot run on a cluster",
-            def.name
-        )));
-    };
     let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
     check_schema(stage, def, &schema)?;
     let sort = def
@@ -506,17 +507,14 @@ async fn into_sorted_stream(
     sort: SortBy,
 ) -> Result<SendableRecordBatchStream> {
     match out {
+        TableOutput::Frame(df) if sort == SortBy::DataFusion => {
+            let task = Arc::new(df.task_ctx());
+            let plan = sorted_plan(stage, def, df).await?;
+            Ok(datafusion::physical_plan::execute_stream(plan, task)?)
+        }
         TableOutput::Frame(df) => {
             let schema: SchemaRef = Arc::new(df.schema().as_arrow().clone());
             check_schema(stage, def, &schema)?;
-            if sort == SortBy::DataFusion {
-                let sort = def
-                    .key
-                    .iter()
-                    .map(|k| col(*k).sort(true, false))
-                    .collect::<Vec<_>>();
-                return Ok(df.sort(sort)?.execute_stream().await?);
-            }
             let task = Arc::new(df.task_ctx());
             let plan = df.create_physical_plan().await?;
             Ok(datafusion::physical_plan::execute_stream(
