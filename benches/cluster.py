@@ -13,10 +13,10 @@ For each N (step rows; 3N RM rows):
 Usage:  python3 benches/cluster.py [N ...]      (default: 10000000)
 Env:    RLA_PIPE_BIN, BENCH_DIR as for benches/relational.py; WORKERS (default: 1,2,3)
 """
-import json, os, subprocess, sys, tempfile, time
+import json, os, resource, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from relational import BIN, generate, measured  # noqa: E402
+from relational import BIN, generate  # noqa: E402
 
 STAGES = ("reward_join", "advantage", "task_accuracy")
 
@@ -27,6 +27,23 @@ def loopback_bytes():
         if name.strip() == "lo":
             return int(rest.split()[8])  # transmitted bytes
     return 0
+
+
+def cpu_seconds(pid):
+    """user + system CPU seconds of a running process."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_measured(cmd):
+    """(wall seconds, peak RSS MiB, CPU seconds) of cmd, a child of this process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, after.ru_maxrss / 1024, cpu
 
 
 def peak_rss_mib(pid):
@@ -83,9 +100,10 @@ def main():
             if procs:
                 cmd += ["--cluster", ",".join(addr for _, addr in procs)]
             net0 = loopback_bytes()
-            wall, rss = measured(cmd)
+            wall, rss, cpu = run_measured(cmd)
             net = loopback_bytes() - net0
             worker_rss = [peak_rss_mib(p.pid) for p, _ in procs]
+            worker_cpu = sum(cpu_seconds(p.pid) for p, _ in procs)
             for p, _ in procs:
                 p.terminate()
                 p.wait()
@@ -94,16 +112,17 @@ def main():
             if single is None:
                 single = got
             same = got == single
-            rows.append((steps, workers, wall, rss, worker_rss, net, stages, writing, same))
-            print(f"N={steps:>10} workers={workers} wall {wall:6.2f}s coordinator {rss:6.0f} MiB "
+            rows.append((steps, workers, wall, rss, cpu, worker_rss, worker_cpu, net, stages, writing, same))
+            print(f"N={steps:>10} workers={workers} wall {wall:6.2f}s coordinator {rss:6.0f} MiB {cpu:6.2f} CPU-s "
+                  f"workers {worker_cpu:6.2f} CPU-s "
                   f"workers {' '.join(f'{r:.0f}' for r in worker_rss) or '-'} MiB loopback {net / 2**20:8.1f} MiB "
                   f"stages {stages:6.2f}s store {writing:6.2f}s identical={same}", flush=True)
             if not same:
                 sys.exit(f"workers={workers}: committed files differ from the single node's: {got} vs {single}")
-    print("\n| step rows | workers | wall (s) | stages (s) | store (s) | coordinator peak RSS (MiB) | worker peak RSS (MiB) | loopback (MiB) | identical |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
-    for steps, w, wall, rss, wrss, net, stages, writing, same in rows:
-        print(f"| {steps:,} | {w or 'single node'} | {wall:.2f} | {stages:.2f} | {writing:.2f} | {rss:.0f} | "
+    print("\n| step rows | workers | wall (s) | store (s) | coordinator CPU (s) | workers' CPU (s) | coordinator peak RSS (MiB) | worker peak RSS (MiB) | loopback (MiB) | identical |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for steps, w, wall, rss, cpu, wrss, wcpu, net, stages, writing, same in rows:
+        print(f"| {steps:,} | {w or 'single node'} | {wall:.2f} | {writing:.2f} | {cpu:.2f} | {wcpu:.2f} | {rss:.0f} | "
               f"{' / '.join(f'{r:.0f}' for r in wrss) or '-'} | {net / 2**20:.1f} | {'yes' if same else 'NO'} |")
 
 

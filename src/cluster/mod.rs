@@ -5,9 +5,9 @@
 //! - [`Cluster::check`]: every worker answers, runs this rla-pipe version and serves the same
 //!   store (a clear error naming the worker in < 5 s otherwise).
 //! - [`Cluster::run_tasks`]: plans the coordinator built, one per task, each run whole on one
-//!   worker (the engine's task ranges: a range's rows never meet another's, and each range's
-//!   floating-point aggregates see their rows in the order a single node does), their outputs
-//!   concatenated in task order: byte-identical to running them here.
+//!   worker as a query of its own (the engine's task ranges: a range's rows never meet
+//!   another's, and each range's floating-point aggregates see their rows in the order a single
+//!   node does), their outputs concatenated in task order: byte-identical to running them here.
 //! - [`Cluster::sql_session`]: the `sql` command's session, planned by the distributed planner
 //!   (scans split across workers, shuffles between them).
 //!
@@ -17,21 +17,25 @@
 //! rerun resumes at that stage.
 
 mod channel;
-mod concat;
 pub mod worker;
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use arrow::array::RecordBatch;
 
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
 use datafusion::prelude::{SessionConfig, SessionContext};
+use datafusion::error::DataFusionError;
+use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion_distributed::{
-    DistributedExec, DistributedExt, DistributedLeafExec, NetworkBoundary, NetworkCoalesceExec,
-    SessionStateBuilderExt, Stage, WorkerResolver,
+    DistributedExec, DistributedExt, NetworkBoundary, NetworkCoalesceExec, SessionStateBuilderExt,
+    Stage, WorkerResolver,
 };
+use futures::{StreamExt, TryStreamExt};
 use url::Url;
 
 use crate::error::{Error, Result};
@@ -43,9 +47,11 @@ pub use channel::NamedChannels;
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// The worker list of `run.cluster` / `--cluster`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Clone)]
 pub struct Cluster {
     urls: Vec<Url>,
+    /// One channel per worker, shared by every query of this cluster.
+    channels: NamedChannels,
 }
 
 impl Cluster {
@@ -54,7 +60,10 @@ impl Cluster {
     pub fn parse(addrs: &[String]) -> Result<Option<Cluster>> {
         let urls = crate::config::cluster_urls(addrs)
             .map_err(|e| Error::config(format!("run.cluster: {e}")))?;
-        Ok((!urls.is_empty()).then_some(Cluster { urls }))
+        Ok((!urls.is_empty()).then(|| Cluster {
+            urls,
+            channels: NamedChannels::default(),
+        }))
     }
 
     pub fn urls(&self) -> &[Url] {
@@ -73,9 +82,8 @@ impl Cluster {
         }
         let want = worker::identity(store);
         let want = &want;
-        let channels = NamedChannels::default();
         let asks = self.urls.iter().map(|url| {
-            let channels = channels.clone();
+            let channels = self.channels.clone();
             async move {
                 let info = tokio::time::timeout(CHECK_TIMEOUT, channels.worker_info(url)).await;
                 match info {
@@ -112,7 +120,7 @@ impl Cluster {
             .with_runtime_env(runtime)
             .with_distributed_planner()
             .with_distributed_worker_resolver(Workers(self.urls.clone()))
-            .with_distributed_channel_resolver(NamedChannels::default())
+            .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_metrics_collection(false)?;
         if let Some(bytes) = split_bytes {
             builder =
@@ -142,23 +150,26 @@ impl Cluster {
         Ok(ctx)
     }
 
-    /// Run each plan whole on one worker (task `i` = `plans[i]`, tasks spread round-robin from a
-    /// random worker) and stream their rows back in task order. `finish` sees each task's
-    /// batches before they are passed on (the engine checks and restores key order there);
-    /// up to `lookahead` tasks run at once. Every plan must have one output partition and the
-    /// same schema.
+    /// Run each plan whole on one worker, as a query of its own (task `i` on worker
+    /// `(i + k) mod workers`, `k` chosen at random), and stream their rows back in task order.
+    /// `finish` sees each task's batches before they are passed on (the engine checks and
+    /// restores key order there); up to `lookahead` tasks run at once. Every plan must have one
+    /// output partition and the same schema.
+    ///
+    /// One query per task, not one query of many tasks: a worker keeps a task's plan (and the
+    /// memory its operators hold, e.g. a hash join's build side) until its query ends.
     pub fn run_tasks(
         &self,
         plans: Vec<Arc<dyn ExecutionPlan>>,
         config: SessionConfig,
         runtime: Arc<RuntimeEnv>,
         lookahead: usize,
-        finish: concat::Finish,
+        finish: Finish,
     ) -> Result<SendableRecordBatchStream> {
-        let first = plans
+        let schema = plans
             .first()
-            .cloned()
-            .ok_or_else(|| Error::data("no tasks to run on the cluster"))?;
+            .ok_or_else(|| Error::data("no tasks to run on the cluster"))?
+            .schema();
         if let Some(p) = plans
             .iter()
             .find(|p| p.properties().partitioning.partition_count() != 1)
@@ -169,30 +180,61 @@ impl Cluster {
                 p.name()
             )));
         }
-        let tasks = plans.len();
-        let leaf = DistributedLeafExec::try_new(first, plans)?;
-        let boundary = NetworkCoalesceExec::try_new(Arc::new(leaf), tasks, 1)?;
-        // A boundary built by hand is numbered by hand: a fresh query id (workers key their
-        // task state by it) and stage 1. datafusion-distributed's planner would elide a
-        // one-task boundary and run the task here.
-        let Stage::Local(mut stage) = boundary.input_stage().clone() else {
-            return Err(Error::data("a new network boundary has a remote stage"));
-        };
-        stage.query_id = uuid::Uuid::now_v7();
-        stage.num = 1;
-        let boundary = boundary.with_input_stage(Stage::Local(stage))?;
-        let boundary: Arc<dyn ExecutionPlan> = boundary;
-        let head = concat::OrderedConcatExec::new(boundary, lookahead, finish);
-        let exec = DistributedExec::new(Arc::new(head)).with_metrics_collection(false);
-        let ctx = self.coordinator(config, runtime, None)?;
-        Ok(datafusion::physical_plan::execute_stream(
-            Arc::new(exec),
-            ctx.task_ctx(),
-        )?)
+        // One coordinator session per worker: its worker list is that worker alone.
+        let sessions = self
+            .urls
+            .iter()
+            .map(|url| {
+                Ok(Cluster {
+                    urls: vec![url.clone()],
+                    channels: self.channels.clone(),
+                }
+                .coordinator(config.clone(), runtime.clone(), None)?
+                .task_ctx())
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let first = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as usize);
+        let tasks = futures::stream::iter(plans.into_iter().enumerate())
+            .map(move |(i, plan)| {
+                let task_ctx = sessions[(first + i) % sessions.len()].clone();
+                let finish = finish.clone();
+                async move {
+                    let batches: Vec<RecordBatch> =
+                        datafusion::physical_plan::execute_stream(one_task(plan)?, task_ctx)?
+                            .try_collect()
+                            .await?;
+                    finish(i, batches)
+                }
+            })
+            .buffered(lookahead.max(1))
+            .map_ok(|batches| futures::stream::iter(batches.into_iter().map(Ok)))
+            .try_flatten()
+            .map_err(|e: Error| DataFusionError::External(Box::new(e)));
+        Ok(Box::pin(RecordBatchStreamAdapter::new(schema, tasks)))
     }
 }
 
-pub use concat::Finish;
+/// What the caller does with a task's batches (by task index) before they are passed on.
+pub type Finish = Arc<dyn Fn(usize, Vec<RecordBatch>) -> Result<Vec<RecordBatch>> + Send + Sync>;
+
+/// `plan` as a distributed query of one task: `DistributedExec` over a network boundary whose
+/// input stage is `plan`. The boundary is numbered by hand (a fresh query id: workers key their
+/// task state by it; stage 1): datafusion-distributed's planner would elide a one-task boundary
+/// and run the plan here.
+fn one_task(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
+    let boundary = NetworkCoalesceExec::try_new(plan, 1, 1)?;
+    let Stage::Local(mut stage) = boundary.input_stage().clone() else {
+        return Err(Error::data("a new network boundary has a remote stage"));
+    };
+    stage.query_id = uuid::Uuid::now_v7();
+    stage.num = 1;
+    let boundary: Arc<dyn ExecutionPlan> = boundary.with_input_stage(Stage::Local(stage))?;
+    Ok(Arc::new(
+        DistributedExec::new(boundary).with_metrics_collection(false),
+    ))
+}
 
 /// A worker's URL as users write it (no trailing `/`).
 pub fn show(url: &Url) -> &str {
