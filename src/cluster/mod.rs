@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use arrow::array::RecordBatch;
 
+use datafusion::error::DataFusionError;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::execution::SessionStateBuilder;
 use datafusion::execution::runtime_env::RuntimeEnv;
 use datafusion::physical_plan::ExecutionPlan;
-use datafusion::prelude::{SessionConfig, SessionContext};
-use datafusion::error::DataFusionError;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
+use datafusion::prelude::{SessionConfig, SessionContext};
 use datafusion_distributed::{
     DistributedExec, DistributedExt, NetworkBoundary, NetworkCoalesceExec, SessionStateBuilderExt,
     Stage, WorkerResolver,
