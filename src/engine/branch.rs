@@ -38,10 +38,15 @@ pub async fn open(
         )));
     }
     let base: Config = parent.config()?;
-    let config = base.with_sets(
+    let mut config = base.with_sets(
         &format!("run {:?}'s config", branch.parent),
         &branch.overrides,
     )?;
+    // The parent's workers may be long gone: a branch runs in this process unless its
+    // overrides name workers (`--set 'run.cluster=["host:port"]'`).
+    if !branch.overrides.iter().any(|o| o.starts_with("run.cluster")) {
+        config.run.cluster.clear();
+    }
     let dag = pipeline(&config)?;
     let engine =
         Engine::open_branch(store.clone(), into, config, dag, Some(branch.clone())).await?;
