@@ -365,6 +365,17 @@ struct ClusterArgs {
     cluster: Vec<String>,
 }
 
+impl ClusterArgs {
+    /// The addresses given, blanks dropped (`RLA_PIPE_CLUSTER=` set empty is no cluster).
+    fn addresses(self) -> Vec<String> {
+        self.cluster
+            .into_iter()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect()
+    }
+}
+
 impl StoreArgs {
     /// The store, which must exist (read commands never create one).
     fn open(&self) -> Result<Store> {
@@ -454,7 +465,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 iterations,
                 &sets,
                 until.as_deref(),
-                cluster.cluster,
+                cluster.addresses(),
                 quiet,
             )
             .await?
@@ -470,7 +481,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             split_mib,
         } => {
             let on = SqlCluster {
-                cluster: cluster.cluster,
+                cluster: cluster.addresses(),
                 split_mib,
             };
             sql(&store, run.as_deref(), format, out, file, query, &on, quiet).await?
