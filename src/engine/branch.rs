@@ -44,7 +44,11 @@ pub async fn open(
     )?;
     // The parent's workers may be long gone: a branch runs in this process unless its
     // overrides name workers (`--set 'run.cluster=["host:port"]'`).
-    if !branch.overrides.iter().any(|o| o.starts_with("run.cluster")) {
+    if !branch
+        .overrides
+        .iter()
+        .any(|o| o.starts_with("run.cluster"))
+    {
         config.run.cluster.clear();
     }
     let dag = pipeline(&config)?;
