@@ -458,17 +458,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             until,
             cluster,
         } => {
-            run(
-                &pipeline,
+            let overrides = RunOverrides {
                 store,
-                run_id,
                 iterations,
-                &sets,
-                until.as_deref(),
-                cluster.addresses(),
-                quiet,
-            )
-            .await?
+                cluster: cluster.addresses(),
+            };
+            run(&pipeline, run_id, &sets, overrides, until.as_deref(), quiet).await?
         }
         Command::Sql {
             store,
@@ -484,7 +479,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
                 cluster: cluster.addresses(),
                 split_mib,
             };
-            sql(&store, run.as_deref(), format, out, file, query, &on, quiet).await?
+            let query = query_text(query, file)?;
+            sql(&store, run.as_deref(), format, out, &query, &on, quiet).await?
         }
         Command::Worker {
             listen,
@@ -560,30 +556,43 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// `run`'s flags that override keys of the config's `[run]` section.
+struct RunOverrides {
+    store: Option<String>,
+    iterations: Option<u32>,
+    cluster: Vec<String>,
+}
+
+impl RunOverrides {
+    fn apply(self, cfg: &mut Config) -> Result<()> {
+        if let Some(s) = self.store {
+            cfg.run.store = s;
+        }
+        if !self.cluster.is_empty() {
+            crate::config::cluster_urls(&self.cluster)
+                .map_err(|e| anyhow::anyhow!("--cluster: {e}"))?;
+            cfg.run.cluster = self.cluster;
+        }
+        if let Some(n) = self.iterations {
+            if n == 0 {
+                bail!("--iterations must be at least 1");
+            }
+            cfg.run.iterations = n;
+        }
+        Ok(())
+    }
+}
+
 async fn run(
     pipeline: &std::path::Path,
-    store: Option<String>,
     run_id: Option<String>,
-    iterations: Option<u32>,
     sets: &[String],
+    overrides: RunOverrides,
     until: Option<&str>,
-    cluster: Vec<String>,
     quiet: bool,
 ) -> Result<()> {
     let mut cfg = Config::load(pipeline, sets)?;
-    if let Some(s) = store {
-        cfg.run.store = s;
-    }
-    if !cluster.is_empty() {
-        crate::config::cluster_urls(&cluster).map_err(|e| anyhow::anyhow!("--cluster: {e}"))?;
-        cfg.run.cluster = cluster;
-    }
-    if let Some(n) = iterations {
-        if n == 0 {
-            bail!("--iterations must be at least 1");
-        }
-        cfg.run.iterations = n;
-    }
+    overrides.apply(&mut cfg)?;
     let run_id = run_id.unwrap_or_else(|| cfg.run.name.clone());
     let store = Store::open(&cfg.run.store)?;
     let dag = crate::pipeline::dag(&cfg)?;
@@ -605,17 +614,10 @@ async fn sql(
     run: Option<&str>,
     format: Format,
     out: Option<PathBuf>,
-    file: Option<PathBuf>,
-    query: Option<String>,
+    query: &str,
     on: &SqlCluster,
     quiet: bool,
 ) -> Result<()> {
-    let query = match (query, file) {
-        (Some(q), _) => q,
-        (None, Some(path)) => std::fs::read_to_string(&path)
-            .with_context(|| format!("cannot read the query file {}", path.display()))?,
-        (None, None) => bail!("give a query, or --file FILE.sql"),
-    };
     let store = store.open()?;
     if let Some(r) = run {
         layout::validate_run_id(r)?;
@@ -630,7 +632,7 @@ async fn sql(
             crate::sql::cluster_session(&store, run, &cluster, split).await?
         }
     };
-    let (schema, batches) = crate::sql::query(&ctx, &query).await?;
+    let (schema, batches) = crate::sql::query(&ctx, query).await?;
     match out {
         Some(path) => {
             let rows = write_parquet(&path, schema, &batches)?;
@@ -641,6 +643,16 @@ async fn sql(
         None => print_batches(format, &batches)?,
     }
     Ok(())
+}
+
+/// `sql`'s query: the argument, or the text of `--file`.
+fn query_text(query: Option<String>, file: Option<PathBuf>) -> Result<String> {
+    Ok(match (query, file) {
+        (Some(q), _) => q,
+        (None, Some(path)) => std::fs::read_to_string(&path)
+            .with_context(|| format!("cannot read the query file {}", path.display()))?,
+        (None, None) => bail!("give a query, or --file FILE.sql"),
+    })
 }
 
 /// `sql --cluster` and `--split-mib`.

@@ -23,10 +23,10 @@ use url::Url;
 
 /// Connecting to a worker gives up after this long.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// HTTP/2 pings on every channel, idle or not ...
-const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(2);
+/// HTTP/2 pings on every channel, idle or not (both ways: the worker's server too) ...
+pub(super) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(2);
 /// ... and a channel whose ping is not answered within this long is dead.
-const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A [`ChannelResolver`] whose clients name their worker in every error.
 #[derive(Clone, Default)]
@@ -88,7 +88,7 @@ impl ChannelResolver for NamedChannels {
 /// `error` with the worker it came from: one of our cluster errors (which survives the trip
 /// through DataFusion, [`crate::error::Error`]'s `From`), on one line, the worker first.
 fn named(url: &Url, error: DataFusionError) -> DataFusionError {
-    let worker = format!("worker {}", url.as_str().trim_end_matches('/'));
+    let worker = format!("worker {}", super::show(url));
     let mut text = error.to_string();
     if text.contains(&worker) {
         return error;

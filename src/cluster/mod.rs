@@ -106,10 +106,11 @@ impl Cluster {
         Ok(())
     }
 
-    /// A coordinator session: the workers, our channels, the distributed planner (and its
-    /// task routing), scans split into tasks of `split_bytes`.
+    /// A coordinator session over `workers` (of this cluster): our channels, the distributed
+    /// planner (and its task routing), scans split into tasks of `split_bytes`.
     fn coordinator(
         &self,
+        workers: &[Url],
         config: SessionConfig,
         runtime: Arc<RuntimeEnv>,
         split_bytes: Option<usize>,
@@ -119,7 +120,7 @@ impl Cluster {
             .with_config(config)
             .with_runtime_env(runtime)
             .with_distributed_planner()
-            .with_distributed_worker_resolver(Workers(self.urls.clone()))
+            .with_distributed_worker_resolver(Workers(workers.to_vec()))
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_metrics_collection(false)?;
         if let Some(bytes) = split_bytes {
@@ -139,6 +140,7 @@ impl Cluster {
     ) -> Result<SessionContext> {
         let state = local.state();
         let ctx = self.coordinator(
+            &self.urls,
             state.config().clone(),
             state.runtime_env().clone(),
             Some(split_bytes),
@@ -185,12 +187,10 @@ impl Cluster {
             .urls
             .iter()
             .map(|url| {
-                Ok(Cluster {
-                    urls: vec![url.clone()],
-                    channels: self.channels.clone(),
-                }
-                .coordinator(config.clone(), runtime.clone(), None)?
-                .task_ctx())
+                let one = std::slice::from_ref(url);
+                Ok(self
+                    .coordinator(one, config.clone(), runtime.clone(), None)?
+                    .task_ctx())
             })
             .collect::<Result<Vec<_>>>()?;
         let first = std::time::SystemTime::now()

@@ -8,6 +8,7 @@ use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext};
 
 use super::NamedChannels;
+use super::channel::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
 use crate::error::{Error, Result};
 use crate::store::{Store, tables};
 
@@ -37,7 +38,9 @@ pub async fn serve(
         )));
     }
     let runtime = tables::runtime(store, memory_limit_mib)?;
-    let worker = Worker::from_session_builder(build_session)
+    // One channel per peer worker, shared by every task this worker runs.
+    let channels = NamedChannels::default();
+    let worker = Worker::from_session_builder(move |ctx| build_session(ctx, channels.clone()))
         .with_runtime_env(runtime)
         .with_version(identity(store));
     let listener = tokio::net::TcpListener::bind(listen)
@@ -49,18 +52,19 @@ pub async fn serve(
     ready(bound);
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(2)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .http2_keepalive_interval(Some(KEEP_ALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEP_ALIVE_TIMEOUT))
         .add_service(worker.into_worker_server())
         .serve_with_incoming_shutdown(incoming, shutdown())
         .await
         .map_err(|e| Error::Cluster(format!("worker on {bound}: {e}")))
 }
 
-/// Each task's session: rla-pipe's query settings ([`tables::session_config`]) over the
+/// Each task's session: rla-pipe's query settings ([`tables::apply_session_settings`]) over the
 /// settings the coordinator sent, and our channels for worker-to-worker traffic.
 async fn build_session(
     ctx: WorkerQueryContext,
+    channels: NamedChannels,
 ) -> std::result::Result<SessionState, datafusion::error::DataFusionError> {
     tracing::info!("worker: a task arrived; planning it");
     let mut builder = ctx.builder;
@@ -68,9 +72,7 @@ async fn build_session(
     tables::apply_session_settings(config).map_err(|e| {
         datafusion::error::DataFusionError::Configuration(format!("worker session: {e}"))
     })?;
-    Ok(builder
-        .with_distributed_channel_resolver(NamedChannels::default())
-        .build())
+    Ok(builder.with_distributed_channel_resolver(channels).build())
 }
 
 async fn shutdown() {

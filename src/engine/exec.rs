@@ -118,18 +118,12 @@ async fn feed(
         (Some(column), Some(inputs)) if cluster.is_some() => {
             let cluster = cluster.expect("matched");
             let ranges = plan_ranges(ctx, inputs, column).await?;
+            let runner = RangeRunner::new(ctx, inputs, column);
             // Every range's plan, per output table, planned here as a single node plans it.
             let mut plans: Vec<(TableDef, Vec<Arc<dyn ExecutionPlan>>)> = Vec::new();
             for range in &ranges {
-                let session = range_session(inputs, &ctx.run_id, column, range).await?;
-                let chunk = StageContext::detached(
-                    ctx.run_id.clone(),
-                    ctx.iter,
-                    ctx.seed,
-                    ctx.config.clone(),
-                    session,
-                );
-                for (i, (def, out)) in run_outputs(stage.as_ref(), &chunk)
+                for (i, (def, out)) in runner
+                    .outputs(stage.as_ref(), range)
                     .await?
                     .into_iter()
                     .enumerate()
@@ -171,14 +165,12 @@ async fn feed(
         }
         (Some(column), Some(inputs)) => {
             let ranges = plan_ranges(ctx, inputs, column).await?;
+            let runner = RangeRunner::new(ctx, inputs, column);
             let chunks = futures::stream::iter(ranges.into_iter().map(|range| {
-                let (stage, inputs, config) = (stage.clone(), inputs.clone(), ctx.config.clone());
-                let (run_id, iter, seed) = (ctx.run_id.clone(), ctx.iter, ctx.seed);
+                let (stage, runner) = (stage.clone(), runner.clone());
                 tokio::spawn(async move {
-                    let session = range_session(&inputs, &run_id, column, &range).await?;
-                    let chunk = StageContext::detached(run_id, iter, seed, config, session);
                     let mut collected = Vec::new();
-                    for (def, out) in run_outputs(stage.as_ref(), &chunk).await? {
+                    for (def, out) in runner.outputs(stage.as_ref(), &range).await? {
                         // DataFusion sorts the range's rows (or takes them for sorted), and
                         // the engine sorts them again only if they are not in key order: a
                         // check is cheaper than a sort of rows that already are.
@@ -299,6 +291,49 @@ async fn sorted_plan(
         .map(|k| col(*k).sort(true, false))
         .collect::<Vec<_>>();
     Ok(df.sort(sort)?.create_physical_plan().await?)
+}
+
+/// What running a partitioned stage over one range of its partition column needs (cloned into
+/// each range's task).
+#[derive(Clone)]
+struct RangeRunner {
+    inputs: Arc<InputFiles>,
+    run_id: String,
+    iter: u32,
+    seed: u64,
+    config: Arc<crate::config::Config>,
+    column: &'static str,
+}
+
+impl RangeRunner {
+    fn new(ctx: &StageContext, inputs: &Arc<InputFiles>, column: &'static str) -> RangeRunner {
+        RangeRunner {
+            inputs: inputs.clone(),
+            run_id: ctx.run_id.clone(),
+            iter: ctx.iter,
+            seed: ctx.seed,
+            config: ctx.config.clone(),
+            column,
+        }
+    }
+
+    /// The stage's outputs over the rows of `range` (a one-thread session of their own), in
+    /// declared order.
+    async fn outputs(
+        &self,
+        stage: &dyn Stage,
+        range: &Range,
+    ) -> Result<Vec<(TableDef, TableOutput)>> {
+        let session = range_session(&self.inputs, &self.run_id, self.column, range).await?;
+        let chunk = StageContext::detached(
+            self.run_id.clone(),
+            self.iter,
+            self.seed,
+            self.config.clone(),
+            session,
+        );
+        run_outputs(stage, &chunk).await
+    }
 }
 
 /// A half-open range `[lo, hi)` of the partition column; `None` = unbounded.
