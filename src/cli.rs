@@ -429,6 +429,8 @@ fn init_tracing(verbose: bool) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colours on a terminal only: a log redirected to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
 }
@@ -667,15 +669,25 @@ async fn worker(listen: std::net::SocketAddr, store: &str, memory_limit_mib: u64
         bail!("--memory-limit-mib must be at least 64");
     }
     let store = Store::open(store)?;
-    crate::cluster::worker::serve(listen, &store, memory_limit_mib, |bound| {
-        // The one line on stdout: scripts (and tests) read the address from it.
-        println!(
-            "rla-pipe worker listening on http://{bound} (store {})",
-            store.url()
-        );
-        use std::io::Write as _;
-        let _ = std::io::stdout().flush();
-    })
+    let codec = crate::engine::shard::StageCodec::new(
+        store.clone(),
+        std::sync::Arc::new(crate::pipeline::stage),
+    );
+    crate::cluster::worker::serve(
+        listen,
+        &store,
+        memory_limit_mib,
+        Some(std::sync::Arc::new(codec)),
+        |bound| {
+            // The one line on stdout: scripts (and tests) read the address from it.
+            println!(
+                "rla-pipe worker listening on http://{bound} (store {})",
+                store.url()
+            );
+            use std::io::Write as _;
+            let _ = std::io::stdout().flush();
+        },
+    )
     .await?;
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use crate::config::Config;
 use crate::engine::{Dag, InitialCheckpoint, ModelOrigins};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::stage::Stage;
 use crate::stages;
 
@@ -43,6 +43,15 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
         dag.push(Arc::new(stages::evaluate::Evaluate));
     }
     Ok(Dag::new(dag, initial_checkpoints())?.with_origins(model_origins()))
+}
+
+/// The stage `name` of a config's DAG (what a cluster worker runs a shard of).
+pub fn stage(cfg: &Config, name: &str) -> Result<Arc<dyn Stage>> {
+    dag(cfg)?.stage(name).cloned().ok_or_else(|| {
+        Error::data(format!(
+            "the config's pipeline has no stage {name} (is the coordinator the same build?)"
+        ))
+    })
 }
 
 /// The seeded initial checkpoints of the models (`policy`, `rm`): the same bytes for the same

@@ -35,6 +35,7 @@ use datafusion_distributed::{
     DistributedExec, DistributedExt, NetworkBoundary, NetworkCoalesceExec, SessionStateBuilderExt,
     Stage, WorkerResolver,
 };
+use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 use futures::{StreamExt, TryStreamExt};
 use url::Url;
 
@@ -52,6 +53,8 @@ pub struct Cluster {
     urls: Vec<Url>,
     /// One channel per worker, shared by every query of this cluster.
     channels: NamedChannels,
+    /// Encodes the plan nodes of the caller's own (e.g. the engine's model stages).
+    codec: Option<Arc<dyn PhysicalExtensionCodec>>,
 }
 
 impl Cluster {
@@ -63,7 +66,15 @@ impl Cluster {
         Ok((!urls.is_empty()).then(|| Cluster {
             urls,
             channels: NamedChannels::default(),
+            codec: None,
         }))
+    }
+
+    /// This cluster with `codec` encoding the plan nodes DataFusion cannot (the workers decode
+    /// them with the same codec: [`worker::serve`]).
+    pub fn with_codec(mut self, codec: Arc<dyn PhysicalExtensionCodec>) -> Cluster {
+        self.codec = Some(codec);
+        self
     }
 
     pub fn urls(&self) -> &[Url] {
@@ -123,6 +134,9 @@ impl Cluster {
             .with_distributed_worker_resolver(Workers(workers.to_vec()))
             .with_distributed_channel_resolver(self.channels.clone())
             .with_distributed_metrics_collection(false)?;
+        if let Some(codec) = &self.codec {
+            builder = builder.with_distributed_user_codec_arc(codec.clone());
+        }
         if let Some(bytes) = split_bytes {
             builder =
                 builder.with_distributed_file_scan_config_bytes_per_partition(bytes.max(1))?;

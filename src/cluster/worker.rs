@@ -3,9 +3,11 @@
 //! exactly as it runs in a single process.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use datafusion::execution::SessionState;
 use datafusion_distributed::{DistributedExt, Worker, WorkerQueryContext};
+use datafusion_proto::physical_plan::PhysicalExtensionCodec;
 
 use super::NamedChannels;
 use super::channel::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
@@ -22,12 +24,14 @@ pub fn identity(store: &Store) -> String {
     )
 }
 
-/// Serve a worker on `listen` until Ctrl-C / SIGTERM. `ready` is called with the bound address
-/// once the socket listens (`--listen 127.0.0.1:0` picks a free port).
+/// Serve a worker on `listen` until Ctrl-C / SIGTERM. `codec` decodes the plan nodes of the
+/// coordinator's own (those its [`super::Cluster::with_codec`] encodes). `ready` is called with
+/// the bound address once the socket listens (`--listen 127.0.0.1:0` picks a free port).
 pub async fn serve(
     listen: SocketAddr,
     store: &Store,
     memory_limit_mib: u64,
+    codec: Option<Arc<dyn PhysicalExtensionCodec>>,
     ready: impl FnOnce(SocketAddr),
 ) -> Result<()> {
     if !store.is_shared() {
@@ -40,9 +44,11 @@ pub async fn serve(
     let runtime = tables::runtime(store, memory_limit_mib)?;
     // One channel per peer worker, shared by every task this worker runs.
     let channels = NamedChannels::default();
-    let worker = Worker::from_session_builder(move |ctx| build_session(ctx, channels.clone()))
-        .with_runtime_env(runtime)
-        .with_version(identity(store));
+    let worker = Worker::from_session_builder(move |ctx| {
+        build_session(ctx, channels.clone(), codec.clone())
+    })
+    .with_runtime_env(runtime)
+    .with_version(identity(store));
     let listener = tokio::net::TcpListener::bind(listen)
         .await
         .map_err(|e| Error::Cluster(format!("worker: cannot listen on {listen}: {e}")))?;
@@ -65,6 +71,7 @@ pub async fn serve(
 async fn build_session(
     ctx: WorkerQueryContext,
     channels: NamedChannels,
+    codec: Option<Arc<dyn PhysicalExtensionCodec>>,
 ) -> std::result::Result<SessionState, datafusion::error::DataFusionError> {
     tracing::info!("worker: a task arrived; planning it");
     let mut builder = ctx.builder;
@@ -72,7 +79,11 @@ async fn build_session(
     tables::apply_session_settings(config).map_err(|e| {
         datafusion::error::DataFusionError::Configuration(format!("worker session: {e}"))
     })?;
-    Ok(builder.with_distributed_channel_resolver(channels).build())
+    builder = builder.with_distributed_channel_resolver(channels);
+    if let Some(codec) = codec {
+        builder = builder.with_distributed_user_codec_arc(codec);
+    }
+    Ok(builder.build())
 }
 
 async fn shutdown() {

@@ -41,6 +41,13 @@ pub enum Sink {
 /// bytes of a file depend only on its rows, not on how execution happened to batch them.
 pub const WRITE_BATCH_ROWS: usize = 8192;
 
+/// A stage's cluster: its workers, and the checkpoints the stage's shards read
+/// ([`Stage::shard_column`]).
+pub struct OnCluster<'a> {
+    pub cluster: &'a Cluster,
+    pub checkpoints: Vec<super::shard::ShardCheckpoint>,
+}
+
 /// How many task ranges of a partitioned stage run at once.
 const CHUNK_CONCURRENCY: usize = 3;
 
@@ -55,12 +62,13 @@ const CHUNK_CONCURRENCY: usize = 3;
 /// Other stages run as one query per output, all outputs at once.
 ///
 /// With a `cluster`, such a stage's ranges run on its workers instead (each range whole on one
-/// worker, [`Cluster::run_tasks`]), with the same outputs byte for byte.
+/// worker, [`Cluster::run_tasks`]), and so does a stage with a [`Stage::shard_column`] (one
+/// shard per worker, [`super::shard`]), with the same outputs byte for byte.
 pub async fn execute(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
     sink: &Sink,
-    cluster: Option<&Cluster>,
+    cluster: Option<&OnCluster<'_>>,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<(Vec<OutputFile>, f64)> {
     // One writer task per output table: tables are encoded in parallel, and encoding overlaps
@@ -109,14 +117,42 @@ async fn feed(
     stage: Arc<dyn Stage>,
     ctx: &StageContext,
     senders: &[(&'static str, tokio::sync::mpsc::Sender<RecordBatch>)],
-    cluster: Option<&Cluster>,
+    on: Option<&OnCluster<'_>>,
     on_rows: &(dyn Fn(&str, u64) + Sync),
 ) -> Result<()> {
     let closed = || Error::data(format!("stage {}: a writer stopped early", stage.name()));
     let mut rows = vec![0u64; senders.len()];
     match (stage.partition_column(), &ctx.inputs) {
-        (Some(column), Some(inputs)) if cluster.is_some() => {
-            let cluster = cluster.expect("matched");
+        (None, Some(inputs)) if on.is_some() && stage.shard_column().is_some() => {
+            let on = on.expect("matched");
+            let column = stage.shard_column().expect("matched");
+            let workers = on.cluster.urls().len();
+            let shards =
+                super::shard::plan(&stage, ctx, inputs, column, &on.checkpoints, workers).await?;
+            let state = ctx.session.state();
+            let mut stream = on.cluster.run_tasks(
+                shards,
+                state.config().clone(),
+                state.runtime_env().clone(),
+                workers,
+                Arc::new(|_, batches| Ok(batches)),
+            )?;
+            let defs: Vec<TableDef> = stage
+                .outputs()
+                .iter()
+                .map(|t| schema::table_def(t).expect("validated by Dag::new"))
+                .collect();
+            while let Some(batch) = stream.next().await {
+                let batch = batch.map_err(|e| on_cluster(stage.name(), e.into()))?;
+                for (t, part) in super::shard::demux(&defs, &batch)? {
+                    rows[t] += part.num_rows() as u64;
+                    senders[t].1.send(part).await.map_err(|_| closed())?;
+                    on_rows(senders[t].0, rows[t]);
+                }
+            }
+        }
+        (Some(column), Some(inputs)) if on.is_some() => {
+            let cluster = on.expect("matched").cluster;
             let ranges = plan_ranges(ctx, inputs, column).await?;
             let runner = RangeRunner::new(ctx, inputs, column);
             // Every range's plan, per output table, planned here as a single node plans it.
@@ -215,7 +251,7 @@ async fn feed(
 }
 
 /// Run the stage and match its outputs to its declared output tables, in declared order.
-async fn run_outputs(
+pub(super) async fn run_outputs(
     stage: &dyn Stage,
     ctx: &StageContext,
 ) -> Result<Vec<(TableDef, TableOutput)>> {
@@ -337,19 +373,35 @@ impl RangeRunner {
 }
 
 /// A half-open range `[lo, hi)` of the partition column; `None` = unbounded.
-#[derive(Debug, Clone, PartialEq)]
-struct Range {
-    lo: Option<String>,
-    hi: Option<String>,
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct Range {
+    pub(super) lo: Option<String>,
+    pub(super) hi: Option<String>,
 }
 
 /// Split the partition column's values into contiguous ranges of about `run.chunk_rows` input
 /// rows. Boundaries come from the distinct values of the smallest input table, so the plan depends
 /// only on committed data and config (replay makes the same one).
 async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> Result<Vec<Range>> {
-    let rows = |fs: &Vec<OutputFile>| fs.iter().map(|f| f.rows).sum::<u64>();
     let total: u64 = inputs.tables.iter().map(|(_, fs)| rows(fs)).sum();
     let chunks = total.div_ceil(ctx.config.run.chunk_rows.max(1)).max(1);
+    split_ranges(ctx, inputs, column, chunks).await
+}
+
+fn rows(files: &[OutputFile]) -> u64 {
+    files.iter().map(|f| f.rows).sum()
+}
+
+/// Split the partition column's values into `chunks` contiguous ranges of about as many values
+/// each (fewer where there are fewer values), from the distinct values of the smallest input
+/// table that has the column.
+pub(super) async fn split_ranges(
+    ctx: &StageContext,
+    inputs: &InputFiles,
+    column: &str,
+    chunks: u64,
+) -> Result<Vec<Range>> {
     let Some((smallest, _)) = inputs
         .tables
         .iter()
@@ -407,7 +459,7 @@ async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> R
 }
 
 /// A one-thread session whose input tables only show the rows of one range.
-async fn range_session(
+pub(super) async fn range_session(
     inputs: &InputFiles,
     run_id: &str,
     column: &str,
@@ -459,7 +511,7 @@ fn storage_type(dt: &DataType) -> DataType {
 }
 
 /// Cast computed columns to their declared storage types.
-fn to_storage(schema: &SchemaRef, columns: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
+pub(super) fn to_storage(schema: &SchemaRef, columns: &[ArrayRef]) -> Result<Vec<ArrayRef>> {
     columns
         .iter()
         .zip(schema.fields())
@@ -524,7 +576,7 @@ pub async fn digest_in_key_order(def: &TableDef, file: bytes::Bytes) -> Result<(
 
 /// Who sorts a frame a stage computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SortBy {
+pub(super) enum SortBy {
     /// `ORDER BY` the key in DataFusion's plan, which DataFusion 55.2 may drop when it wrongly
     /// takes the rows for sorted (README, Key order): for ranges, whose rows the engine then
     /// checks and sorts if needed ([`super::sort::in_key_order`]).
@@ -535,7 +587,7 @@ enum SortBy {
 }
 
 /// A stage's output as a stream in the table's key order (see [`SortBy`]).
-async fn into_sorted_stream(
+pub(super) async fn into_sorted_stream(
     stage: &str,
     def: &TableDef,
     out: TableOutput,

@@ -9,6 +9,7 @@ pub mod dag;
 pub mod exec;
 pub mod replay;
 pub mod runner;
+pub mod shard;
 pub mod sort;
 pub mod summary;
 

@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::Dag;
 use super::exec::{self, Sink};
+use super::shard::{ShardCheckpoint, StageCodec};
 use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::determinism::derive_seed;
@@ -124,8 +125,20 @@ impl Engine {
                 info!(run = %run_id, "run.json predates some config keys; their defaults apply and all values match");
             }
         }
+        // The cluster's codec decodes a shard to the stage of this DAG it names.
+        let stages = dag.stages().to_vec();
+        let codec = StageCodec::new(
+            store.clone(),
+            Arc::new(move |_: &Config, name: &str| {
+                stages
+                    .iter()
+                    .find(|s| s.name() == name)
+                    .cloned()
+                    .ok_or_else(|| Error::data(format!("no stage {name} in this run's DAG")))
+            }),
+        );
         Ok(Engine {
-            cluster: Cluster::parse(&config.run.cluster)?,
+            cluster: Cluster::parse(&config.run.cluster)?.map(|c| c.with_codec(Arc::new(codec))),
             store,
             run_id: run_id.to_string(),
             config: Arc::new(config),
@@ -327,6 +340,9 @@ impl Engine {
         )
         .await?;
         let (checkpoints, refs) = self.checkpoints_of(iter, stage.as_ref(), done).await?;
+        let on_cluster = self
+            .on_cluster(iter, stage.as_ref(), &refs, &checkpoints)
+            .await?;
         ctx.checkpoints = checkpoints;
         input_refs.extend(refs);
         let attempt = layout::new_attempt();
@@ -339,15 +355,8 @@ impl Engine {
             attempt: attempt.clone(),
         };
         let on_rows = |table: &str, rows: u64| bar.set_message(format!("{table}: {rows} rows"));
-        let cluster = match (&self.cluster, stage.partition_column()) {
-            (Some(c), Some(_)) => {
-                // Between stages a worker may have gone: name it now, before any work is sent.
-                c.check(&self.store).await?;
-                Some(c)
-            }
-            _ => None,
-        };
-        let outputs = exec::execute(stage.clone(), &ctx, &sink, cluster, &on_rows).await;
+        let outputs =
+            exec::execute(stage.clone(), &ctx, &sink, on_cluster.as_ref(), &on_rows).await;
         bar.finish_and_clear();
         let (outputs, writing) = outputs?;
         crash_point("after-data");
@@ -405,6 +414,42 @@ impl Engine {
             digest: manifest::digest(&bytes),
             manifest: m,
         })
+    }
+
+    /// The cluster a stage runs on: `run.cluster`'s workers (checked: between stages a worker
+    /// may have gone; it is named before any work is sent) for a partitioned or sharded stage,
+    /// with the checkpoints its shards read (an initial one stored for them first).
+    async fn on_cluster(
+        &self,
+        iter: u32,
+        stage: &dyn Stage,
+        refs: &[InputRef],
+        checkpoints: &BTreeMap<String, bytes::Bytes>,
+    ) -> Result<Option<exec::OnCluster<'_>>> {
+        let Some(cluster) = &self.cluster else {
+            return Ok(None);
+        };
+        if stage.partition_column().is_none() && stage.shard_column().is_none() {
+            return Ok(None);
+        }
+        cluster.check(&self.store).await?;
+        let mut stored = Vec::new();
+        if stage.partition_column().is_none() {
+            for (name, bytes) in checkpoints {
+                let path = refs
+                    .iter()
+                    .find(|r| r.tables.first() == Some(name))
+                    .map_or("", |r| r.path.as_str());
+                stored.push(
+                    ShardCheckpoint::stored(&self.store, &self.run_id, iter, name, path, bytes)
+                        .await?,
+                );
+            }
+        }
+        Ok(Some(exec::OnCluster {
+            cluster,
+            checkpoints: stored,
+        }))
     }
 
     /// Resolve the checkpoints a stage reads: the artifact a committed producer wrote (digest

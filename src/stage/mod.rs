@@ -118,6 +118,14 @@ pub trait Stage: Send + Sync {
     fn partition_column(&self) -> Option<&'static str> {
         None
     }
+    /// A column (as [`Stage::partition_column`]) by which a heavy stage — a model stage — may
+    /// be split into shards, one per worker of a cluster: contiguous ranges of the column, each
+    /// run whole on one worker, their outputs concatenated. The stage's results must not depend
+    /// on which rows share a shard (seeds per row, batch-independent models). A single node runs
+    /// the stage whole.
+    fn shard_column(&self) -> Option<&'static str> {
+        None
+    }
     /// Model checkpoints this stage reads, by name: the latest one written before it — by an
     /// earlier stage of the same iteration, else by the last stage that wrote it in an earlier
     /// iteration (stages that did not run there skipped); before any, the engine provides the

@@ -99,6 +99,9 @@ impl Stage for RmScore {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[RM]
     }
+    fn shard_column(&self) -> Option<&'static str> {
+        Some("task_id")
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let def = schema::table_def("rm_samples").expect("known table");
         let rm = &ctx.config.reward_model;

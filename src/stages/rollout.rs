@@ -390,6 +390,9 @@ impl Stage for Rollout {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[crate::model::POLICY]
     }
+    fn shard_column(&self) -> Option<&'static str> {
+        Some("task_id")
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let tasks = query(
             &ctx.session,
@@ -535,6 +538,39 @@ mod tests {
         assert!(easy > 0.5, "easy {easy}");
         assert!(easy > medium && medium > hard, "{easy} {medium} {hard}");
         assert!(hard < 0.05, "hard {hard}");
+    }
+
+    /// A learned policy's rollouts do not depend on which episodes share their batches: a
+    /// range of the tasks rolled out alone (as a cluster worker does) gives the records of those
+    /// tasks rolled out with all the others, bit for bit.
+    #[test]
+    fn learned_rollouts_do_not_depend_on_the_batch() {
+        let cfg =
+            crate::config::Config::from_toml("[run]\nname='t'\n[env]\nname='gridnav'\n", "test")
+                .unwrap();
+        let spec = crate::stages::model_spec(&cfg, crate::model::POLICY).unwrap();
+        let ck = crate::model::initial_checkpoint(&spec, 7).unwrap();
+        let environment: Arc<dyn Environment> = Arc::from(env::from_config(&cfg.env).unwrap());
+        let specs = environment.generate(3, 12).unwrap();
+        let ids: Vec<String> = (0..12).map(|t| format!("t{t:02}")).collect();
+        let jobs: Vec<Job<'_>> = (0..12)
+            .flat_map(|t| (0..4u32).map(move |r| (t, r)))
+            .map(|(t, r)| {
+                let seed = derive_seed(5, &[&ids[t], &r.to_string()]);
+                (ids[t].as_str(), &specs[t], r, seed)
+            })
+            .collect();
+        let play =
+            |jobs: &[Job<'_>]| play_policy(&cfg, &ck, &environment, jobs, Some(1.0), None).unwrap();
+        let together = play(&jobs);
+        let (a, b) = jobs.split_at(20);
+        let mut apart = play(a);
+        apart.extend(play(b));
+        assert!(together.iter().any(|r| r.steps.len() > 1));
+        for (i, (x, y)) in together.iter().zip(&apart).enumerate() {
+            assert_eq!(x.steps, y.steps, "episode {i}");
+            assert_eq!(x.outcome, y.outcome, "episode {i}");
+        }
     }
 
     #[test]

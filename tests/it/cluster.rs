@@ -51,6 +51,15 @@ impl Worker {
             .count()
     }
 
+    /// Shards of model stage `stage` the worker has run.
+    fn shards(&self, stage: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap()
+            .lines()
+            .filter(|l| l.contains("running a shard") && l.contains(&format!("stage={stage}")))
+            .count()
+    }
+
     fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -228,6 +237,10 @@ fn cluster_run_equals_single_node_and_a_killed_worker_is_named_then_the_rerun_co
             x == y,
             "{name}: the cluster run's file differs from the single node's"
         );
+    }
+    // The model stages ran on the workers too: a shard of each per worker and iteration.
+    for stage in ["rollout", "rm_score"] {
+        assert!(a.shards(stage) >= 1 && c.shards(stage) >= 1, "{stage}");
     }
     // Replay (single node) verifies the cluster's iterations.
     for iter in ["0", "1", "2"] {
