@@ -50,7 +50,8 @@ impl ShardCheckpoint {
     /// Where a worker finds a checkpoint the stage reads: a committed artifact where it is one,
     /// else (an initial checkpoint, built in this process) the bytes stored content-addressed
     /// under the run's artifacts of `iter` first — the path the iteration's own artifacts use,
-    /// which `rla-pipe gc` removes once no manifest names it.
+    /// which `rla-pipe gc` removes once no manifest names it. A file already there that does
+    /// not hold the bytes its name promises (corrupted) is replaced.
     pub async fn stored(
         store: &Store,
         run_id: &str,
@@ -63,7 +64,15 @@ impl ShardCheckpoint {
         let path = if path.is_empty() {
             let at = layout::artifact(run_id, iter, name, &digest);
             match store.put_if_absent(&at, bytes.clone()).await {
-                Ok(()) | Err(Error::CommitConflict(_)) => {}
+                Ok(()) => {}
+                Err(Error::CommitConflict(_)) => {
+                    let there = store.get(&at).await?;
+                    if manifest::digest(&there) != digest {
+                        tracing::warn!(path = %at, "a stored checkpoint does not hold the bytes its name promises; replacing it");
+                        store.delete(&at).await?;
+                        store.put_if_absent(&at, bytes.clone()).await?;
+                    }
+                }
                 Err(e) => return Err(e),
             }
             at.to_string()
@@ -554,6 +563,50 @@ mod tests {
         bad[0] = Arc::new(UInt32Array::from(vec![0, 7, 0]));
         let bad = RecordBatch::try_new(schema, bad).unwrap();
         assert!(demux(&defs, &bad).unwrap_err().to_string().contains("#7"));
+    }
+
+    /// An initial checkpoint is stored once, content-addressed (a corrupted copy is replaced);
+    /// a worker reads it back only with the digest it was sent.
+    #[tokio::test]
+    async fn checkpoints_are_stored_by_digest_and_read_checked() {
+        let store = Store::open("memory://").unwrap();
+        let bytes = bytes::Bytes::from_static(b"weights");
+        let c = ShardCheckpoint::stored(&store, "r", 0, "policy", "", &bytes)
+            .await
+            .unwrap();
+        assert_eq!(c.digest, manifest::digest(&bytes));
+        assert!(
+            c.path.ends_with(&format!("policy.{}.ckpt", c.digest)),
+            "{}",
+            c.path
+        );
+        assert_eq!(c.read(&store).await.unwrap(), bytes);
+        let at = object_store::path::Path::from(c.path.as_str());
+        store.delete(&at).await.unwrap();
+        store.put_if_absent(&at, "garbage".into()).await.unwrap();
+        let wrong = c.read(&store).await.unwrap_err().to_string();
+        assert!(
+            wrong.contains("blake3") && wrong.contains(&c.path),
+            "{wrong}"
+        );
+        let again = ShardCheckpoint::stored(&store, "r", 0, "policy", "", &bytes)
+            .await
+            .unwrap();
+        assert_eq!(again, c);
+        assert_eq!(c.read(&store).await.unwrap(), bytes, "replaced");
+        // A committed artifact is read where it lies.
+        let committed = ShardCheckpoint::stored(&store, "r", 0, "rm", "elsewhere", &bytes)
+            .await
+            .unwrap();
+        assert_eq!(committed.path, "elsewhere");
+        assert!(
+            committed
+                .read(&store)
+                .await
+                .unwrap_err()
+                .to_string()
+                .contains("not in the store")
+        );
     }
 
     /// The encoded shard is the JSON of its task, and decodes to the same task.

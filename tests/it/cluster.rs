@@ -76,6 +76,18 @@ impl Drop for Worker {
 /// The run's settings: small gridnav, task ranges of ~50 input rows (so a relational stage has
 /// several ranges to spread over the workers; results do not depend on it).
 fn run(f: &Fixture, store: &str, iterations: u32, cluster: Option<&str>) -> Run {
+    run_as(f, store, "c", iterations, cluster, &[])
+}
+
+/// [`run`] as run `run_id`, with `--set`s of its own.
+fn run_as(
+    f: &Fixture,
+    store: &str,
+    run_id: &str,
+    iterations: u32,
+    cluster: Option<&str>,
+    sets: &[&str],
+) -> Run {
     let iterations = iterations.to_string();
     let mut args = vec![
         "-q",
@@ -84,13 +96,13 @@ fn run(f: &Fixture, store: &str, iterations: u32, cluster: Option<&str>) -> Run 
         "--store",
         store,
         "--run-id",
-        "c",
+        run_id,
         "--iterations",
         &iterations,
         "--set",
         "run.chunk_rows=50",
     ];
-    for s in SMALL_GRIDNAV {
+    for s in SMALL_GRIDNAV.iter().chain(sets) {
         args.extend(["--set", s]);
     }
     if let Some(c) = cluster {
@@ -102,8 +114,13 @@ fn run(f: &Fixture, store: &str, iterations: u32, cluster: Option<&str>) -> Run 
 /// Every committed data file's bytes, by table and iteration, from the stage manifests of run
 /// `c` (file names hold attempt ids; a failed attempt's files are not committed).
 fn committed(store: &Path) -> Vec<(String, Vec<u8>)> {
+    committed_of(store, "c")
+}
+
+/// [`committed`] of run `run_id`.
+fn committed_of(store: &Path, run_id: &str) -> Vec<(String, Vec<u8>)> {
     let mut out = Vec::new();
-    let commits = store.join("c").join("_commits");
+    let commits = store.join(run_id).join("_commits");
     for iter in std::fs::read_dir(&commits).unwrap() {
         let iter = iter.unwrap().path();
         for m in std::fs::read_dir(&iter).unwrap() {
@@ -282,6 +299,48 @@ fn cluster_run_equals_single_node_and_a_killed_worker_is_named_then_the_rerun_co
             "{q}: no task ran on the workers"
         );
     }
+}
+
+/// Without the warm start the model stages read the seeded initial checkpoints, which the
+/// coordinator stores for the workers to read by digest: the bytes equal a single node's. A
+/// stored copy whose bytes are not its digest's is replaced before the workers read it.
+#[test]
+fn shards_read_initial_checkpoints_by_digest() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    std::fs::create_dir_all(f.store()).unwrap();
+    let alone = f.dir.path().join("alone");
+    let (a, b) = (Worker::start(&store), Worker::start(&store));
+    let cluster = format!("{},{}", a.addr, b.addr);
+    let cold = ["pretrain.enabled=false"];
+    let r = run_as(&f, &alone.display().to_string(), "d", 1, None, &cold);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+
+    // The initial policy's stored copy is corrupted before the run starts (its digest: from
+    // the single-node run, same config and seed).
+    let m: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(alone.join("d/_commits/iter=000000/rollout.json")).unwrap(),
+    )
+    .unwrap();
+    let policy = m["inputs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|i| i["tables"][0] == "policy")
+        .unwrap();
+    assert_eq!(policy["kind"], "init");
+    let digest = policy["digest"].as_str().unwrap();
+    let stored = f
+        .store()
+        .join(format!("d/artifacts/iter=000000/policy.{digest}.ckpt"));
+    std::fs::create_dir_all(stored.parent().unwrap()).unwrap();
+    std::fs::write(&stored, b"not a model").unwrap();
+
+    let r = run_as(&f, &store, "d", 1, Some(&cluster), &cold);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert_eq!(committed_of(&f.store(), "d"), committed_of(&alone, "d"));
+    assert!(a.shards("rollout") + b.shards("rollout") >= 2);
+    assert_ne!(std::fs::read(&stored).unwrap(), b"not a model");
 }
 
 #[test]
