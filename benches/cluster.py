@@ -13,7 +13,7 @@ For each N (step rows; 3N RM rows):
 Usage:  python3 benches/cluster.py [N ...]      (default: 10000000)
 Env:    RLA_PIPE_BIN, BENCH_DIR as for benches/relational.py; WORKERS (default: 1,2,3)
 """
-import json, os, resource, subprocess, sys, tempfile, time
+import json, os, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from relational import BIN, generate  # noqa: E402
@@ -36,14 +36,16 @@ def cpu_seconds(pid):
 
 
 def run_measured(cmd):
-    """(wall seconds, peak RSS MiB, CPU seconds) of cmd, a child of this process."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    """(wall seconds, peak RSS MiB, CPU seconds) of cmd, a child of this process (its own
+    rusage, from wait4: not the maximum over every child so far)."""
     t = time.perf_counter()
-    subprocess.run(cmd, check=True)
+    p = subprocess.Popen(cmd)
+    _, status, usage = os.wait4(p.pid, 0)
     wall = time.perf_counter() - t
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return wall, after.ru_maxrss / 1024, cpu
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise subprocess.CalledProcessError(p.returncode, cmd)
+    return wall, usage.ru_maxrss / 1024, usage.ru_utime + usage.ru_stime
 
 
 def peak_rss_mib(pid):
@@ -60,9 +62,9 @@ def start_worker(store):
     return p, line.split("http://")[1].split()[0]
 
 
-def digests(store):
+def digests(store, run="bench"):
     out = {}
-    cdir = os.path.join(store, "bench", "_commits", "iter=000000")
+    cdir = os.path.join(store, run, "_commits", "iter=000000")
     for name in sorted(os.listdir(cdir)):
         if name.startswith("_"):
             continue
@@ -71,9 +73,9 @@ def digests(store):
     return out
 
 
-def stage_seconds(store):
+def stage_seconds(store, stages=STAGES):
     q = ("SELECT stage, seconds, store_seconds FROM stage_runs WHERE stage IN "
-         f"({', '.join(repr(s) for s in STAGES)}) ORDER BY stage")
+         f"({', '.join(repr(s) for s in stages)}) ORDER BY stage")
     out = subprocess.run([BIN, "sql", "--store", store, "--format", "csv", q],
                          capture_output=True, text=True, check=True).stdout.splitlines()[1:]
     total = sum(float(l.split(",")[1]) for l in out)

@@ -89,9 +89,10 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         #[arg(long, value_name = "MIB", default_value_t = 16.0, requires = "cluster")]
         split_mib: f64,
     },
-    /// Serve a worker of a cluster: the relational stages' task ranges of `rla-pipe run
-    /// --cluster` and the queries of `rla-pipe sql --cluster` run here, reading the store
-    /// directly (give it the same store URL and credentials as the coordinator).
+    /// Serve a worker of a cluster: shards of the rollouts and RM scoring and the relational
+    /// stages' task ranges of `rla-pipe run --cluster`, and the queries of `rla-pipe sql
+    /// --cluster`, run here, reading the store directly (give it the same store URL and
+    /// credentials as the coordinator).
     #[command(after_help = "A 3-worker cluster on one machine:\n  \
 rla-pipe worker --listen 127.0.0.1:7001 --store ./runs &\n  \
 rla-pipe worker --listen 127.0.0.1:7002 --store ./runs &\n  \
@@ -350,8 +351,8 @@ struct StoreArgs {
     url: String,
 }
 
-/// The workers a command runs on (`run`: the relational stages' task ranges, overriding
-/// `run.cluster`; `sql`: the query).
+/// The workers a command runs on (`run`: rollouts, RM scoring and the relational stages,
+/// overriding `run.cluster`; `sql`: the query).
 #[derive(Args, Debug)]
 struct ClusterArgs {
     /// Run on these workers (`rla-pipe worker`), comma-separated host:port (`run`: the same

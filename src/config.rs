@@ -140,9 +140,9 @@ pub struct RunConfig {
     /// Where the models run: `cpu` (burn's flex backend, bit-reproducible) or `cuda` (needs a
     /// build with `--features cuda`). Not hashed.
     pub device: Device,
-    /// Workers (`host:port` of `rla-pipe worker --listen`) that run the relational stages'
-    /// task ranges; empty (the default): everything runs in this process. Results are the same
-    /// byte for byte. Not hashed.
+    /// Workers (`host:port` of `rla-pipe worker --listen`) that run the rollouts and RM scoring
+    /// (a shard each) and the relational stages' task ranges; empty (the default): everything
+    /// runs in this process. Results are the same byte for byte (on CPU). Not hashed.
     pub cluster: Vec<String>,
 }
 
