@@ -389,6 +389,7 @@ async fn plan_ranges(ctx: &StageContext, inputs: &InputFiles, column: &str) -> R
     split_ranges(ctx, inputs, column, chunks).await
 }
 
+/// Rows in `files`.
 fn rows(files: &[OutputFile]) -> u64 {
     files.iter().map(|f| f.rows).sum()
 }
