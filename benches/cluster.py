@@ -62,6 +62,24 @@ def start_worker(store):
     return p, line.split("http://")[1].split()[0]
 
 
+def run_on_workers(cmd, store, workers):
+    """Run cmd with `--cluster` on `workers` workers started on loopback over store (none:
+    single node): (wall s, peak RSS MiB, CPU s) of cmd, the workers' peak RSS (MiB each) and CPU
+    seconds (summed), and the bytes sent over loopback."""
+    procs = [start_worker(store) for _ in range(workers)]
+    if procs:
+        cmd = cmd + ["--cluster", ",".join(addr for _, addr in procs)]
+    net0 = loopback_bytes()
+    wall, rss, cpu = run_measured(cmd)
+    net = loopback_bytes() - net0
+    worker_rss = [peak_rss_mib(p.pid) for p, _ in procs]
+    worker_cpu = sum(cpu_seconds(p.pid) for p, _ in procs)
+    for p, _ in procs:
+        p.terminate()
+        p.wait()
+    return wall, rss, cpu, worker_rss, worker_cpu, net
+
+
 def digests(store, run="bench"):
     out = {}
     cdir = os.path.join(store, run, "_commits", "iter=000000")
@@ -97,18 +115,8 @@ def main():
             store = os.path.join(d, f"w{workers}")
             subprocess.run(["rm", "-rf", store], check=True)
             subprocess.run(["cp", "-r", inputs, store], check=True)
-            procs = [start_worker(store) for _ in range(workers)]
-            cmd = [BIN, "run", cfg, "--store", store, "-q"]
-            if procs:
-                cmd += ["--cluster", ",".join(addr for _, addr in procs)]
-            net0 = loopback_bytes()
-            wall, rss, cpu = run_measured(cmd)
-            net = loopback_bytes() - net0
-            worker_rss = [peak_rss_mib(p.pid) for p, _ in procs]
-            worker_cpu = sum(cpu_seconds(p.pid) for p, _ in procs)
-            for p, _ in procs:
-                p.terminate()
-                p.wait()
+            wall, rss, cpu, worker_rss, worker_cpu, net = run_on_workers(
+                [BIN, "run", cfg, "--store", store, "-q"], store, workers)
             stages, writing = stage_seconds(store)
             got = digests(store)
             if single is None:

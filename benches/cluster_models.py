@@ -16,8 +16,7 @@ Env:    RLA_PIPE_BIN, BENCH_DIR as for benches/relational.py; WORKERS (default: 
 import os, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cluster import (BIN, cpu_seconds, digests, loopback_bytes, peak_rss_mib,  # noqa: E402
-                     run_measured, stage_seconds, start_worker)
+from cluster import BIN, digests, run_on_workers, stage_seconds  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPELINE = os.path.join(ROOT, "pipelines", "gridnav.toml")
@@ -44,18 +43,8 @@ def main():
         for workers in [0] + counts:
             store = os.path.join(d, f"w{workers}")
             subprocess.run(["cp", "-r", inputs, store], check=True)
-            procs = [start_worker(store) for _ in range(workers)]
-            cmd = run_cmd(store, tasks, "rm_score")
-            if procs:
-                cmd += ["--cluster", ",".join(addr for _, addr in procs)]
-            net0 = loopback_bytes()
-            wall, rss, cpu = run_measured(cmd)
-            net = loopback_bytes() - net0
-            worker_rss = [peak_rss_mib(p.pid) for p, _ in procs]
-            worker_cpu = sum(cpu_seconds(p.pid) for p, _ in procs)
-            for p, _ in procs:
-                p.terminate()
-                p.wait()
+            wall, rss, cpu, worker_rss, worker_cpu, net = run_on_workers(
+                run_cmd(store, tasks, "rm_score"), store, workers)
             stages, _ = stage_seconds(store, STAGES)
             got = {t: g for t, g in digests(store).items() if t in ("trajectories", "steps", "rm_samples")}
             single = single or got

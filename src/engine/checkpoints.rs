@@ -58,21 +58,8 @@ pub async fn committed_checkpoint(
             let Some(a) = c.manifest.artifacts.iter().find(|a| a.name == name) else {
                 continue;
             };
-            let bytes = store
-                .get_opt(&object_store::path::Path::from(a.path.as_str()))
-                .await?
-                .ok_or_else(|| {
-                    Error::data(format!("checkpoint {name}: artifact {} is missing", a.path))
-                })?;
-            let digest = manifest::digest(&bytes);
-            if digest != a.digest {
-                return Err(Error::Mismatch(format!(
-                    "checkpoint {name} ({}): blake3 {} does not match the digest its manifest recorded ({})",
-                    a.path,
-                    &digest[..16],
-                    &a.digest[..16.min(a.digest.len())]
-                )));
-            }
+            let bytes =
+                read_checked(store, name, &a.path, &a.digest, "its manifest recorded").await?;
             return Ok(CommittedCheckpoint {
                 run: state.run.clone(),
                 bytes,
@@ -86,4 +73,39 @@ pub async fn committed_checkpoint(
         "run {run_id:?}: no stage wrote a {name} checkpoint up to iteration {iter} (is the model \
          trained in this run? `policy.kind = \"uniform\"` and `reward_model.enabled = false` train none)"
     )))
+}
+
+/// The bytes of checkpoint `name` stored at `path`, checked against `digest` (`whose`: where
+/// the digest comes from, e.g. "its manifest recorded", for the error).
+pub async fn read_checked(
+    store: &Store,
+    name: &str,
+    path: &str,
+    digest: &str,
+    whose: &str,
+) -> Result<bytes::Bytes> {
+    let bytes = store
+        .get_opt(&object_store::path::Path::from(path))
+        .await?
+        .ok_or_else(|| {
+            Error::data(format!(
+                "checkpoint {name}: {path} is missing from the store {}",
+                store.url()
+            ))
+        })?;
+    check_digest(name, path, &bytes, digest, whose)?;
+    Ok(bytes)
+}
+
+/// Refuse checkpoint bytes whose blake3 digest is not `digest`.
+pub fn check_digest(name: &str, path: &str, bytes: &[u8], digest: &str, whose: &str) -> Result<()> {
+    let got = manifest::digest(bytes);
+    if got != digest {
+        return Err(Error::Mismatch(format!(
+            "checkpoint {name} ({path}): blake3 {} does not match the digest {whose} ({}); refusing to load it",
+            &got[..16],
+            &digest[..16.min(digest.len())]
+        )));
+    }
+    Ok(())
 }

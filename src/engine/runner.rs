@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use tracing::info;
 
 use super::Dag;
+use super::checkpoints::{check_digest, read_checked};
 use super::exec::{self, Sink};
 use super::shard::{ShardCheckpoint, StageCodec};
 use crate::cluster::Cluster;
@@ -538,34 +539,18 @@ pub async fn load_checkpoint(
     r: &InputRef,
 ) -> Result<bytes::Bytes> {
     let name = r.tables.first().map(String::as_str).unwrap_or("?");
-    let bytes = match r.kind {
-        InputKind::Artifact => store
-            .get_opt(&object_store::path::Path::from(r.path.as_str()))
-            .await?
-            .ok_or_else(|| {
-                Error::data(format!("checkpoint {name}: artifact {} is missing", r.path))
-            })?,
-        InputKind::Init => dag.initial_checkpoint(config, name)?,
-        InputKind::Manifest => {
-            return Err(Error::data(format!(
-                "checkpoint {name}: its input record names a manifest, not a checkpoint"
-            )));
+    const WHOSE: &str = "its manifest recorded";
+    match r.kind {
+        InputKind::Artifact => read_checked(store, name, &r.path, &r.digest, WHOSE).await,
+        InputKind::Init => {
+            let bytes = dag.initial_checkpoint(config, name)?;
+            check_digest(name, "initial", &bytes, &r.digest, WHOSE)?;
+            Ok(bytes)
         }
-    };
-    let d = manifest::digest(&bytes);
-    if d != r.digest {
-        return Err(Error::Mismatch(format!(
-            "checkpoint {name} ({}): blake3 {} does not match the digest its manifest recorded ({}); refusing to load it",
-            if r.path.is_empty() {
-                "initial"
-            } else {
-                r.path.as_str()
-            },
-            &d[..16],
-            &r.digest[..16.min(r.digest.len())]
-        )));
+        InputKind::Manifest => Err(Error::data(format!(
+            "checkpoint {name}: its input record names a manifest, not a checkpoint"
+        ))),
     }
-    Ok(bytes)
 }
 
 /// Write a stage's artifacts, content-addressed (an existing file of the same name has the same

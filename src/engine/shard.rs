@@ -26,6 +26,7 @@ use datafusion_proto::physical_plan::{PhysicalExtensionCodec, PhysicalProtoConve
 use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
+use super::checkpoints::read_checked;
 use super::exec::{
     Range, SortBy, into_sorted_stream, range_session, run_outputs, split_ranges, to_storage,
 };
@@ -88,28 +89,8 @@ impl ShardCheckpoint {
 
     /// The checkpoint's bytes, read from `store` and checked against its digest.
     async fn read(&self, store: &Store) -> Result<bytes::Bytes> {
-        let bytes = store
-            .get_opt(&object_store::path::Path::from(self.path.as_str()))
-            .await?
-            .ok_or_else(|| {
-                Error::data(format!(
-                    "checkpoint {}: {} is not in the store {}",
-                    self.name,
-                    self.path,
-                    store.url()
-                ))
-            })?;
-        let digest = manifest::digest(&bytes);
-        if digest != self.digest {
-            return Err(Error::Mismatch(format!(
-                "checkpoint {} ({}): blake3 {} is not the digest the coordinator sent ({})",
-                self.name,
-                self.path,
-                &digest[..16],
-                &self.digest[..16.min(self.digest.len())]
-            )));
-        }
-        Ok(bytes)
+        let whose = "the coordinator sent";
+        read_checked(store, &self.name, &self.path, &self.digest, whose).await
     }
 }
 
@@ -605,7 +586,7 @@ mod tests {
                 .await
                 .unwrap_err()
                 .to_string()
-                .contains("not in the store")
+                .contains("is missing from the store")
         );
     }
 
