@@ -123,9 +123,9 @@ async fn feed(
     let closed = || Error::data(format!("stage {}: a writer stopped early", stage.name()));
     let mut rows = vec![0u64; senders.len()];
     match (stage.partition_column(), &ctx.inputs) {
-        (None, Some(inputs)) if on.is_some() && stage.shard_column().is_some() => {
+        (None, Some(inputs)) if on.is_some() && stage.shard_column(&ctx.config).is_some() => {
             let on = on.expect("matched");
-            let column = stage.shard_column().expect("matched");
+            let column = stage.shard_column(&ctx.config).expect("matched");
             let workers = on.cluster.urls().len();
             let shards =
                 super::shard::plan(&stage, ctx, inputs, column, &on.checkpoints, workers).await?;

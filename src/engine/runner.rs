@@ -430,7 +430,7 @@ impl Engine {
         let Some(cluster) = &self.cluster else {
             return Ok(None);
         };
-        if stage.partition_column().is_none() && stage.shard_column().is_none() {
+        if stage.partition_column().is_none() && stage.shard_column(&self.config).is_none() {
             return Ok(None);
         }
         cluster.check(&self.store).await?;

@@ -248,13 +248,18 @@ fn validate_shape(
 }
 
 impl PolicyConfig {
+    /// Whether the policy is a pretrained Hugging Face model (`init = "hf:DIR"`).
+    pub fn pretrained(&self) -> bool {
+        self.init.starts_with("hf:")
+    }
+
     /// The section's own checks (keys `policy.*`).
     pub fn validate(&self, c: &mut Checks) {
         if let Err((key, msg)) = Init::parse("policy", &self.init, &self.tokenizer) {
             c.check(false, &key, msg);
         }
         c.check(
-            self.action_mode == ActionMode::Score || self.init.starts_with("hf:"),
+            self.action_mode == ActionMode::Score || self.pretrained(),
             "policy.action_mode",
             "\"generate\" needs a pretrained model (policy.init = \"hf:DIR\"): the small transformer only scores actions",
         );
@@ -283,6 +288,11 @@ impl PolicyConfig {
 }
 
 impl RewardModelConfig {
+    /// Whether the reward model is a pretrained Hugging Face model (`init = "hf:DIR"`).
+    pub fn pretrained(&self) -> bool {
+        self.init.starts_with("hf:")
+    }
+
     /// The section's own checks (keys `reward_model.*`).
     pub fn validate(&self, c: &mut Checks) {
         if let Err((key, msg)) = Init::parse("reward_model", &self.init, &self.tokenizer) {

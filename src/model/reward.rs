@@ -282,6 +282,12 @@ mod tests {
         let a = generate(&model, v, &prompts, &[1, 2], 3, 4, 0.8, &dev);
         let b = generate(&model, v, &prompts[..1], &[1], 3, 4, 0.8, &dev);
         assert_eq!(a[0], b[0], "a prompt's samples do not depend on the batch");
+        // Nor on the padding a longer prompt in its batch adds.
+        let c = generate(&model, v, &prompts[1..], &[2], 3, 4, 0.8, &dev);
+        assert_eq!(
+            a[1], c[0],
+            "a short prompt's samples do not depend on the batch's padding"
+        );
         let allowed = allowed_ids(&tok);
         for j in a.iter().flatten() {
             assert!(j.tokens.iter().all(|t| allowed.contains(t)));

@@ -119,11 +119,13 @@ pub trait Stage: Send + Sync {
         None
     }
     /// A column (as [`Stage::partition_column`]) by which a heavy stage — a model stage — may
-    /// be split into shards, one per worker of a cluster: contiguous ranges of the column, each
-    /// run whole on one worker, their outputs concatenated. The stage's results must not depend
-    /// on which rows share a shard (seeds per row, batch-independent models). A single node runs
-    /// the stage whole.
-    fn shard_column(&self) -> Option<&'static str> {
+    /// be split into shards under `config`, one per worker of a cluster: contiguous ranges of
+    /// the column, each run whole on one worker, their outputs concatenated. Only where the
+    /// stage's results do not depend on which rows share a shard, bit for bit (seeds per row,
+    /// batch-independent models), or where nothing is bit-reproducible anyway (a GPU). A single
+    /// node runs the stage whole.
+    fn shard_column(&self, config: &Config) -> Option<&'static str> {
+        let _ = config;
         None
     }
     /// Model checkpoints this stage reads, by name: the latest one written before it — by an

@@ -99,8 +99,12 @@ impl Stage for RmScore {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[RM]
     }
-    fn shard_column(&self) -> Option<&'static str> {
-        Some("task_id")
+    /// Sharded where its numbers are exact in any batch (as `rollout`'s): no RM, rla-pipe's
+    /// small transformer, or any model on a GPU; a pretrained RM on CPU stays in the coordinator.
+    fn shard_column(&self, config: &crate::config::Config) -> Option<&'static str> {
+        let rm = &config.reward_model;
+        let exact = !rm.enabled || !rm.pretrained() || !config.run.device.is_deterministic();
+        exact.then_some("task_id")
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let def = schema::table_def("rm_samples").expect("known table");

@@ -390,8 +390,16 @@ impl Stage for Rollout {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[crate::model::POLICY]
     }
-    fn shard_column(&self) -> Option<&'static str> {
-        Some("task_id")
+    /// Sharded where its numbers are exact in any batch: the uniform policy, rla-pipe's small
+    /// transformer (`learned_rollouts_do_not_depend_on_the_batch`), or any model on a GPU (not
+    /// bit-reproducible anyway). A pretrained model on CPU is not: the padding a batch-mate adds
+    /// changes the last bits of its log-probabilities (`tests/it/hf.rs`), so it stays whole in
+    /// the coordinator and the run keeps a single node's bytes.
+    fn shard_column(&self, config: &crate::config::Config) -> Option<&'static str> {
+        let exact = config.policy.kind == crate::config::PolicyKind::Uniform
+            || !config.policy.pretrained()
+            || !config.run.device.is_deterministic();
+        exact.then_some("task_id")
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let tasks = query(
@@ -545,9 +553,19 @@ mod tests {
     /// tasks rolled out with all the others, bit for bit.
     #[test]
     fn learned_rollouts_do_not_depend_on_the_batch() {
-        let cfg =
-            crate::config::Config::from_toml("[run]\nname='t'\n[env]\nname='gridnav'\n", "test")
-                .unwrap();
+        for toml in [
+            "[run]\nname='t'\n[env]\nname='gridnav'\n",
+            // Prompts of different lengths in one batch (history), a wider model.
+            "[run]\nname='t'\n[env]\nname='gridnav'\n[policy]\nhistory=3\ncontext=192\nd_model=64\n",
+            // Observations of different lengths.
+            "[run]\nname='t'\n[env]\nname='household'\n[policy]\ncontext=256\nhistory=2\n",
+        ] {
+            rollouts_in_parts_equal_rollouts_together(toml);
+        }
+    }
+
+    fn rollouts_in_parts_equal_rollouts_together(toml: &str) {
+        let cfg = crate::config::Config::from_toml(toml, "test").unwrap();
         let spec = crate::stages::model_spec(&cfg, crate::model::POLICY).unwrap();
         let ck = crate::model::initial_checkpoint(&spec, 7).unwrap();
         let environment: Arc<dyn Environment> = Arc::from(env::from_config(&cfg.env).unwrap());
@@ -568,9 +586,53 @@ mod tests {
         apart.extend(play(b));
         assert!(together.iter().any(|r| r.steps.len() > 1));
         for (i, (x, y)) in together.iter().zip(&apart).enumerate() {
-            assert_eq!(x.steps, y.steps, "episode {i}");
-            assert_eq!(x.outcome, y.outcome, "episode {i}");
+            assert_eq!(x.steps, y.steps, "{toml}: episode {i}");
+            assert_eq!(x.outcome, y.outcome, "{toml}: episode {i}");
         }
+        // Each episode alone, too.
+        for (i, job) in jobs.iter().enumerate().step_by(7) {
+            let alone = play(std::slice::from_ref(job));
+            assert_eq!(
+                alone[0].steps, together[i].steps,
+                "{toml}: episode {i} alone"
+            );
+        }
+    }
+
+    /// The model stages run as shards only where their numbers are exact in any batch.
+    #[test]
+    fn model_stages_shard_only_where_exact() {
+        use crate::model::Device;
+        let base =
+            crate::config::Config::from_toml("[run]\nname='t'\n[env]\nname='gridnav'\n", "test")
+                .unwrap();
+        let rm = super::super::rm_score::RmScore;
+        let shards = |edit: &dyn Fn(&mut crate::config::Config)| {
+            let mut cfg = base.clone();
+            edit(&mut cfg);
+            (Rollout.shard_column(&cfg), rm.shard_column(&cfg))
+        };
+        assert_eq!(shards(&|_| {}), (Some("task_id"), Some("task_id")));
+        let pretrained = |c: &mut crate::config::Config| {
+            c.policy.init = "hf:models/x".into();
+            c.reward_model.init = "hf:models/y".into();
+        };
+        assert_eq!(shards(&pretrained), (None, None));
+        assert_eq!(
+            shards(&|c| {
+                pretrained(c);
+                c.run.device = Device::Cuda;
+            }),
+            (Some("task_id"), Some("task_id"))
+        );
+        assert_eq!(
+            shards(&|c| {
+                pretrained(c);
+                c.policy.kind = crate::config::PolicyKind::Uniform;
+                c.reward_model.enabled = false;
+            }),
+            (Some("task_id"), Some("task_id"))
+        );
     }
 
     #[test]

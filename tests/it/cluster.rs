@@ -343,6 +343,51 @@ fn shards_read_initial_checkpoints_by_digest() {
     assert_ne!(std::fs::read(&stored).unwrap(), b"not a model");
 }
 
+/// Pretrained models on CPU are not bit-exact across batch shapes (tests/it/hf.rs): their
+/// rollouts and RM scoring stay in the coordinator, and the run keeps a single node's bytes.
+#[test]
+fn pretrained_models_on_cpu_keep_their_model_stages_in_the_coordinator() {
+    let f = Fixture::new();
+    let store = f.store_arg();
+    std::fs::create_dir_all(f.store()).unwrap();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    crate::hf::byte_model(&policy, "Qwen2ForCausalLM", 31);
+    crate::hf::byte_model(&rm, "LlamaForCausalLM", 32);
+    let sets = crate::hf::pretrained_sets(&policy, &rm, &[]);
+    let (a, b) = (Worker::start(&store), Worker::start(&store));
+    let alone = f.dir.path().join("alone");
+    for (at, cluster) in [
+        (alone.display().to_string(), None),
+        (store.clone(), Some(format!("{},{}", a.addr, b.addr))),
+    ] {
+        let mut args = vec![
+            "-q",
+            "run",
+            GRIDNAV,
+            "--store",
+            &at,
+            "--run-id",
+            "p",
+            "--iterations",
+            "1",
+            "--until",
+            "reward_join",
+        ];
+        for s in &sets {
+            args.extend(["--set", s.as_str()]);
+        }
+        if let Some(c) = &cluster {
+            args.extend(["--cluster", c.as_str()]);
+        }
+        let r = f.rla(&args);
+        assert_eq!(r.code, 0, "{}", r.stderr);
+    }
+    assert_eq!(a.shards("rollout") + b.shards("rollout"), 0);
+    assert_eq!(a.shards("rm_score") + b.shards("rm_score"), 0);
+    assert!(a.tasks() + b.tasks() > 0, "reward_join ran on the workers");
+    assert_eq!(committed_of(&f.store(), "p"), committed_of(&alone, "p"));
+}
+
 #[test]
 fn bad_cluster_addresses_and_worker_flags_are_clear_errors() {
     let f = Fixture::new();

@@ -265,6 +265,47 @@ fn kv_cache_generation_equals_full_recomputation() {
             }
             assert_eq!(got, &seq[p.len()..].to_vec(), "{arch}: prompt {p:?}");
         }
+        // A prompt's sampled reply does not depend on what else is in its batch; its
+        // log-probability does, in the last bits: the padding a longer prompt adds changes the
+        // rounding of the CPU kernels' sums. (So a pretrained model's stages stay in the
+        // coordinator on CPU rather than run as shards on a cluster: `Stage::shard_column`.)
+        let sampling = Sampling {
+            temperature: 0.9,
+            top_p: 0.95,
+            max_tokens: 12,
+            seed: 0,
+        };
+        let seeds = [11u64, 12, 13];
+        let eos = [2u32];
+        let together = hf::generate::sample(
+            &model,
+            &prompts,
+            &seeds,
+            &eos,
+            &sampling,
+            &Default::default(),
+        )
+        .unwrap();
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = hf::generate::sample(
+                &model,
+                std::slice::from_ref(p),
+                &seeds[i..=i],
+                &eos,
+                &sampling,
+                &Default::default(),
+            )
+            .unwrap();
+            assert_eq!(
+                alone[0].0, together[i].0,
+                "{arch}: prompt {p:?} alone vs in the batch"
+            );
+            let (x, y) = (alone[0].1, together[i].1);
+            assert!(
+                (x - y).abs() <= 1e-6 * x.abs(),
+                "{arch}: prompt {p:?}: {x} vs {y}"
+            );
+        }
         // And the cached forward's logits equal the full forward's, not only their argmax.
         let arch_cfg = HfArch::from_dir(&dir).unwrap();
         assert_eq!(arch_cfg.vocab, VOCAB);
@@ -648,7 +689,7 @@ fn write_byte_tokenizer(dir: &Path) {
 }
 
 /// A tiny pretrained-format model over bytes.
-fn byte_model(dir: &Path, arch: &str, seed: u64) {
+pub(crate) fn byte_model(dir: &Path, arch: &str, seed: u64) {
     std::fs::create_dir_all(dir).unwrap();
     let mut config = tiny_config(arch);
     config["vocab_size"] = 258.into();
@@ -666,7 +707,7 @@ fn byte_model(dir: &Path, arch: &str, seed: u64) {
 
 /// A small gridnav run's settings with the two roles starting from `policy` and `rm`, then
 /// `extra` (later keys win).
-fn pretrained_sets(policy: &Path, rm: &Path, extra: &[&str]) -> Vec<String> {
+pub(crate) fn pretrained_sets(policy: &Path, rm: &Path, extra: &[&str]) -> Vec<String> {
     [
         "env.initial_tasks=4",
         "rollout.n=2",
