@@ -179,7 +179,13 @@ mod tests {
         assert!((total_b - 1.0).abs() < 1e-5, "{total_b}");
         // Bit for bit, whatever else (and however much padding) shares the batch.
         assert_eq!(both[0][..3], alone[0][..3]);
-        let b_alone = to_host(log_probs(&model, &[b.clone()], 1.0, false, &dev));
+        let b_alone = to_host(log_probs(
+            &model,
+            std::slice::from_ref(&b),
+            1.0,
+            false,
+            &dev,
+        ));
         assert_eq!(both[1][..2], b_alone[0][..2]);
         // The cached continuation agrees with encoding each prefix from scratch.
         let next_lp = |seq: Vec<u32>, tok: usize| {
