@@ -1,5 +1,6 @@
-//! Model stages on a cluster. A stage with a [`Stage::shard_column`] (`rollout`, `rm_score`)
-//! runs as one shard per worker: contiguous ranges of the column's values, each a
+//! Model stages on a cluster. A stage with a [`Stage::shard_column`] for the run's config
+//! (`rollout`, `rm_score`, where their numbers are exact in any batch) runs as one shard per
+//! worker: contiguous ranges of the column's values, each a
 //! [`StageShardExec`] — an execution plan of its own that the cluster's workers decode with
 //! [`StageCodec`] and run whole. A shard carries what a worker needs to run the stage exactly
 //! as this process would: the resolved config, the stage seed, the committed input files (read
