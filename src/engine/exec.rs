@@ -137,11 +137,7 @@ async fn feed(
                 workers,
                 Arc::new(|_, batches| Ok(batches)),
             )?;
-            let defs: Vec<TableDef> = stage
-                .outputs()
-                .iter()
-                .map(|t| schema::table_def(t).expect("validated by Dag::new"))
-                .collect();
+            let defs = super::shard::output_defs(stage.as_ref());
             while let Some(batch) = stream.next().await {
                 let batch = batch.map_err(|e| on_cluster(stage.name(), e.into()))?;
                 for (t, part) in super::shard::demux(&defs, &batch)? {

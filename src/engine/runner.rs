@@ -35,7 +35,8 @@ pub struct Engine {
     models: std::collections::BTreeMap<String, String>,
     /// Print per-stage lines and progress bars on stderr.
     pub verbose: bool,
-    /// `run.cluster`'s workers, which run the partitioned stages' ranges.
+    /// `run.cluster`'s workers, which run the partitioned stages' ranges and the model stages'
+    /// shards.
     cluster: Option<Cluster>,
 }
 
@@ -436,14 +437,17 @@ impl Engine {
         cluster.check(&self.store).await?;
         let mut stored = Vec::new();
         if stage.partition_column().is_none() {
-            for (name, bytes) in checkpoints {
-                let path = refs
-                    .iter()
-                    .find(|r| r.tables.first() == Some(name))
-                    .map_or("", |r| r.path.as_str());
+            // One input record per checkpoint, named by its first table (`checkpoints_of`).
+            for r in refs {
+                let name = r.tables.first().map(String::as_str).unwrap_or("?");
+                let bytes = checkpoints.get(name).ok_or_else(|| {
+                    Error::data(format!(
+                        "checkpoint {name} of stage {} was not loaded",
+                        stage.name()
+                    ))
+                })?;
                 stored.push(
-                    ShardCheckpoint::stored(&self.store, &self.run_id, iter, name, path, bytes)
-                        .await?,
+                    ShardCheckpoint::stored(&self.store, &self.run_id, iter, r, bytes).await?,
                 );
             }
         }

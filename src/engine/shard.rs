@@ -35,7 +35,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::schema::{self, TableDef};
 use crate::stage::{InputFiles, Stage, StageContext};
-use crate::store::manifest::{self, OutputFile};
+use crate::store::manifest::{self, InputKind, InputRef, OutputFile};
 use crate::store::{Store, layout};
 
 /// A checkpoint a shard reads: its name (`policy`, `rm`), where it lies in the store and its
@@ -49,42 +49,48 @@ pub struct ShardCheckpoint {
 }
 
 impl ShardCheckpoint {
-    /// Where a worker finds a checkpoint the stage reads: a committed artifact where it is one,
-    /// else (an initial checkpoint, built in this process) the bytes stored content-addressed
-    /// under the run's artifacts of `iter` first — the path the iteration's own artifacts use,
-    /// which `rla-pipe gc` removes once no manifest names it. A file already there that does
-    /// not hold the bytes its name promises (corrupted) is replaced.
+    /// Where a worker finds checkpoint input `r` of a stage (its `bytes`, digest already
+    /// checked by the engine): a committed artifact where it lies; an initial checkpoint, built
+    /// in this process, stored content-addressed under the run's artifacts of `iter` first —
+    /// the path the iteration's own artifacts use, which `rla-pipe gc` removes once no manifest
+    /// names it. A file already there that does not hold the bytes its name promises
+    /// (corrupted) is replaced.
     pub async fn stored(
         store: &Store,
         run_id: &str,
         iter: u32,
-        name: &str,
-        path: &str,
+        r: &InputRef,
         bytes: &bytes::Bytes,
     ) -> Result<ShardCheckpoint> {
-        let digest = manifest::digest(bytes);
-        let path = if path.is_empty() {
-            let at = layout::artifact(run_id, iter, name, &digest);
-            match store.put_if_absent(&at, bytes.clone()).await {
-                Ok(()) => {}
-                Err(Error::CommitConflict(_)) => {
-                    let there = store.get(&at).await?;
-                    if manifest::digest(&there) != digest {
-                        tracing::warn!(path = %at, "a stored checkpoint does not hold the bytes its name promises; replacing it");
-                        store.delete(&at).await?;
-                        store.put_if_absent(&at, bytes.clone()).await?;
+        let name = r.tables.first().map(String::as_str).unwrap_or("?");
+        let path = match r.kind {
+            InputKind::Artifact => r.path.clone(),
+            InputKind::Init => {
+                let at = layout::artifact(run_id, iter, name, &r.digest);
+                match store.put_if_absent(&at, bytes.clone()).await {
+                    Ok(()) => {}
+                    Err(Error::CommitConflict(_)) => {
+                        let there = store.get(&at).await?;
+                        if manifest::digest(&there) != r.digest {
+                            tracing::warn!(path = %at, "a stored checkpoint does not hold the bytes its name promises; replacing it");
+                            store.delete(&at).await?;
+                            store.put_if_absent(&at, bytes.clone()).await?;
+                        }
                     }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
+                at.to_string()
             }
-            at.to_string()
-        } else {
-            path.to_string()
+            InputKind::Manifest => {
+                return Err(Error::data(format!(
+                    "checkpoint {name}: its input record names a manifest, not a checkpoint"
+                )));
+            }
         };
         Ok(ShardCheckpoint {
             name: name.to_string(),
             path,
-            digest,
+            digest: r.digest.clone(),
         })
     }
 
@@ -298,7 +304,7 @@ async fn run_shard(
 }
 
 /// The declared output tables of a stage, in order.
-fn output_defs(stage: &dyn Stage) -> Vec<TableDef> {
+pub(super) fn output_defs(stage: &dyn Stage) -> Vec<TableDef> {
     stage
         .outputs()
         .iter()
@@ -553,7 +559,15 @@ mod tests {
     async fn checkpoints_are_stored_by_digest_and_read_checked() {
         let store = Store::open("memory://").unwrap();
         let bytes = bytes::Bytes::from_static(b"weights");
-        let c = ShardCheckpoint::stored(&store, "r", 0, "policy", "", &bytes)
+        let input = |kind, name: &str, path: &str| InputRef {
+            kind,
+            tables: vec![name.to_string()],
+            path: path.to_string(),
+            digest: manifest::digest(&bytes),
+            source: None,
+        };
+        let init = input(InputKind::Init, "policy", "");
+        let c = ShardCheckpoint::stored(&store, "r", 0, &init, &bytes)
             .await
             .unwrap();
         assert_eq!(c.digest, manifest::digest(&bytes));
@@ -571,13 +585,14 @@ mod tests {
             wrong.contains("blake3") && wrong.contains(&c.path),
             "{wrong}"
         );
-        let again = ShardCheckpoint::stored(&store, "r", 0, "policy", "", &bytes)
+        let again = ShardCheckpoint::stored(&store, "r", 0, &init, &bytes)
             .await
             .unwrap();
         assert_eq!(again, c);
         assert_eq!(c.read(&store).await.unwrap(), bytes, "replaced");
         // A committed artifact is read where it lies.
-        let committed = ShardCheckpoint::stored(&store, "r", 0, "rm", "elsewhere", &bytes)
+        let artifact = input(InputKind::Artifact, "rm", "elsewhere");
+        let committed = ShardCheckpoint::stored(&store, "r", 0, &artifact, &bytes)
             .await
             .unwrap();
         assert_eq!(committed.path, "elsewhere");
