@@ -296,6 +296,9 @@ def main():
             print(f"{role}: not trained in this iteration (no dump)")
             continue
         d = json.load(open(path))
+        if str(d.get("weights") or "").endswith(".safetensors"):
+            print(f"{role}: a pretrained model ({d['weights']}): skipped, see benches/smollm2_update.py")
+            continue
         u = Update(d, os.path.join(dump, f"{role}.ckpt"))
         burn = d["metrics"]
         tokens = sum(m["tokens"] for m in burn)

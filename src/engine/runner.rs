@@ -328,6 +328,7 @@ impl Engine {
     ) -> Result<Committed> {
         let started_at = manifest::now_rfc3339();
         let t0 = Instant::now();
+        let cpu0 = process_cpu_seconds();
         let inputs = self.inputs_of(iter, stage.as_ref(), done).await?;
         let seed = stage_seed(&self.config, iter, stage.name());
         let (mut ctx, mut input_refs) = build_context(
@@ -390,6 +391,8 @@ impl Engine {
             started_at,
             seconds: t0.elapsed().as_secs_f64(),
             store_seconds: Some(store_seconds),
+            cpu_seconds: process_cpu_seconds().zip(cpu0).map(|(a, b)| a - b),
+            tokens: *ctx.tokens.lock().expect("token counts"),
             status: "committed".into(),
             shared: None,
         };
@@ -679,9 +682,29 @@ pub async fn build_context(
             session,
             checkpoints: Default::default(),
             artifacts: Default::default(),
+            tokens: Default::default(),
         },
         refs,
     ))
+}
+
+/// CPU seconds (user + system, every thread) this process has used so far; `None` where the
+/// platform does not say.
+pub(crate) fn process_cpu_seconds() -> Option<f64> {
+    #[cfg(unix)]
+    {
+        // SAFETY: getrusage writes the struct it is handed and nothing else.
+        let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+        if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+            return None;
+        }
+        let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+        Some(secs(u.ru_utime) + secs(u.ru_stime))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
 }
 
 /// A crash hook for the soak (`benches/soak.sh`): with `RLA_PIPE_CRASH_AT=<point>:<n>` the

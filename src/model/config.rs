@@ -156,6 +156,12 @@ pub struct RewardModelConfig {
     /// Where the weights start: `""` (the small transformer) or `"hf:DIR"` (a pretrained
     /// Hugging Face model directory), as `policy.init`.
     pub init: String,
+    /// A pretrained reward model only: text that opens its reply, appended to the prompt after
+    /// the chat template's assistant header (not sampled, not trained). `"\\boxed{"` in TOML
+    /// makes the verdict come first: a small model that does not reach a verdict within
+    /// `max_tokens` then gives one on nearly every sample. Empty (default): the reply is the
+    /// model's own, as in the reference implementation.
+    pub reply_prefix: String,
 }
 
 impl Default for RewardModelConfig {
@@ -172,6 +178,7 @@ impl Default for RewardModelConfig {
             history: 0,
             tokenizer: String::new(),
             init: String::new(),
+            reply_prefix: String::new(),
         }
     }
 }
@@ -323,6 +330,11 @@ impl RewardModelConfig {
             self.max_tokens < self.context / 2,
             "reward_model.max_tokens",
             "must be less than half of reward_model.context",
+        );
+        c.check(
+            self.reply_prefix.is_empty() || self.pretrained(),
+            "reward_model.reply_prefix",
+            "needs a pretrained reward model (reward_model.init = \"hf:DIR\")",
         );
     }
 }

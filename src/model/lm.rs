@@ -34,10 +34,10 @@ pub fn padded_inputs(seqs: &[Vec<u32>]) -> (Vec<i64>, Vec<i64>, Vec<bool>, usize
 
 /// A causal language model.
 pub trait Lm<B: Backend> {
-    /// Logits `[batch, len, vocab]` for `tokens` at `positions` (both `[batch, len]`).
-    /// `mask` is `[batch, len, cached + len]`, `true` where a query must not see a key. With a
-    /// cache, the new keys and values are appended to it.
-    fn forward(
+    /// The final (normed) hidden states `[batch, len, d_model]` for `tokens` at `positions`
+    /// (both `[batch, len]`). `mask` is `[batch, len, cached + len]`, `true` where a query must
+    /// not see a key. With a cache, the new keys and values are appended to it.
+    fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: Tensor<B, 2, Int>,
@@ -45,8 +45,37 @@ pub trait Lm<B: Backend> {
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3>;
 
+    /// The output head: logits `[n, vocab]` of hidden states `[n, d_model]`. Callers that need
+    /// the logits of a few positions select their hidden states first (the head of a
+    /// 49k-token vocabulary costs a fifth of a small model's forward per position).
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2>;
+
+    /// Logits `[batch, len, vocab]`: [`Lm::hidden`] then [`Lm::head`] at every position.
+    fn forward(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        let x = self.hidden(tokens, positions, mask, cache);
+        let [b, t, d] = x.dims();
+        self.head(x.reshape([b * t, d]))
+            .reshape([b, t, self.vocab()])
+    }
+
     /// Vocabulary size (logits per position).
     fn vocab(&self) -> usize;
+
+    /// Whether the stages compute what samples share once with this model: prefix trees in
+    /// scoring and training, an episode's keys/values reused across steps, the head applied
+    /// only where logits are read ([`super::tree`]). Pretrained models do; rla-pipe's small
+    /// transformer keeps the computation its committed numbers were made with, so that stores
+    /// written by earlier builds still replay bit for bit (its prompts are short: little to
+    /// share).
+    fn packs_prefixes(&self) -> bool {
+        false
+    }
 
     /// The largest position + 1 the model takes (later positions are clamped to the last).
     fn context(&self) -> usize;
@@ -60,12 +89,12 @@ pub trait Lm<B: Backend> {
     ) -> (Tensor<B, 2>, KvCache<B>, Vec<usize>) {
         let (toks, pos, mask, b, t) = padded_inputs(prompts);
         let lens: Vec<usize> = prompts.iter().map(|p| p.len().max(1)).collect();
+        super::count::record(lens.iter().sum(), 0);
         let mut cache = KvCache { layers: Vec::new() };
-        let logits = self.forward(
+        let (tokens, positions, mask) = (
             int_tensor(toks, [b, t], device),
             int_tensor(pos, [b, t], device),
             bool_tensor(mask, [b, t, t], device),
-            Some(&mut cache),
         );
         let last = int_tensor::<B, 1>(
             lens.iter()
@@ -75,8 +104,18 @@ pub trait Lm<B: Backend> {
             [b],
             device,
         );
-        let v = self.vocab();
-        (logits.reshape([b * t, v]).select(0, last), cache, lens)
+        if !self.packs_prefixes() {
+            let logits = self.forward(tokens, positions, mask, Some(&mut cache));
+            let v = self.vocab();
+            return (logits.reshape([b * t, v]).select(0, last), cache, lens);
+        }
+        let x = self.hidden(tokens, positions, mask, Some(&mut cache));
+        let d = x.dims()[2];
+        (
+            self.head(x.reshape([b * t, d]).select(0, last)),
+            cache,
+            lens,
+        )
     }
 
     /// Per-token log-probabilities of continuations after encoded prompts.
@@ -124,6 +163,7 @@ pub trait Lm<B: Backend> {
             int_tensor::<B, 2>(conts.iter().map(|c| c[0] as i64).collect(), [n, 1], device);
         let mut parts = vec![first_lp.gather(1, first_tok)];
         if lmax > 1 {
+            super::count::record(conts.iter().map(|c| c.len() - 1).sum(), 0);
             let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
             let t = lmax - 1;
             let mut toks = Vec::with_capacity(n * t);
@@ -171,7 +211,7 @@ pub enum AnyLm<B: Backend> {
 }
 
 impl<B: Backend> Lm<B> for AnyLm<B> {
-    fn forward(
+    fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: Tensor<B, 2, Int>,
@@ -179,8 +219,15 @@ impl<B: Backend> Lm<B> for AnyLm<B> {
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
         match self {
-            AnyLm::Small(m) => Lm::forward(m, tokens, positions, mask, cache),
-            AnyLm::Hf(m) => Lm::forward(m, tokens, positions, mask, cache),
+            AnyLm::Small(m) => Lm::hidden(m, tokens, positions, mask, cache),
+            AnyLm::Hf(m) => Lm::hidden(m, tokens, positions, mask, cache),
+        }
+    }
+
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        match self {
+            AnyLm::Small(m) => Lm::head(m, hidden),
+            AnyLm::Hf(m) => Lm::head(m, hidden),
         }
     }
 
@@ -195,6 +242,13 @@ impl<B: Backend> Lm<B> for AnyLm<B> {
         match self {
             AnyLm::Small(m) => Lm::context(m),
             AnyLm::Hf(m) => Lm::context(m),
+        }
+    }
+
+    fn packs_prefixes(&self) -> bool {
+        match self {
+            AnyLm::Small(m) => Lm::packs_prefixes(m),
+            AnyLm::Hf(m) => Lm::packs_prefixes(m),
         }
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod count;
 pub mod hf;
 pub mod lm;
 pub mod policy;
@@ -24,6 +25,7 @@ pub mod prompt;
 pub mod reward;
 pub mod tokenizer;
 pub mod transformer;
+pub mod tree;
 
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
@@ -117,6 +119,9 @@ pub struct ModelSpec {
     pub hf: Option<HfSpec>,
     /// Policy in `generate` mode: how replies are written.
     pub generate: Option<GenerateSettings>,
+    /// Reward model with a pretrained model: text that opens its reply, part of the prompt
+    /// (`reward_model.reply_prefix`); empty otherwise.
+    pub reply_prefix: String,
 }
 
 /// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
@@ -240,6 +245,11 @@ impl ModelSpec {
                     digest,
                 }),
                 generate,
+                reply_prefix: if role == RM {
+                    reward_model.reply_prefix.clone()
+                } else {
+                    String::new()
+                },
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -259,6 +269,7 @@ impl ModelSpec {
             action_mean,
             hf: None,
             generate: None,
+            reply_prefix: String::new(),
         })
     }
 
@@ -337,6 +348,7 @@ impl ModelSpec {
         Ok(match &self.hf {
             Some(h) => hf::prompt::reward(
                 &h.tokenizer,
+                &self.reply_prefix,
                 self.history,
                 budget,
                 t.task(),
@@ -361,17 +373,17 @@ impl ModelSpec {
     /// What the reward model may write and how its verdict is read.
     pub fn verdicts(&self) -> reward::Verdicts<'_> {
         match &self.hf {
-            Some(h) => reward::Verdicts::Text(&h.tokenizer),
+            Some(h) => reward::Verdicts::Text(&h.tokenizer, &self.reply_prefix),
             None => reward::Verdicts::Words(&self.tokenizer),
         }
     }
 
     /// The reward model's taught answer for a verdict (the warm start): `progress <good>` /
     /// `wasted <bad>` (the verdict alone when `max_tokens` < 2), or `\boxed{1}` / `\boxed{-1}`
-    /// ending the turn for a pretrained model.
+    /// ending the turn for a pretrained model (less the reply prefix its prompt ends with).
     pub fn taught_verdict(&self, good: bool, max_tokens: usize) -> Result<Vec<u32>> {
         if let Some(h) = &self.hf {
-            return hf::prompt::verdict(&h.tokenizer, good);
+            return hf::prompt::verdict(&h.tokenizer, good, &self.reply_prefix);
         }
         let tok = &self.tokenizer;
         let (word, verdict) = if good {

@@ -1,8 +1,8 @@
 //! The policy: a distribution over the admissible actions. The logit of an action is its
 //! sequence log-likelihood under the LM (its tokens as a continuation of the prompt) divided by
 //! the temperature; `log π(a|s)` is the log-softmax of those logits over the admissible set.
-//! All live decisions are scored in one batch: prompts are encoded once, every admissible action
-//! continues from the key/value cache.
+//! All live decisions are scored in one batch, one packed row each: the prompt is computed once
+//! and every admissible action continues it as a leaf of a prefix tree ([`super::tree`]).
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
@@ -10,12 +10,23 @@ use burn::tensor::backend::Backend;
 
 use super::lm::Lm;
 use super::transformer::{bool_tensor, int_tensor};
+use super::tree::{TreeRow, tree_logprobs};
 
 /// One decision: a prompt and the token ids of its admissible actions.
 #[derive(Debug, Clone)]
 pub struct Decision {
     pub prompt: Vec<u32>,
     pub actions: Vec<Vec<u32>>,
+}
+
+impl Decision {
+    /// The decision as a prefix tree: the prompt as the stem, every action a scored leaf.
+    pub fn tree_row(&self) -> TreeRow {
+        TreeRow {
+            stem: self.prompt.clone(),
+            leaves: self.actions.iter().map(|a| (a.clone(), 0)).collect(),
+        }
+    }
 }
 
 /// `log π(a|s)` for every decision and admissible action: `[decisions, max actions]`; entries
@@ -29,8 +40,36 @@ pub fn log_probs<B: Backend, M: Lm<B>>(
     mean: bool,
     device: &B::Device,
 ) -> Tensor<B, 2> {
-    let prompts: Vec<Vec<u32>> = decisions.iter().map(|d| d.prompt.clone()).collect();
-    let (last, cache, lens) = model.encode(&prompts, device);
+    if !model.packs_prefixes() {
+        let prompts: Vec<Vec<u32>> = decisions.iter().map(|d| d.prompt.clone()).collect();
+        let (last, cache, lens) = model.encode(&prompts, device);
+        return log_probs_encoded(
+            model,
+            decisions,
+            (&last, &cache, &lens),
+            temperature,
+            mean,
+            device,
+        );
+    }
+    // One packed row per decision: the prompt, computed once, and every action as a leaf.
+    let rows: Vec<TreeRow> = decisions.iter().map(Decision::tree_row).collect();
+    let (lp, _) = tree_logprobs(model, &rows, None, 1.0, device);
+    normalize(lp.sum_dim(1), decisions, temperature, mean, device)
+}
+
+/// [`log_probs`] of decisions whose prompts are already encoded ([`Lm::encode`]'s logits,
+/// cache and lengths): every action continues from a copy of its prompt's cache (the small
+/// transformer's computation).
+fn log_probs_encoded<B: Backend, M: Lm<B>>(
+    model: &M,
+    decisions: &[Decision],
+    encoded: (&Tensor<B, 2>, &super::transformer::KvCache<B>, &[usize]),
+    temperature: f64,
+    mean: bool,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let (last, cache, lens) = encoded;
     let mut rows = Vec::new();
     let mut conts = Vec::new();
     for (i, d) in decisions.iter().enumerate() {
@@ -39,12 +78,55 @@ pub fn log_probs<B: Backend, M: Lm<B>>(
             conts.push(a.clone());
         }
     }
-    let (lp, _) =
-        model.continuation_logprobs(&last, &cache, &lens, &rows, &conts, None, 1.0, device);
-    let n = rows.len();
-    let mut ll = lp.sum_dim(1).reshape([n]);
+    let (lp, _) = model.continuation_logprobs(last, cache, lens, &rows, &conts, None, 1.0, device);
+    normalize(lp.sum_dim(1), decisions, temperature, mean, device)
+}
+
+/// [`log_probs`] for inference (rollouts, evaluation), each decision's prompt reusing what it
+/// shares with `past[i]` (the episode's previous prompt) and all its actions scored in one
+/// packed row ([`score_reusing`](super::tree::score_reusing)); also returns each prompt's
+/// keys/values for the next step (none for a model that does not
+/// [pack prefixes](Lm::packs_prefixes): it computes [`log_probs`]).
+pub fn log_probs_reusing<B: Backend, M: Lm<B>>(
+    model: &M,
+    decisions: &[Decision],
+    past: &[Option<&super::tree::SeqCache<B>>],
+    temperature: f64,
+    mean: bool,
+    device: &B::Device,
+) -> (Tensor<B, 2>, Vec<super::tree::SeqCache<B>>) {
+    if !model.packs_prefixes() {
+        return (
+            log_probs(model, decisions, temperature, mean, device),
+            Vec::new(),
+        );
+    }
+    let prompts: Vec<Vec<u32>> = decisions.iter().map(|d| d.prompt.clone()).collect();
+    let actions: Vec<Vec<Vec<u32>>> = decisions.iter().map(|d| d.actions.clone()).collect();
+    let (lp, _, own) = super::tree::score_reusing(model, &prompts, &actions, past, device);
+    (
+        normalize(lp.sum_dim(1), decisions, temperature, mean, device),
+        own,
+    )
+}
+
+/// `log π` over each decision's actions from their summed log-likelihoods `[actions, 1]`
+/// (decision-major): divided by the action's length when `mean`, by the temperature, padded to
+/// `[decisions, max actions]`, log-softmax per decision.
+fn normalize<B: Backend>(
+    ll: Tensor<B, 2>,
+    decisions: &[Decision],
+    temperature: f64,
+    mean: bool,
+    device: &B::Device,
+) -> Tensor<B, 2> {
+    let n: usize = decisions.iter().map(|d| d.actions.len()).sum();
+    let mut ll = ll.reshape([n]);
     if mean {
-        let lens: Vec<f32> = conts.iter().map(|c| c.len() as f32).collect();
+        let lens: Vec<f32> = decisions
+            .iter()
+            .flat_map(|d| d.actions.iter().map(|a| a.len() as f32))
+            .collect();
         ll = ll.div(super::transformer::float_tensor::<B, 1>(lens, [n], device));
     }
     let amax = decisions

@@ -37,7 +37,8 @@ pub struct Judgement {
 #[derive(Clone, Copy)]
 pub enum Verdicts<'a> {
     Words(&'a Tokenizer),
-    Text(&'a HfTokenizer),
+    /// A pretrained model, and the text that opens its replies (part of the prompt).
+    Text(&'a HfTokenizer, &'a str),
 }
 
 impl Verdicts<'_> {
@@ -45,7 +46,7 @@ impl Verdicts<'_> {
     pub fn allowed(&self) -> Option<Vec<u32>> {
         match self {
             Verdicts::Words(t) => Some(allowed_ids(t)),
-            Verdicts::Text(_) => None,
+            Verdicts::Text(..) => None,
         }
     }
 
@@ -53,14 +54,14 @@ impl Verdicts<'_> {
     pub fn stops(&self) -> Vec<u32> {
         match self {
             Verdicts::Words(t) => vec![t.special(GOOD), t.special(BAD)],
-            Verdicts::Text(t) => t.eos_ids.clone(),
+            Verdicts::Text(t, _) => t.eos_ids.clone(),
         }
     }
 
     fn pad(&self) -> u32 {
         match self {
             Verdicts::Words(t) => t.special(PAD),
-            Verdicts::Text(t) => t.eos_ids.first().copied().unwrap_or(0),
+            Verdicts::Text(t, _) => t.eos_ids.first().copied().unwrap_or(0),
         }
     }
 
@@ -68,8 +69,8 @@ impl Verdicts<'_> {
     pub fn judge(&self, tokens: &[u32]) -> (String, i8) {
         match self {
             Verdicts::Words(t) => parse(t, tokens),
-            Verdicts::Text(t) => {
-                let text = t.decode(tokens, true).unwrap_or_default();
+            Verdicts::Text(t, prefix) => {
+                let text = format!("{prefix}{}", t.decode(tokens, true).unwrap_or_default());
                 let score = parse_verdict(&text);
                 (text, score)
             }
@@ -84,7 +85,7 @@ impl Verdicts<'_> {
                 .map(|id| t.token(*id))
                 .collect::<Vec<_>>()
                 .join(" "),
-            Verdicts::Text(t) => t.decode(tokens, false).unwrap_or_default(),
+            Verdicts::Text(t, _) => t.decode(tokens, false).unwrap_or_default(),
         }
     }
 
@@ -93,7 +94,7 @@ impl Verdicts<'_> {
     pub fn response_ids(&self, text: &str) -> Result<Vec<u32>> {
         match self {
             Verdicts::Words(t) => Ok(t.encode(text)),
-            Verdicts::Text(t) => t.encode(text, false),
+            Verdicts::Text(t, _) => t.encode(text, false),
         }
     }
 
@@ -130,15 +131,59 @@ pub fn response_log_probs<B: Backend, M: Lm<B>>(
     temperature: f64,
     device: &B::Device,
 ) -> (Tensor<B, 2>, Vec<bool>, u64) {
-    let p: Vec<Vec<u32>> = idx.iter().map(|i| prompts[*i].clone()).collect();
-    let r: Vec<Vec<u32>> = idx.iter().map(|i| responses[*i].clone()).collect();
+    let p: Vec<&[u32]> = idx.iter().map(|i| prompts[*i].as_slice()).collect();
+    let r: Vec<&[u32]> = idx.iter().map(|i| responses[*i].as_slice()).collect();
     let tokens: usize =
-        p.iter().map(Vec::len).sum::<usize>() + r.iter().map(Vec::len).sum::<usize>();
-    let (last, cache, lens) = model.encode(&p, device);
-    let rows: Vec<usize> = (0..idx.len()).collect();
-    let (lp, valid) =
-        model.continuation_logprobs(&last, &cache, &lens, &rows, &r, bias, temperature, device);
+        p.iter().map(|x| x.len()).sum::<usize>() + r.iter().map(|x| x.len()).sum::<usize>();
+    let (lp, valid) = packed_response_log_probs(model, &p, &r, bias, temperature, device);
     (lp, valid, tokens as u64)
+}
+
+/// Samples whose prompts share at least this many leading tokens are packed into one prefix
+/// tree (the m samples of a step share their whole prompt; a pretrained model's chat prompts
+/// share their system text and task).
+pub const TREE_MIN_SHARED: usize = 16;
+/// The most tokens one packed row holds (attention is quadratic in it).
+pub const TREE_MAX_ROW: usize = 1024;
+
+/// Per-token log-probabilities of `responses[i]` after `prompts[i]`, samples packed into prefix
+/// trees ([`super::tree::pack`]) where the model [packs prefixes](Lm::packs_prefixes) (else
+/// every response continues from its own encoded prompt): `[n, longest response]` in input
+/// order and its validity mask.
+pub fn packed_response_log_probs<B: Backend, M: Lm<B>>(
+    model: &M,
+    prompts: &[&[u32]],
+    responses: &[&[u32]],
+    bias: Option<&Tensor<B, 1>>,
+    temperature: f64,
+    device: &B::Device,
+) -> (Tensor<B, 2>, Vec<bool>) {
+    if !model.packs_prefixes() {
+        let p: Vec<Vec<u32>> = prompts.iter().map(|p| p.to_vec()).collect();
+        let r: Vec<Vec<u32>> = responses.iter().map(|r| r.to_vec()).collect();
+        let (last, cache, lens) = model.encode(&p, device);
+        let rows: Vec<usize> = (0..p.len()).collect();
+        return model.continuation_logprobs(
+            &last,
+            &cache,
+            &lens,
+            &rows,
+            &r,
+            bias,
+            temperature,
+            device,
+        );
+    }
+    let (rows, slot) = super::tree::pack(prompts, responses, TREE_MIN_SHARED, TREE_MAX_ROW);
+    let (lp, valid) = super::tree::tree_logprobs(model, &rows, bias, temperature, device);
+    let n = slot.len();
+    let l = valid.len() / n.max(1);
+    let mut back = vec![false; n * l];
+    for (i, &k) in slot.iter().enumerate() {
+        back[i * l..(i + 1) * l].copy_from_slice(&valid[k * l..(k + 1) * l]);
+    }
+    let order = int_tensor::<B, 1>(slot.iter().map(|k| *k as i64).collect(), [n], device);
+    (lp.select(0, order), back)
 }
 
 /// The judgement of a response given as tokens (the inverse of generation's bookkeeping).
@@ -232,6 +277,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
             mask.extend(std::iter::repeat_n(false, g + 1));
         }
         let v = model.vocab();
+        super::count::record(out.iter().filter(|o| !o.2).count(), 0);
         logits = model
             .forward(
                 int_tensor(fed, [n, 1], device),

@@ -230,6 +230,18 @@ impl<B: Backend> Transformer<B> {
         mask: Tensor<B, 3, Bool>,
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
+        linear(self.hidden(tokens, positions, mask, cache), &self.head)
+    }
+
+    /// The final normed hidden states `[batch, len, d_model]` ([`Self::forward`] before the
+    /// head).
+    pub fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
         let [b, t] = tokens.dims();
         let d = self.tok_emb.dims()[1];
         let h = self.heads;
@@ -273,19 +285,23 @@ impl<B: Backend> Transformer<B> {
         if let Some(c) = cache {
             c.layers = fresh;
         }
-        linear(rms_norm(x, &self.norm_f), &self.head)
+        rms_norm(x, &self.norm_f)
     }
 }
 
 impl<B: Backend> super::lm::Lm<B> for Transformer<B> {
-    fn forward(
+    fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: Tensor<B, 2, Int>,
         mask: Tensor<B, 3, Bool>,
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
-        Transformer::forward(self, tokens, positions, mask, cache)
+        Transformer::hidden(self, tokens, positions, mask, cache)
+    }
+
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        hidden.matmul(self.head.val())
     }
 
     fn vocab(&self) -> usize {

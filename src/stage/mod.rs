@@ -39,6 +39,9 @@ pub struct StageContext {
     /// Artifacts (checkpoints) the stage writes: the engine stores them content-addressed
     /// before the manifest that names them.
     pub artifacts: std::sync::Mutex<Vec<(String, bytes::Bytes)>>,
+    /// Tokens the stage's models computed and reused, as [`StageContext::add_tokens`] reports
+    /// them (`stage_runs.tokens_computed`, `tokens_reused`).
+    pub tokens: std::sync::Mutex<Option<crate::store::manifest::TokenCounts>>,
 }
 
 impl StageContext {
@@ -59,7 +62,17 @@ impl StageContext {
             inputs: None,
             checkpoints: Default::default(),
             artifacts: Default::default(),
+            tokens: Default::default(),
         }
+    }
+
+    /// Report model work: `computed` tokens fed to a model, `reused` tokens a shared prefix
+    /// saved (added to what the stage reported before).
+    pub fn add_tokens(&self, computed: u64, reused: u64) {
+        let mut t = self.tokens.lock().expect("token counts");
+        let c = t.get_or_insert_with(Default::default);
+        c.computed += computed;
+        c.reused += reused;
     }
 
     /// The bytes of an input checkpoint.

@@ -2,7 +2,9 @@
 //! stage then writes what it computed — its inputs as token ids, its results, its seconds — to
 //! `<dir>/<name>.json` and the weights it ran to `<dir>/<name>.ckpt`, so that `benches/torch_*.py`
 //! runs the same work in PyTorch on the same weights and compares results and speed.
-//! The small transformer only (a pretrained model's weights are not dumped).
+//! The small transformer's weights are `<name>.ckpt` (rla-pipe's checkpoint format); a pretrained
+//! model's are `<name>.safetensors` (f32, the Hugging Face layout: load them over the model
+//! directory the dump's `hf_dir` names).
 
 use crate::error::{Error, Result};
 use crate::model::Weights;
@@ -28,9 +30,9 @@ pub(crate) fn decisions(decisions: &[Decision]) -> serde_json::Value {
         .collect()
 }
 
-/// Write `data` (plus the machine's core count) and `weights` as `<name>.json` / `<name>.ckpt`
-/// into the directory `var` names; nothing when it is unset or the weights are not the small
-/// transformer's.
+/// Write `data` (plus the machine's core count) and `weights` as `<name>.json` and
+/// `<name>.ckpt` (small transformer) or `<name>.safetensors` (pretrained) into the directory
+/// `var` names; nothing when it is unset.
 pub(crate) fn write(
     var: &str,
     name: &str,
@@ -40,16 +42,18 @@ pub(crate) fn write(
     let Some(dir) = std::env::var_os(var) else {
         return Ok(());
     };
-    let Weights::Small(weights) = weights else {
-        return Ok(());
-    };
     let dir = std::path::PathBuf::from(dir);
     let io = |e: std::io::Error| Error::data(format!("{var}={}: {e}", dir.display()));
     std::fs::create_dir_all(&dir).map_err(io)?;
     data["cores"] = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .into();
-    std::fs::write(dir.join(format!("{name}.ckpt")), weights.encode()).map_err(io)?;
+    let file = match weights {
+        Weights::Small(_) => format!("{name}.ckpt"),
+        Weights::Hf { .. } => format!("{name}.safetensors"),
+    };
+    data["weights"] = file.clone().into();
+    std::fs::write(dir.join(file), weights.encode()).map_err(io)?;
     let json = serde_json::to_vec(&data).map_err(|e| Error::data(e.to_string()))?;
     std::fs::write(dir.join(format!("{name}.json")), json).map_err(io)?;
     Ok(())

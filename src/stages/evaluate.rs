@@ -122,14 +122,16 @@ impl Stage for Evaluate {
                 .iter()
                 .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
                 .collect();
-            let rolled = play_policy(
-                &ctx.config,
-                policy_ck,
-                &environment,
-                &jobs,
-                temperature,
-                None,
-            )?;
+            let rolled = super::counted(ctx, || {
+                play_policy(
+                    &ctx.config,
+                    policy_ck,
+                    &environment,
+                    &jobs,
+                    temperature,
+                    None,
+                )
+            })?;
             for (t, (task_id, _)) in tasks.iter().enumerate() {
                 let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
                     .iter()

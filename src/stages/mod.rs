@@ -44,6 +44,16 @@ pub fn model_spec(cfg: &Config, role: &str) -> Result<ModelSpec> {
     ModelSpec::for_role(role, &cfg.policy, &cfg.reward_model, &words)
 }
 
+/// Run a stage's synchronous model work and report the tokens its models computed and reused
+/// (`stage_runs.tokens_computed`, `tokens_reused`; nothing when no model ran).
+pub(crate) fn counted<R>(ctx: &crate::stage::StageContext, work: impl FnOnce() -> R) -> R {
+    let (r, t) = crate::model::count::counting(work);
+    if t.computed > 0 {
+        ctx.add_tokens(t.computed, t.reused);
+    }
+    r
+}
+
 #[cfg(test)]
 pub(crate) mod testutil {
     //! Helpers for stage unit tests: register hand-built batches as input tables.

@@ -270,19 +270,21 @@ impl Stage for Pretrain {
             }
             let s = settings(cfg, chosen.len(), p.policy_epochs);
             let seed = derive_seed(ctx.seed, &["train", POLICY]);
-            let (ck, metrics) = if generating.is_some() {
-                crate::on_backend!(
-                    device,
-                    train,
-                    teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
-                )?
-            } else {
-                crate::on_backend!(
-                    device,
-                    train,
-                    clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
-                )?
-            };
+            let (ck, metrics) = super::counted(ctx, || {
+                if generating.is_some() {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
+                    )
+                } else {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
+                    )
+                }
+            })?;
             report(POLICY, &metrics);
             ck.encode()
         };
@@ -313,11 +315,13 @@ impl Stage for Pretrain {
             } else {
                 let s = settings(cfg, prompts.len(), p.rm_epochs);
                 let seed = derive_seed(ctx.seed, &["train", RM]);
-                let (ck, metrics) = crate::on_backend!(
-                    device,
-                    train,
-                    teach_responses(&spec, &ck, &prompts, &responses, &s, seed)
-                )?;
+                let (ck, metrics) = super::counted(ctx, || {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        teach_responses(&spec, &ck, &prompts, &responses, &s, seed)
+                    )
+                })?;
                 report(RM, &metrics);
                 ck.encode()
             }

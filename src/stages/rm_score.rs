@@ -128,11 +128,13 @@ impl Stage for RmScore {
             })
             .collect();
         let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
-        let judged = crate::on_backend!(
-            ctx.config.run.device,
-            infer,
-            judge_on(&spec, &ck, &prompts, &seeds, m, max_tokens, temperature)
-        )?;
+        let judged = super::counted(ctx, || {
+            crate::on_backend!(
+                ctx.config.run.device,
+                infer,
+                judge_on(&spec, &ck, &prompts, &seeds, m, max_tokens, temperature)
+            )
+        })?;
         let mut out = TableBuilder::new("rm_samples")?;
         let mut at = judged.iter();
         for t in &list {

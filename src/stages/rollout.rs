@@ -5,7 +5,11 @@
 //! Policy `transformer` (default): the learned policy of the checkpoint the engine hands in (the
 //! previous iteration's update, or the seeded initial model), sampled at `policy.temperature`;
 //! all live episodes advance in lockstep so that every step scores the admissible actions of all
-//! of them in one batch — or, with `policy.action_mode = "generate"` (pretrained models), every
+//! of them in one batch, one packed row per episode: its new prompt tokens and every admissible
+//! action as a leaf of a prefix tree (with a pretrained model each episode also keeps its
+//! prompt's keys/values between steps, and the next prompt computes only what it does not
+//! share with the last one, checked token by token: `model::tree`) — or, with
+//! `policy.action_mode = "generate"` (pretrained models), every
 //! live episode's reply is generated in one batch with the KV cache and its `\boxed{index}`
 //! names the action (a reply without one: `(invalid reply)`, "Nothing happens.", a step used;
 //! `steps.response` keeps the reply, `action_logprob` is the reply's log-probability). Policy `uniform`: uniform over the admissible actions, `action_logprob
@@ -21,6 +25,7 @@ use crate::determinism::derive_seed;
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
 use crate::model::hf::{self, Sampling};
+use crate::model::tree::{SeqCache, encode_reusing};
 use crate::model::{ModelSpec, Weights, policy};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
@@ -148,6 +153,14 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         .filter(|_| super::bench::enabled(super::bench::GENERATE))
         .map(|name| (name, Vec::new()));
     let mut live = Vec::with_capacity(jobs.len());
+    // Each episode's last prompt and its keys/values: the next step's prompt computes only what
+    // it does not share with it (`tree::encode_reusing`).
+    // Pretrained models only: rla-pipe's small transformer keeps every episode's bits
+    // independent of its batch-mates (its rollouts shard across workers), which a reused prefix
+    // padded to the batch's longest would not (the padding sits between the prefix and the new
+    // tokens), and its short prompts have little to reuse.
+    let mut caches: Vec<Option<SeqCache<B>>> = (0..jobs.len()).map(|_| None).collect();
+    let reuse = matches!(model, crate::model::AnyLm::Hf(_));
     for (task_id, task_spec, r, seed) in jobs {
         let episode = environment
             .reset(task_spec)
@@ -197,9 +210,12 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     max_tokens: g.max_tokens,
                     seed: 0,
                 };
-                let replies = hf::generate::sample(
+                let (last, cache) =
+                    encode_chunk(&model, chunk, &prompts, &mut caches, reuse, device);
+                let replies = hf::generate::sample_encoded(
                     &model,
                     &prompts,
+                    Some((last, cache)),
                     &seeds,
                     &h.tokenizer.eos_ids,
                     &sampling,
@@ -220,13 +236,22 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                     decisions.push(spec.decision(&l.task, &past, &obs.text, &obs.admissible)?);
                 }
                 let t0 = std::time::Instant::now();
-                let lp = policy::to_host(policy::log_probs(
+                let past: Vec<Option<&SeqCache<B>>> =
+                    chunk.iter().map(|&i| caches[i].as_ref()).collect();
+                let (lp, own) = policy::log_probs_reusing(
                     &model,
                     &decisions,
+                    &past,
                     temperature,
                     spec.action_mean,
                     device,
-                ));
+                );
+                if reuse {
+                    for (&i, c) in chunk.iter().zip(own) {
+                        caches[i] = Some(c);
+                    }
+                }
+                let lp = policy::to_host(lp);
                 if let Some((_, calls)) = bench.as_mut() {
                     calls.push(serde_json::json!({
                         "seconds": t0.elapsed().as_secs_f64(),
@@ -283,6 +308,9 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 } else if l.steps.len() as u32 >= l.limit {
                     l.won = Some(false);
                 }
+                if l.won.is_some() {
+                    caches[i] = None;
+                }
             }
         }
     }
@@ -302,6 +330,30 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             steps: l.steps,
         })
         .collect())
+}
+
+/// Encode the prompts of a chunk of live episodes, each reusing the keys/values its previous
+/// prompt left (`caches[i]`, replaced by this prompt's when `reuse`): the next-token logits and
+/// the batch cache in [`crate::model::Lm::encode`]'s layout.
+fn encode_chunk<B: burn::tensor::backend::Backend>(
+    model: &crate::model::AnyLm<B>,
+    chunk: &[usize],
+    prompts: &[Vec<u32>],
+    caches: &mut [Option<SeqCache<B>>],
+    reuse: bool,
+    device: &B::Device,
+) -> (
+    burn::tensor::Tensor<B, 2>,
+    crate::model::transformer::KvCache<B>,
+) {
+    let past: Vec<Option<&SeqCache<B>>> = chunk.iter().map(|&i| caches[i].as_ref()).collect();
+    let (last, cache, _, own) = encode_reusing(model, prompts, &past, device);
+    if reuse {
+        for (&i, c) in chunk.iter().zip(own) {
+            caches[i] = Some(c);
+        }
+    }
+    (last, cache)
 }
 
 /// Play `jobs` with the policy a config names: the learned one from `checkpoint`, or uniform.
@@ -436,14 +488,16 @@ impl Stage for Rollout {
         } else {
             &ctx.checkpoint(crate::model::POLICY)?[..]
         };
-        let rolled = play_policy(
-            &ctx.config,
-            policy_ck,
-            &environment,
-            &jobs,
-            Some(ctx.config.policy.temperature),
-            Some("rollout"),
-        )?;
+        let rolled = super::counted(ctx, || {
+            play_policy(
+                &ctx.config,
+                policy_ck,
+                &environment,
+                &jobs,
+                Some(ctx.config.policy.temperature),
+                Some("rollout"),
+            )
+        })?;
         let mut trajectories = TableBuilder::new("trajectories")?;
         let mut steps = TableBuilder::new("steps")?;
         for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {

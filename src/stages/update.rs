@@ -20,9 +20,9 @@ use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
-use crate::model::reward::response_log_probs;
+use crate::model::reward::{packed_response_log_probs, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
-use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
+use crate::model::{ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -172,6 +172,7 @@ fn bench_dump(run: Run<'_>, data: impl FnOnce() -> serde_json::Value) -> Result<
     }
     let mut data = data();
     data["role"] = spec.role.into();
+    data["hf_dir"] = spec.hf.as_ref().map(|h| h.dir.display().to_string()).into();
     data["adv"] = serde_json::json!(adv);
     data["temperature"] = temperature.into();
     data["snapshot_seconds"] = seconds[0].into();
@@ -223,22 +224,14 @@ fn train_responses<B: AutodiffBackend>(
         .chunks(SNAPSHOT_BATCH)
         .zip(responses.chunks(SNAPSHOT_BATCH))
     {
-        let (last, cache, lens) = snap.encode(p, device);
-        let rows: Vec<usize> = (0..p.len()).collect();
-        let (lp, _) = snap.continuation_logprobs(
-            &last,
-            &cache,
-            &lens,
-            &rows,
-            r,
-            bias_inner.as_ref(),
-            temperature,
-            device,
-        );
+        let p: Vec<&[u32]> = p.iter().map(Vec::as_slice).collect();
+        let r: Vec<&[u32]> = r.iter().map(Vec::as_slice).collect();
+        let (lp, _) =
+            packed_response_log_probs(&snap, &p, &r, bias_inner.as_ref(), temperature, device);
         old.extend(
             policy::to_host(lp)
                 .into_iter()
-                .zip(r)
+                .zip(&r)
                 .map(|(row, resp)| row[..resp.len()].to_vec()),
         );
     }
@@ -378,19 +371,21 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.policy.temperature);
-                let (ck, metrics) = if spec.generating().is_some() {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
-                    )?
-                } else {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
-                    )?
-                };
+                let (ck, metrics) = super::counted(ctx, || {
+                    if spec.generating().is_some() {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                        )
+                    } else {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
+                        )
+                    }
+                })?;
                 rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
                 ck.encode()
             }
@@ -441,11 +436,13 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.reward_model.temperature);
-                let (ck, metrics) = crate::on_backend!(
-                    device,
-                    train,
-                    train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
-                )?;
+                let (ck, metrics) = super::counted(ctx, || {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                    )
+                })?;
                 rows.extend(metrics.into_iter().map(|m| (RM, m)));
                 ck.encode()
             }

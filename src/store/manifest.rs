@@ -110,6 +110,15 @@ pub struct StageManifest {
     /// uploading the checkpoints. Absent in manifests of builds before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_seconds: Option<f64>,
+    /// CPU seconds (user + system) the process spent during the stage, all threads: divided by
+    /// `seconds`, how many cores it kept busy. Absent before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
+    /// Model stages: tokens the models computed, and tokens a shared prefix (a prompt computed
+    /// once for its continuations, samples packed into prefix trees) saved them. Absent for
+    /// stages without a model and before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenCounts>,
     /// `committed`, or `shared` for a branch run's reference to a parent's stage.
     pub status: String,
     /// In a branch run (`replay --from N --into ID`), the stages of iterations before N are the
@@ -117,6 +126,14 @@ pub struct StageManifest {
     /// inputs) that names it here.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub shared: Option<Shared>,
+}
+
+/// Tokens a model stage computed and reused ([`StageManifest::tokens`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenCounts {
+    pub computed: u64,
+    pub reused: u64,
 }
 
 /// The committed stage a branch run's manifest refers to.
@@ -267,7 +284,8 @@ mod tests {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),
                     bytes: n.len() as u64, digest: digest(n.as_bytes()),
                 }).collect(),
-                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), status: "committed".into(),
+                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), cpu_seconds: det.then_some(secs * 1.5),
+                tokens: det.then_some(TokenCounts { computed: seed % 1000, reused: iter as u64 }), status: "committed".into(),
                 shared: None,
             };
             let bytes = to_bytes(&m);

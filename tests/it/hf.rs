@@ -147,7 +147,7 @@ fn write_tokenizer(dir: &Path) {
 }
 
 /// Write a tiny model directory.
-fn tiny_model(dir: &Path, arch: &str, dtype: &str) -> serde_json::Value {
+pub(crate) fn tiny_model(dir: &Path, arch: &str, dtype: &str) -> serde_json::Value {
     std::fs::create_dir_all(dir).unwrap();
     let config = tiny_config(arch);
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
@@ -160,7 +160,7 @@ fn tiny_model(dir: &Path, arch: &str, dtype: &str) -> serde_json::Value {
     config
 }
 
-fn load(dir: &Path) -> CausalLm<Cpu> {
+pub(crate) fn load(dir: &Path) -> CausalLm<Cpu> {
     let arch = HfArch::from_dir(dir).unwrap();
     let files = weights::weight_files(dir).unwrap();
     weights::load::<Cpu>(&arch, &files, &Default::default()).unwrap()
@@ -201,7 +201,7 @@ fn reference_logits(dir: &Path, seqs: &[Vec<u32>]) -> Vec<f64> {
         .collect()
 }
 
-const ARCHS: [&str; 3] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"];
+pub(crate) const ARCHS: [&str; 3] = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"];
 
 #[test]
 fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {

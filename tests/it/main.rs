@@ -9,8 +9,11 @@ mod concurrency;
 mod fixtures;
 #[cfg(feature = "polars")]
 mod frames;
+#[cfg(feature = "cuda")]
+mod gpu;
 mod hf;
 mod models;
+mod prefix;
 mod readers;
 mod report;
 mod s3;

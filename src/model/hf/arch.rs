@@ -171,6 +171,35 @@ impl<B: Backend> CausalLm<B> {
         mask: Tensor<B, 3, Bool>,
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
+        let x = self.hidden(tokens, positions, mask, cache);
+        let [b, t, d] = x.dims();
+        self.head(x.reshape([b * t, d]))
+            .reshape([b, t, self.arch.vocab])
+    }
+
+    /// The output head: logits `[n, vocab]` of final hidden states `[n, hidden]` (`lm_head`,
+    /// or the transposed embeddings when tied).
+    pub fn head(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        match &self.lm_head {
+            Some(head) => {
+                let y = x.matmul(head.weight.val());
+                match &head.bias {
+                    Some(bias) => y + bias.val().unsqueeze_dim(0),
+                    None => y,
+                }
+            }
+            None => x.matmul(self.model.embed_tokens.weight.val().transpose()),
+        }
+    }
+
+    /// The final normed hidden states `[b, t, hidden]` ([`Self::forward`] before the head).
+    pub fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
         let a = &self.arch;
         let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
         let g = h / kv;
@@ -234,16 +263,7 @@ impl<B: Backend> CausalLm<B> {
         if let Some(c) = cache {
             c.layers = fresh;
         }
-        let x = self.model.norm.forward(x);
-        match &self.lm_head {
-            Some(head) => apply(x, head),
-            None => {
-                let [b, t, d] = x.dims();
-                x.reshape([b * t, d])
-                    .matmul(self.model.embed_tokens.weight.val().transpose())
-                    .reshape([b, t, a.vocab])
-            }
-        }
+        self.model.norm.forward(x)
     }
 
     /// Logits `[b, t, vocab]` of whole right-padded sequences (no cache): position `i` of row
@@ -260,18 +280,26 @@ impl<B: Backend> CausalLm<B> {
 }
 
 impl<B: Backend> Lm<B> for CausalLm<B> {
-    fn forward(
+    fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
         positions: Tensor<B, 2, Int>,
         mask: Tensor<B, 3, Bool>,
         cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
-        CausalLm::forward(self, tokens, positions, mask, cache)
+        CausalLm::hidden(self, tokens, positions, mask, cache)
+    }
+
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        CausalLm::head(self, hidden)
     }
 
     fn vocab(&self) -> usize {
         self.arch.vocab
+    }
+
+    fn packs_prefixes(&self) -> bool {
+        true
     }
 
     /// `max_position_embeddings` (RoPE has no table; without the key, 1 << 20).

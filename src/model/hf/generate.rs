@@ -102,6 +102,24 @@ pub fn sample<B: Backend, M: Lm<B>>(
     s: &Sampling,
     device: &B::Device,
 ) -> Result<Vec<(Vec<u32>, f64)>> {
+    sample_encoded(model, prompts, None, seeds, eos, s, device)
+}
+
+/// [`sample`] from prompts already encoded (`encoded`: [`Lm::encode`]'s next-token logits and
+/// cache of exactly these prompts, e.g. from
+/// [`encode_reusing`](crate::model::tree::encode_reusing)); `None` encodes them here.
+pub fn sample_encoded<B: Backend, M: Lm<B>>(
+    model: &M,
+    prompts: &[Vec<u32>],
+    encoded: Option<(
+        burn::tensor::Tensor<B, 2>,
+        crate::model::transformer::KvCache<B>,
+    )>,
+    seeds: &[u64],
+    eos: &[u32],
+    s: &Sampling,
+    device: &B::Device,
+) -> Result<Vec<(Vec<u32>, f64)>> {
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(Error::Model("an empty prompt cannot be continued".into()));
     }
@@ -128,7 +146,13 @@ pub fn sample<B: Backend, M: Lm<B>>(
         return Ok(out);
     }
     // Encode the right-padded prompts once; t0 is the padded length the cache holds.
-    let (last, mut cache, _) = model.encode(prompts, device);
+    let (last, mut cache) = match encoded {
+        Some(e) => e,
+        None => {
+            let (last, cache, _) = model.encode(prompts, device);
+            (last, cache)
+        }
+    };
     let t0 = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
     let logits: Vec<f32> = last
         .into_data()
@@ -171,6 +195,7 @@ pub fn sample<B: Backend, M: Lm<B>>(
         }
         let tokens: Vec<i64> = next.iter().map(|&t| t as i64).collect();
         let n = live.len();
+        crate::model::count::record(n, 0);
         let logits = model.forward(
             int_tensor(tokens, [n, 1], device),
             int_tensor(positions, [n, 1], device),

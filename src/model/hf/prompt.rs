@@ -28,14 +28,15 @@ fn trajectory(past: &[(&str, &str)]) -> String {
 /// Render `messages(kept history)` with the fewest dropped pairs that fit `budget` tokens.
 fn fit(
     tok: &HfTokenizer,
-    keep: usize,
+    (keep, budget): (usize, usize),
     past: &[(&str, &str)],
-    budget: usize,
+    reply_prefix: &str,
     messages: impl Fn(&[(&str, &str)]) -> Vec<ChatMessage>,
 ) -> Result<Vec<u32>> {
     let mut from = past.len().saturating_sub(keep);
     loop {
-        let text = tok.apply_chat_template(&messages(&past[from..]), true)?;
+        let mut text = tok.apply_chat_template(&messages(&past[from..]), true)?;
+        text.push_str(reply_prefix);
         let ids = tok.encode(&text, false)?;
         if ids.len() <= budget || from == past.len() {
             return Ok(ids);
@@ -54,7 +55,7 @@ fn policy_chat(
     obs: &str,
     choose: &str,
 ) -> Result<Vec<u32>> {
-    fit(tok, keep, past, budget, |past| {
+    fit(tok, (keep, budget), past, "", |past| {
         vec![
             ChatMessage::new("system", POLICY_SYSTEM),
             ChatMessage::new(
@@ -163,10 +164,12 @@ pub fn action(tok: &HfTokenizer, action: &str) -> Result<Vec<u32>> {
     Ok(ids)
 }
 
-/// The reward model's prompt for one step.
+/// The reward model's prompt for one step; `reply_prefix` opens the model's reply (e.g.
+/// `\boxed{`: the verdict first).
 #[allow(clippy::too_many_arguments)]
 pub fn reward(
     tok: &HfTokenizer,
+    reply_prefix: &str,
     keep: usize,
     budget: usize,
     task: &str,
@@ -175,7 +178,7 @@ pub fn reward(
     action: &str,
     next_obs: &str,
 ) -> Result<Vec<u32>> {
-    fit(tok, keep, past, budget, |past| {
+    fit(tok, (keep, budget), past, reply_prefix, |past| {
         vec![
             ChatMessage::new("system", RM_SYSTEM),
             ChatMessage::new(
@@ -193,9 +196,11 @@ pub fn reward(
 }
 
 /// The reward model's answer for a verdict (teacher forcing): `\boxed{1}` or `\boxed{-1}`, then
-/// the end of the turn.
-pub fn verdict(tok: &HfTokenizer, good: bool) -> Result<Vec<u32>> {
-    action(tok, if good { "\\boxed{1}" } else { "\\boxed{-1}" })
+/// the end of the turn — less `reply_prefix` where the answer starts with it (the prompt ends
+/// with the prefix).
+pub fn verdict(tok: &HfTokenizer, good: bool, reply_prefix: &str) -> Result<Vec<u32>> {
+    let answer = if good { "\\boxed{1}" } else { "\\boxed{-1}" };
+    action(tok, answer.strip_prefix(reply_prefix).unwrap_or(answer))
 }
 
 /// The verdict in a reward model's reply, as the reference parses it: the last `\boxed{…}`

@@ -1,0 +1,325 @@
+#!/usr/bin/env python3
+"""The `update` stage on a pretrained model (SmolLM2-135M-Instruct) against PyTorch +
+Hugging Face `transformers` (CPU): the same samples, PPO loss, micro-batches, gradient clipping
+and AdamW, on the same weights.
+
+1. `rla-pipe run pipelines/household-smollm2.toml` (one small iteration, a temporary store)
+   with RLA_PIPE_BENCH_UPDATE set: the update stage writes, per model, its samples (token
+   ids), settings, optimizer plan, snapshot log-probabilities, burn's per-step metrics and
+   seconds, and the weights it started from — for a pretrained model `<role>.safetensors`
+   (f32, Hugging Face key names) and the model directory `hf_dir` (src/stages/update.rs,
+   `bench_dump`; src/stages/bench.rs).
+2. Here, for every role whose dump is a pretrained model, `transformers` loads `hf_dir` and the
+   dumped weights over it, and the same update runs in PyTorch on 2 threads: the snapshot
+   log-probabilities (no grad), then every optimizer step of the plan (forward + backward +
+   clip + AdamW, torch's AdamW as benches/torch_update.py uses it). The samples are scored as
+   rla-pipe scores them (src/model/tree.rs): packed into prefix-tree rows (a decision's prompt
+   once, every admissible action a leaf; responses whose prompts share ≥ 16 leading tokens
+   share a stem), passed to the model as one custom 4-D attention mask with explicit
+   position ids, the head applied only at the positions that predict a scored token.
+3. Checks: snapshot log-probabilities (max abs difference), step 0's loss and gradient norm
+   (the backward pass) and step 1's loss (after one AdamW step), relative to burn's; seconds
+   and tokens/s of the snapshot and of the optimizer steps (tokens as burn counts them:
+   prompts + every scored continuation), rla-pipe (as the stage ran) vs PyTorch (2 threads).
+   Exits 1 when the snapshot log-probabilities differ by more than 1e-3 or step 0's loss by
+   more than 1e-3 relative (absolute below a loss of 1e-3); timing never fails.
+
+Usage:  python3 benches/smollm2_update.py [PIPELINE.toml] [--set key=value ...]
+        (no arguments: pipelines/household-smollm2.toml with the small CPU sets in
+        DEFAULT_SETS; otherwise run.iterations=1 then the given sets. DUMP=dir reuses a dump
+        instead of running rla-pipe)
+Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/release/rla-pipe if built, else debug/),
+        ATTN (transformers' attn_implementation: sdpa, the default, or eager)
+Needs:  torch, numpy, transformers, safetensors (installed with pip if missing); the model
+        directory the pipeline names (models/smollm2-135m, see the pipeline's header)
+"""
+import json, os, subprocess, sys, tempfile, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from torch_update import F, ROOT, TARGET, Update, rel, torch  # noqa: E402  (installs torch, numpy)
+
+try:
+    import transformers
+    from safetensors.torch import load_file
+except ImportError:
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "transformers", "safetensors"], check=True)
+    import transformers
+    from safetensors.torch import load_file
+
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+
+BIN = os.environ.get("RLA_PIPE_BIN") or next(
+    (p for p in (os.path.join(TARGET, k, "rla-pipe") for k in ("release", "debug")) if os.path.exists(p)),
+    os.path.join(TARGET, "debug", "rla-pipe"))
+ATTN = os.environ.get("ATTN", "sdpa")
+THREADS = 2
+PIPELINE = "pipelines/household-smollm2.toml"
+DEFAULT_SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "eval.tasks=2",
+                "eval.ood_tasks=2", "env.max_steps=6", "reward_model.max_tokens=16",
+                "reward.policy_acc_min=0", "reward.policy_acc_max=1"]
+
+# src/stages/update.rs, src/model/reward.rs, src/model/tree.rs.
+SNAPSHOT_BATCH = 512
+TREE_MIN_SHARED = 16
+TREE_MAX_ROW = 1024
+ATTENTION_BUDGET = 1 << 21
+
+
+def common_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def packed_len(row):
+    """Tokens a tree row feeds the model: the stem, then every leaf but its last token."""
+    stem, leaves = row
+    return len(stem) + sum(max(len(l) - 1, 0) for l, _ in leaves)
+
+
+def pack(prompts, responses, min_shared=TREE_MIN_SHARED, max_row=TREE_MAX_ROW):
+    """src/model/tree.rs `pack`: rows `(stem, [(leaf, scored_from)])` and, per sample in input
+    order, its leaf's index in (row, leaf) order."""
+    order = sorted(range(len(prompts)), key=lambda i: (prompts[i], i))
+    groups = []  # [stem length, members]
+    for i in order:
+        p = prompts[i]
+        if groups:
+            g = groups[-1]
+            first = prompts[g[1][0]]
+            shared = min(common_prefix(first[:g[0]], p), len(p))
+            fed = lambda k: len(prompts[k]) - shared + len(responses[k]) - 1
+            length = shared + sum(fed(k) for k in g[1]) + fed(i)
+            half = 2 * shared >= max(len(p), len(first))
+            if shared >= max(min_shared, 1) and half and length <= max_row:
+                g[0] = shared
+                g[1].append(i)
+                continue
+        groups.append([len(p), [i]])
+    slot, rows, k = [0] * len(prompts), [], 0
+    for stem, members in groups:
+        leaves = []
+        for i in members:
+            slot[i] = k
+            k += 1
+            rest = prompts[i][stem:]
+            leaves.append((rest + responses[i], len(rest)))
+        rows.append((prompts[members[0]][:stem], leaves))
+    return rows, slot
+
+
+def tree_chunk(model, rows, bias, temperature):
+    """src/model/tree.rs `tree_chunk`: one model call over packed rows; returns the scored
+    log-probabilities of every leaf, flat in (row, leaf, token) order, and per leaf its count."""
+    b = len(rows)
+    t = max(max(packed_len(r) for r in rows), 1)
+    ctx = model.config.max_position_embeddings
+    tokens = torch.zeros(b, t, dtype=torch.long)
+    positions = torch.zeros(b, t, dtype=torch.long)
+    visible = torch.zeros(b, t, t, dtype=torch.bool)
+    at, target, scored = [], [], []
+    for r, (stem, leaves) in enumerate(rows):
+        assert stem, "a tree row needs a non-empty stem"
+        s = len(stem)
+        fed, pos = list(stem), list(range(s))
+        visible[r, :s, :s] = torch.ones(s, s, dtype=torch.bool).tril()
+        for leaf, frm in leaves:
+            assert frm < len(leaf), "a leaf needs a scored token"
+            start, n_in = len(fed), len(leaf) - 1
+            fed += leaf[:n_in]
+            pos += range(s, s + n_in)
+            visible[r, start:start + n_in, :s] = True
+            visible[r, start:start + n_in, start:start + n_in] = torch.ones(n_in, n_in, dtype=torch.bool).tril()
+            for j in range(frm, len(leaf)):
+                q = s - 1 if j == 0 else start + j - 1
+                at.append(r * t + q)
+                target.append(leaf[j])
+            scored.append(len(leaf) - frm)
+        used = len(fed)
+        tokens[r, :used] = torch.tensor(fed, dtype=torch.long)
+        positions[r, :used] = torch.tensor(pos, dtype=torch.long).clamp(max=ctx - 1)
+        for q in range(used, t):  # padding sees itself only; nothing reads it
+            visible[r, q, q] = True
+    mask = torch.zeros(b, 1, t, t, dtype=F).masked_fill(~visible[:, None], torch.finfo(F).min)
+    hidden = model.model(input_ids=tokens, attention_mask=mask, position_ids=positions,
+                         use_cache=False).last_hidden_state
+    logits = model.lm_head(hidden.reshape(b * t, -1)[torch.tensor(at)])
+    if temperature != 1.0:
+        logits = logits / temperature
+    if bias is not None:
+        logits = logits + bias[None, :]
+    lp = torch.log_softmax(logits, dim=1).gather(1, torch.tensor(target)[:, None])[:, 0]
+    return lp, scored
+
+
+def tree_logprobs(model, rows, bias, temperature):
+    """src/model/tree.rs `tree_logprobs`: `[leaves, longest scored]` (0 past a leaf's end) and
+    the validity mask, rows sent in consecutive chunks within the attention budget."""
+    flat, scored, lo = [], [], 0
+    while lo < len(rows):
+        hi, t = lo + 1, packed_len(rows[lo])
+        while hi < len(rows):
+            t2 = max(t, packed_len(rows[hi]))
+            if (hi + 1 - lo) * t2 * t2 > ATTENTION_BUDGET:
+                break
+            t, hi = t2, hi + 1
+        lp, sc = tree_chunk(model, rows[lo:hi], bias, temperature)
+        flat.append(lp)
+        scored += sc
+        lo = hi
+    per_leaf = torch.cat(flat).split(scored)
+    lp = torch.nn.utils.rnn.pad_sequence(list(per_leaf), batch_first=True)
+    valid = torch.zeros(lp.shape, dtype=torch.bool)
+    for i, c in enumerate(scored):
+        valid[i, :c] = True
+    return lp, valid
+
+
+class HfUpdate(Update):
+    """A pretrained model's update as the dump describes it: torch_update's `Update` (snapshot
+    batches, PPO loss, accumulation, clipping, AdamW) with rla-pipe's prefix-tree scoring on
+    the Hugging Face model."""
+
+    def __init__(self, dump, weights):
+        self.d = dump
+        hf_dir = dump["hf_dir"]
+        self.hf_dir = hf_dir if os.path.isabs(hf_dir) else os.path.join(ROOT, hf_dir)
+        self.weights = weights
+        self.bias = None
+        allowed = dump.get("allowed")
+        if dump["kind"] == "responses" and allowed is not None:
+            vocab = json.load(open(os.path.join(self.hf_dir, "config.json")))["vocab_size"]
+            self.bias = torch.full((vocab,), -1e9)
+            self.bias[torch.tensor(allowed, dtype=torch.long)] = 0.0
+
+    def model(self):
+        m = transformers.AutoModelForCausalLM.from_pretrained(self.hf_dir, dtype=F, attn_implementation=ATTN)
+        state = load_file(self.weights)
+        missing, unexpected = m.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if m.config.tie_word_embeddings else set()
+        assert not set(missing) - tied and not unexpected, \
+            f"{self.weights}: missing {sorted(set(missing) - tied)}, unexpected {sorted(unexpected)}"
+        if tied:
+            assert m.lm_head.weight is m.model.embed_tokens.weight, "tied head not tied"
+        m.eval()  # no dropout (the attention dropout is 0 anyway); gradients still flow
+        return m
+
+    def log_probs(self, m, idx):
+        """New log-probs `[b, len]`, validity `[b, len]` (float) for samples idx."""
+        d = self.d
+        if d["kind"] == "decisions":
+            # src/model/policy.rs `log_probs`: one row per decision, every action a leaf.
+            decs = [d["decisions"][i] for i in idx]
+            rows = [(x["prompt"], [(a, 0) for a in x["actions"]]) for x in decs]
+            lp, _ = tree_logprobs(m, rows, None, 1.0)
+            ll = lp.sum(1)
+            lens = [len(a) for x in decs for a in x["actions"]]
+            if d["action_mean"]:
+                ll = ll / torch.tensor(lens, dtype=F)
+            amax = max(max(len(x["actions"]) for x in decs), 1)
+            gather, pad, at = [], [], 0
+            for x in decs:
+                k = len(x["actions"])
+                gather += [at + j if j < k else 0 for j in range(amax)]
+                pad += [j >= k for j in range(amax)]
+                at += k
+            logits = ll[torch.tensor(gather)].reshape(len(decs), amax) / d["temperature"]
+            logits = logits.masked_fill(torch.tensor(pad).reshape(len(decs), amax), -1e9)
+            pick = torch.tensor([d["chosen"][i] for i in idx], dtype=torch.long)[:, None]
+            return torch.log_softmax(logits, dim=1).gather(1, pick), torch.ones(len(idx), 1)
+        # src/model/reward.rs `packed_response_log_probs`.
+        rows, slot = pack([d["prompts"][i] for i in idx], [d["responses"][i] for i in idx])
+        lp, valid = tree_logprobs(m, rows, self.bias, d["temperature"])
+        order = torch.tensor(slot)
+        return lp[order], valid[order].to(F)
+
+
+def dump_dir(args):
+    """$DUMP, or the dump directory of one iteration of the pipeline, run from the repository
+    root (the pipeline's model paths are relative to it) into a temporary store."""
+    dump = os.environ.get("DUMP")
+    if dump:
+        return dump
+    if not args:
+        pipeline, sets = PIPELINE, DEFAULT_SETS
+    else:
+        named = not args[0].startswith("--")
+        pipeline = os.path.abspath(args[0]) if named else PIPELINE
+        sets = ["run.iterations=1", *(a for a in args[named:] if a != "--set")]
+    tmp = tempfile.mkdtemp(prefix="rla-smollm2-")
+    dump = os.path.join(tmp, "dump")
+    env = dict(os.environ, RLA_PIPE_BENCH_UPDATE=dump)
+    cmd = [BIN, "run", pipeline, "--set", f"run.store={os.path.join(tmp, 'runs')}"]
+    for s in sets:
+        cmd += ["--set", s]
+    cmd.append("-q")
+    print("running:", " ".join(cmd), flush=True)
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, cwd=ROOT, check=True)
+    print(f"rla-pipe: {time.perf_counter() - t:.0f} s; dump in {dump}", flush=True)
+    return dump
+
+
+def flat(o):
+    return [x for r in o for x in (r if isinstance(r, list) else [r])]
+
+
+def main():
+    dump = dump_dir(sys.argv[1:])
+    torch.set_num_threads(THREADS)
+    ok, any_role = True, False
+    for role in ("policy", "rm"):
+        path = os.path.join(dump, f"{role}.json")
+        if not os.path.exists(path):
+            print(f"\n{role}: not trained in this iteration (no dump)")
+            continue
+        d = json.load(open(path))
+        if not d.get("hf_dir"):
+            print(f"\n{role}: the small transformer (see benches/torch_update.py)")
+            continue
+        any_role = True
+        u = HfUpdate(d, os.path.join(dump, d["weights"]))
+        m = u.model()
+        burn = d["metrics"]
+        tokens = sum(x["tokens"] for x in burn)
+        t = time.perf_counter()
+        old = u.old(m)
+        snap_s = time.perf_counter() - t
+        lp_diff = max(abs(a - b) for a, b in zip(flat(old), flat(d["old_logprobs"])))
+        assert len(flat(old)) == len(flat(d["old_logprobs"])), "snapshot sizes differ"
+        t = time.perf_counter()
+        steps = u.train(m, d["old_logprobs"])  # burn's snapshot as "old", as the stage trains
+        train_s = time.perf_counter() - t
+        nan = float("nan")
+        b1 = burn[1]["loss"] if len(burn) > 1 else nan
+        t1 = steps[1][0] if len(steps) > 1 else nan
+        loss_d = abs(steps[0][0] - burn[0]["loss"]) / max(abs(burn[0]["loss"]), 1e-3)
+        role_ok = lp_diff <= 1e-3 and loss_d <= 1e-3
+        ok &= role_ok
+        burn_tps, torch_tps = tokens / d["train_seconds"], tokens / train_s
+        print(f"\n## {role} ({d['kind']}): {len(d['adv'])} samples, {len(d['plan'])} optimizer steps "
+              f"({', '.join(str(x['samples']) for x in burn)} samples), {tokens:,} tokens\n")
+        print(f"| {role} | rla-pipe (burn, {d['cores']} cores) | PyTorch ({THREADS} threads) | difference |")
+        print("|---|---:|---:|---:|")
+        print(f"| snapshot log-probs ({len(flat(old))}) | | | max abs {lp_diff:.2e} |")
+        print(f"| step 0 loss | {burn[0]['loss']:.9g} | {steps[0][0]:.9g} | rel {rel(steps[0][0], burn[0]['loss']):.2e} |")
+        print(f"| step 0 grad norm | {burn[0]['grad_norm']:.9g} | {steps[0][1]:.9g} | rel {rel(steps[0][1], burn[0]['grad_norm']):.2e} |")
+        print(f"| step 1 loss | {b1:.9g} | {t1:.9g} | rel {rel(t1, b1) if len(steps) > 1 else nan:.2e} |")
+        print(f"| snapshot (s) | {d['snapshot_seconds']:.2f} | {snap_s:.2f} | {d['snapshot_seconds'] / snap_s:.2f}× the time |")
+        print(f"| optimizer steps (s) | {d['train_seconds']:.2f} | {train_s:.2f} | {d['train_seconds'] / train_s:.2f}× the time |")
+        print(f"| optimizer steps (tokens/s) | {burn_tps:,.0f} | {torch_tps:,.0f} | rla-pipe/torch {burn_tps / torch_tps:.2f}× |")
+        print(f"\n{role}: snapshot within 1e-3 and step 0 loss within 1e-3: {'yes' if role_ok else 'NO'}", flush=True)
+        del m
+    print(f"\ntorch {torch.__version__}, transformers {transformers.__version__}, attention {ATTN}, "
+          f"{THREADS} threads, f32; rla-pipe {BIN if not os.environ.get('DUMP') else '(dump ' + dump + ')'}")
+    if not any_role:
+        print("no pretrained model was trained: nothing compared")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

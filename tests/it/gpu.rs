@@ -1,0 +1,59 @@
+//! The GPU path, on a machine with an NVIDIA GPU only (ignored elsewhere):
+//! `cargo test --release --features cuda --test it gpu -- --ignored` (`benches/gpu.sh` runs it).
+//! CUDA is not bit-reproducible, so the check is a tolerance: the same prefix-tree samples'
+//! log-probabilities on `cuda` and on the CPU within 1e-3 (absolute, f32 kernels that sum in
+//! another order), for tiny Llama, Qwen2 and Qwen3 models; and a `cuda` iteration commits.
+
+use rla_pipe::model::hf::{HfArch, weights};
+use rla_pipe::model::tree::{TreeRow, tree_logprobs};
+use rla_pipe::model::{Cpu, Gpu, policy};
+
+use crate::hf::{ARCHS, tiny_model};
+use crate::{Fixture, GRIDNAV, SMALL_GRIDNAV};
+
+fn rows() -> Vec<TreeRow> {
+    vec![
+        TreeRow {
+            stem: vec![1, 5, 9, 33, 2, 17, 40, 63],
+            leaves: vec![(vec![7, 8, 9], 0), (vec![12, 13], 1), (vec![20], 0)],
+        },
+        TreeRow {
+            stem: vec![60, 3, 3],
+            leaves: vec![(vec![45, 2, 11, 9], 2)],
+        },
+    ]
+}
+
+#[test]
+#[ignore = "needs an NVIDIA GPU (cargo test --features cuda --test it gpu -- --ignored)"]
+fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
+    let f = Fixture::new();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let a = HfArch::from_dir(&dir).unwrap();
+        let files = weights::weight_files(&dir).unwrap();
+        let cpu = weights::load::<Cpu>(&a, &files, &Default::default()).unwrap();
+        let gpu = weights::load::<Gpu>(&a, &files, &Default::default()).unwrap();
+        let (lc, valid) = tree_logprobs(&cpu, &rows(), None, 1.0, &Default::default());
+        let (lg, _) = tree_logprobs(&gpu, &rows(), None, 1.0, &Default::default());
+        let (lc, lg) = (policy::to_host(lc), policy::to_host(lg));
+        let cols = lc[0].len();
+        for (i, (a, b)) in lc.iter().flatten().zip(lg.iter().flatten()).enumerate() {
+            if valid[i / cols * cols + i % cols] {
+                assert!((a - b).abs() <= 1e-3, "{arch}: cpu {a} vs cuda {b} at {i}");
+            }
+        }
+    }
+    let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
+    sets.push("run.device=cuda");
+    f.run_pipeline(GRIDNAV, "gpu", 1, &sets).ok();
+    let stages = f
+        .sql("SELECT count(*) FROM stage_runs WHERE run_id = 'gpu'")
+        .ok()
+        .scalar();
+    assert!(
+        stages.parse::<u32>().unwrap() >= 8,
+        "{stages} stages committed"
+    );
+}
