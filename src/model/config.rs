@@ -159,8 +159,9 @@ pub struct RewardModelConfig {
     /// A pretrained reward model only: text that opens its reply, appended to the prompt after
     /// the chat template's assistant header (not sampled, not trained). `"\\boxed{"` in TOML
     /// makes the verdict come first: a small model that does not reach a verdict within
-    /// `max_tokens` then gives one on nearly every sample. Empty (default): the reply is the
-    /// model's own, as in the reference implementation.
+    /// `max_tokens` then gives one on nearly every sample; a prefix that opens a brace ends the
+    /// reply where the model closes it. Empty (default): the reply is the model's own, as in
+    /// the reference implementation.
     pub reply_prefix: String,
 }
 
@@ -368,6 +369,11 @@ pub struct UpdateConfig {
     /// the reference; the sampling temperature is for sampling only) or `sampling` (the
     /// temperature the rollouts / RM samples were drawn at).
     pub logprob_temperature: LogprobTemperature,
+    /// Most tokens per backward pass (prompts + continuations of the samples in it): larger
+    /// minibatches are split into micro-batches whose gradients are accumulated (the same
+    /// gradient up to float summation order; the warm start too). Bounds the autodiff graph's
+    /// memory. 0: no limit (each minibatch in one pass).
+    pub micro_batch_tokens: usize,
 }
 
 /// `update.logprob_temperature`.
@@ -402,6 +408,7 @@ impl Default for UpdateConfig {
             grad_clip: 1.0,
             log_ratio_clamp: 10.0,
             logprob_temperature: LogprobTemperature::One,
+            micro_batch_tokens: 0,
         }
     }
 }

@@ -37,3 +37,22 @@ pub fn counting<R>(work: impl FnOnce() -> R) -> (R, Tokens) {
     }
     (r, mine)
 }
+
+/// Run `work` on the two halves `0..⌈n/2⌉` and `⌈n/2⌉..n` of `n` rows on two threads at once,
+/// results in row order; the other thread's token counts join this thread's. The split is
+/// fixed (not the machine's core count), so a run computes the same batches everywhere. Model
+/// calls are parallel inside matrix products only; two halves keep both cores busy through
+/// the rest (normalisation, attention's softmax, sampling, host work).
+pub fn halves<R: Send>(n: usize, work: impl Fn(std::ops::Range<usize>) -> R + Sync) -> Vec<R> {
+    if n < 2 {
+        return vec![work(0..n)];
+    }
+    let mid = n.div_ceil(2);
+    let (first, (second, counted)) = std::thread::scope(|s| {
+        let other = s.spawn(|| counting(|| work(mid..n)));
+        let first = work(0..mid);
+        (first, other.join().expect("a model thread panicked"))
+    });
+    record(counted.computed as usize, counted.reused as usize);
+    vec![first, second]
+}

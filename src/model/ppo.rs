@@ -30,6 +30,11 @@ pub struct PpoSettings {
     /// Samples per minibatch (`Fixed`) or per accumulated micro-batch (`OnePass`).
     pub minibatch: usize,
     pub schedule: Schedule,
+    /// Most tokens per backward pass (`update.micro_batch_tokens`): a minibatch whose samples
+    /// hold more is split into micro-batches whose gradients are accumulated — the same
+    /// gradient up to the order of float sums, with the autodiff graph of one micro-batch in
+    /// memory at a time. 0: no limit.
+    pub micro_tokens: usize,
 }
 
 /// How the optimizer steps cover the samples (`update.schedule`).
@@ -118,18 +123,23 @@ pub fn ppo_loss<B: Backend>(
     (loss, token_mean(k3), token_mean(clipped))
 }
 
-/// Run the optimizer steps [`plan`] lays out over `n` samples. `loss_of(model, indices)` returns
-/// a micro-batch's (loss, kl, clip_frac, tokens); a step's gradient is the size-weighted sum of
-/// its micro-batches' gradients (one micro-batch: exactly its gradient).
+/// Run the optimizer steps [`plan`] lays out over the samples (`sizes[i]`: sample `i`'s tokens),
+/// each micro-batch split further to at most `s.micro_tokens` tokens ([`split_by_tokens`]).
+/// `loss_of(model, indices)` returns a micro-batch's (loss, kl, clip_frac, tokens); a step's
+/// gradient is the size-weighted sum of its micro-batches' gradients (one micro-batch: exactly
+/// its gradient).
 pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     mut model: M,
-    n: usize,
+    sizes: &[usize],
     s: &PpoSettings,
     seed: u64,
     mut loss_of: impl FnMut(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
 ) -> (M, Vec<StepMetrics>) {
     let mut metrics = Vec::new();
-    let steps = plan(n, s, seed);
+    let steps: Vec<Vec<Vec<usize>>> = plan(sizes.len(), s, seed)
+        .into_iter()
+        .map(|micro| split_by_tokens(micro, sizes, s.micro_tokens))
+        .collect();
     if steps.is_empty() {
         return (model, metrics);
     }
@@ -205,6 +215,31 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Accumulate<'_, B> {
 }
 
 /// The squared global norm of the gradients, summed in parameter order.
+/// Split micro-batches so that none holds more than `budget` tokens (`sizes[i]` per sample; a
+/// sample over the budget goes alone); 0 = no limit.
+pub fn split_by_tokens(micro: Vec<Vec<usize>>, sizes: &[usize], budget: usize) -> Vec<Vec<usize>> {
+    if budget == 0 {
+        return micro;
+    }
+    let mut out = Vec::new();
+    for batch in micro {
+        let mut cur: Vec<usize> = Vec::new();
+        let mut tokens = 0;
+        for i in batch {
+            if !cur.is_empty() && tokens + sizes[i] > budget {
+                out.push(std::mem::take(&mut cur));
+                tokens = 0;
+            }
+            tokens += sizes[i];
+            cur.push(i);
+        }
+        if !cur.is_empty() {
+            out.push(cur);
+        }
+    }
+    out
+}
+
 struct SquaredNorm<'a> {
     grads: &'a GradientsParams,
     sq: f64,
@@ -257,11 +292,21 @@ mod tests {
             steps: 1,
             minibatch: 8,
             schedule: Schedule::Fixed,
+            micro_tokens: 0,
         }
     }
 
     /// Fixed: `steps` minibatches of a cycled shuffle. One pass: every sample exactly once,
     /// in `steps` parts of sizes differing by at most one, each split into micro-batches.
+    #[test]
+    fn micro_batches_keep_to_the_token_budget() {
+        let sizes = [5, 3, 9, 2, 2, 12];
+        let split = split_by_tokens(vec![vec![0, 1, 2, 3], vec![4, 5]], &sizes, 10);
+        assert_eq!(split, vec![vec![0, 1], vec![2], vec![3], vec![4], vec![5]]);
+        let none = split_by_tokens(vec![vec![0, 1, 2]], &sizes, 0);
+        assert_eq!(none, vec![vec![0, 1, 2]]);
+    }
+
     #[test]
     fn schedules_cover_the_samples() {
         let mut s = settings();

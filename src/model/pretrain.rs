@@ -26,7 +26,11 @@ pub fn clone_policy<B: AutodiffBackend>(
     seed: u64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
-    let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
+    let sizes: Vec<usize> = decisions
+        .iter()
+        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
+        .collect();
+    let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let (lp, tokens) =
             policy::chosen_log_probs(m, decisions, chosen, idx, 1.0, spec.action_mean, device);
         let loss = lp.clone().mean().neg();
@@ -51,7 +55,12 @@ pub fn teach_responses<B: AutodiffBackend>(
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
     let bias = spec.verdicts().bias::<B>(spec.config.vocab, device);
-    let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
+    let sizes: Vec<usize> = prompts
+        .iter()
+        .zip(responses)
+        .map(|(p, r)| p.len() + r.len())
+        .collect();
+    let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (lp, valid, tokens) =
             response_log_probs(m, prompts, responses, idx, bias.as_ref(), 1.0, device);
@@ -82,6 +91,7 @@ mod tests {
             adam_eps: 1e-8,
             grad_clip: 1.0,
             steps,
+            micro_tokens: 0,
             minibatch: 8,
             schedule: Schedule::Fixed,
         }

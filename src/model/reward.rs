@@ -65,6 +65,18 @@ impl Verdicts<'_> {
         }
     }
 
+    /// Whether a reply that opened with a reply prefix has closed it (`\boxed{` … `}`): the
+    /// verdict is given and generation stops there. Never for a reply of its own.
+    pub fn closed(&self, tokens: &[u32]) -> bool {
+        match self {
+            Verdicts::Text(t, prefix) if prefix.contains('{') => t
+                .decode(tokens, true)
+                .map(|text| text.contains('}'))
+                .unwrap_or(false),
+            _ => false,
+        }
+    }
+
     /// The reasoning text and the verdict (+1, −1, 0 = none) of generated tokens.
     pub fn judge(&self, tokens: &[u32]) -> (String, i8) {
         match self {
@@ -262,7 +274,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
             let t = allowed[pick];
             tokens.push(t);
             *lp += z[pick] - lse;
-            *done = stops.contains(&t);
+            *done = stops.contains(&t) || verdicts.closed(tokens);
             fed.push(t as i64);
         }
         if g + 1 == max_tokens || out.iter().all(|o| o.2) {

@@ -140,6 +140,7 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
         steps: (samples * epochs as usize).div_ceil(mb) as u32,
         minibatch: mb,
         schedule: Schedule::Fixed,
+        micro_tokens: cfg.update.micro_batch_tokens,
     }
 }
 

@@ -14,8 +14,9 @@ use super::bench;
 use super::trajectories::{self, Trajectory};
 use crate::determinism::derive_seed;
 use crate::error::Result;
+use crate::model::count::halves;
 use crate::model::reward::{self, Judgement};
-use crate::model::{ModelSpec, RM, Weights};
+use crate::model::{Lm, ModelSpec, RM, Weights};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -49,16 +50,25 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     let mut seconds = Vec::new();
     for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
         let t0 = std::time::Instant::now();
-        out.extend(reward::generate(
-            &model,
-            spec.verdicts(),
-            p,
-            s,
-            m,
-            max_tokens,
-            temperature,
-            device,
-        ));
+        let judge = |r: std::ops::Range<usize>| {
+            reward::generate(
+                &model,
+                spec.verdicts(),
+                &p[r.clone()],
+                &s[r],
+                m,
+                max_tokens,
+                temperature,
+                device,
+            )
+        };
+        // A pretrained model's prompts in two halves on two threads (each prompt's samples
+        // depend only on its own seeds); the small transformer's numbers stay as committed.
+        if model.packs_prefixes() {
+            out.extend(halves(p.len(), judge).into_iter().flatten());
+        } else {
+            out.extend(judge(0..p.len()));
+        }
         seconds.push(t0.elapsed().as_secs_f64());
     }
     // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): the prompts, the sampled tokens

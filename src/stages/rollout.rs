@@ -24,6 +24,7 @@ use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 use crate::env::{self, Environment};
 use crate::error::{Error, Result};
+use crate::model::count::halves;
 use crate::model::hf::{self, Sampling};
 use crate::model::tree::{SeqCache, encode_reusing};
 use crate::model::{ModelSpec, Weights, policy};
@@ -238,20 +239,36 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 let t0 = std::time::Instant::now();
                 let past: Vec<Option<&SeqCache<B>>> =
                     chunk.iter().map(|&i| caches[i].as_ref()).collect();
-                let (lp, own) = policy::log_probs_reusing(
-                    &model,
-                    &decisions,
-                    &past,
-                    temperature,
-                    spec.action_mean,
-                    device,
-                );
+                let score = |r: std::ops::Range<usize>| {
+                    let (lp, own) = policy::log_probs_reusing(
+                        &model,
+                        &decisions[r.clone()],
+                        &past[r],
+                        temperature,
+                        spec.action_mean,
+                        device,
+                    );
+                    (policy::to_host(lp), own)
+                };
+                // A pretrained model's decisions in two halves on two threads (each row's
+                // numbers depend on its own prompt, actions and cache only up to the padding
+                // its batch-mates add); the small transformer's stay as committed.
+                let parts = if reuse {
+                    halves(decisions.len(), score)
+                } else {
+                    vec![score(0..decisions.len())]
+                };
+                let mut lp = Vec::with_capacity(decisions.len());
+                let mut own = Vec::with_capacity(decisions.len());
+                for (l, o) in parts {
+                    lp.extend(l);
+                    own.extend(o);
+                }
                 if reuse {
                     for (&i, c) in chunk.iter().zip(own) {
                         caches[i] = Some(c);
                     }
                 }
-                let lp = policy::to_host(lp);
                 if let Some((_, calls)) = bench.as_mut() {
                     calls.push(serde_json::json!({
                         "seconds": t0.elapsed().as_secs_f64(),

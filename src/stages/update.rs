@@ -47,6 +47,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         steps,
         minibatch: cfg.update.minibatch as usize,
         schedule: cfg.update.schedule,
+        micro_tokens: cfg.update.micro_batch_tokens,
     }
 }
 
@@ -97,7 +98,11 @@ fn train_policy<B: AutodiffBackend>(
         old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
     }
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
-    let (model, metrics) = ppo::train(model, decisions.len(), s, seed, |m, idx| {
+    let sizes: Vec<usize> = decisions
+        .iter()
+        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
+        .collect();
+    let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (new, tokens) = policy::chosen_log_probs(
             m,
@@ -237,7 +242,12 @@ fn train_responses<B: AutodiffBackend>(
     }
     let bias = spec.verdicts().bias::<B>(vocab, device);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
-    let (model, metrics) = ppo::train(model, prompts.len(), s, seed, |m, idx| {
+    let sizes: Vec<usize> = prompts
+        .iter()
+        .zip(responses)
+        .map(|(p, r)| p.len() + r.len())
+        .collect();
+    let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (new, valid, tokens) = response_log_probs(
             m,
