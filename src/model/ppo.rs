@@ -240,6 +240,9 @@ pub fn split_by_tokens(micro: Vec<Vec<usize>>, sizes: &[usize], budget: usize) -
     out
 }
 
+/// Elements from which burn-flex's `sum` runs in parallel (`sum_f32_contiguous`).
+const PARALLEL_SUM: usize = 4 * 1024 * 1024;
+
 struct SquaredNorm<'a> {
     grads: &'a GradientsParams,
     sq: f64,
@@ -248,7 +251,21 @@ struct SquaredNorm<'a> {
 impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         if let Some(g) = self.grads.get::<B::InnerBackend, D>(param.id) {
-            self.sq += f64::from(g.powi_scalar(2).sum().into_scalar().elem::<f32>());
+            // burn-flex sums a tensor of ≥ 4M elements with rayon's adaptive reduction, whose
+            // association order (and so last bits) depends on thread timing: a pretrained
+            // model's embedding gradient made the clip scale, and the checkpoint, differ
+            // between a run and its replay on a busy machine. Those are summed on the host in
+            // f64, in order; smaller tensors as before (bit for bit with earlier builds).
+            if g.shape().num_elements() >= PARALLEL_SUM {
+                let v: Vec<f32> = g
+                    .into_data()
+                    .convert::<f32>()
+                    .into_vec()
+                    .unwrap_or_default();
+                self.sq += v.iter().map(|x| f64::from(*x) * f64::from(*x)).sum::<f64>();
+            } else {
+                self.sq += f64::from(g.powi_scalar(2).sum().into_scalar().elem::<f32>());
+            }
         }
     }
 }
