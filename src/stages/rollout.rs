@@ -5,8 +5,8 @@
 //! Policy `transformer` (default): the learned policy of the checkpoint the engine hands in (the
 //! previous iteration's update, or the seeded initial model), sampled at `policy.temperature`;
 //! all live episodes advance in lockstep so that every step scores the admissible actions of all
-//! of them in one batch, one packed row per episode: its new prompt tokens and every admissible
-//! action as a leaf of a prefix tree (with a pretrained model each episode also keeps its
+//! of them in one batch (with a pretrained model: one packed row per episode, its new prompt
+//! tokens and every admissible action as a leaf of a prefix tree; each episode keeps its
 //! prompt's keys/values between steps, and the next prompt computes only what it does not
 //! share with the last one, checked token by token: `model::tree`) — or, with
 //! `policy.action_mode = "generate"` (pretrained models), every
@@ -155,8 +155,8 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         .map(|name| (name, Vec::new()));
     let mut live = Vec::with_capacity(jobs.len());
     // Each episode's last prompt and its keys/values: the next step's prompt computes only what
-    // it does not share with it (`tree::encode_reusing`).
-    // Pretrained models only: rla-pipe's small transformer keeps every episode's bits
+    // it does not share with it (`model::tree`). Pretrained models only: rla-pipe's small
+    // transformer keeps every episode's bits
     // independent of its batch-mates (its rollouts shard across workers), which a reused prefix
     // padded to the batch's longest would not (the padding sits between the prefix and the new
     // tokens), and its short prompts have little to reuse.
