@@ -20,6 +20,11 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// Its tokens: the prompt and every action.
+    pub fn tokens(&self) -> usize {
+        self.prompt.len() + self.actions.iter().map(Vec::len).sum::<usize>()
+    }
+
     /// The decision as a prefix tree: the prompt as the stem, every action a scored leaf.
     pub fn tree_row(&self) -> TreeRow {
         TreeRow {

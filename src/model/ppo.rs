@@ -215,6 +215,15 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for Accumulate<'_, B> {
 }
 
 /// The squared global norm of the gradients, summed in parameter order.
+/// Each (prompt, response) sample's tokens, as [`train`] takes them.
+pub fn sample_tokens(prompts: &[Vec<u32>], responses: &[Vec<u32>]) -> Vec<usize> {
+    prompts
+        .iter()
+        .zip(responses)
+        .map(|(p, r)| p.len() + r.len())
+        .collect()
+}
+
 /// Split micro-batches so that none holds more than `budget` tokens (`sizes[i]` per sample; a
 /// sample over the budget goes alone); 0 = no limit.
 pub fn split_by_tokens(micro: Vec<Vec<usize>>, sizes: &[usize], budget: usize) -> Vec<Vec<usize>> {

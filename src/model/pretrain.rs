@@ -26,10 +26,7 @@ pub fn clone_policy<B: AutodiffBackend>(
     seed: u64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
-    let sizes: Vec<usize> = decisions
-        .iter()
-        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
-        .collect();
+    let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let (lp, tokens) =
             policy::chosen_log_probs(m, decisions, chosen, idx, 1.0, spec.action_mean, device);
@@ -55,11 +52,7 @@ pub fn teach_responses<B: AutodiffBackend>(
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_model::<B>(device)?;
     let bias = spec.verdicts().bias::<B>(spec.config.vocab, device);
-    let sizes: Vec<usize> = prompts
-        .iter()
-        .zip(responses)
-        .map(|(p, r)| p.len() + r.len())
-        .collect();
+    let sizes = ppo::sample_tokens(prompts, responses);
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (lp, valid, tokens) =

@@ -98,10 +98,7 @@ fn train_policy<B: AutodiffBackend>(
         old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
     }
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
-    let sizes: Vec<usize> = decisions
-        .iter()
-        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
-        .collect();
+    let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (new, tokens) = policy::chosen_log_probs(
@@ -242,11 +239,7 @@ fn train_responses<B: AutodiffBackend>(
     }
     let bias = spec.verdicts().bias::<B>(vocab, device);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
-    let sizes: Vec<usize> = prompts
-        .iter()
-        .zip(responses)
-        .map(|(p, r)| p.len() + r.len())
-        .collect();
+    let sizes = ppo::sample_tokens(prompts, responses);
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let b = idx.len();
         let (new, valid, tokens) = response_log_probs(
