@@ -156,10 +156,10 @@ fn tree_chunk<B: Backend, M: Lm<B>>(
         for (leaf, from) in &row.leaves {
             assert!(*from < leaf.len(), "a leaf needs a scored token");
             let start = fed.len();
-            let n_in = leaf.len() - 1;
-            for j in 0..n_in {
+            // Every token but the last is fed (the last one's logits predict nothing scored).
+            for (j, &tok) in leaf[..leaf.len() - 1].iter().enumerate() {
                 let q = start + j;
-                fed.push(leaf[j]);
+                fed.push(tok);
                 pos.push(s + j);
                 for k in 0..s {
                     mask[m(q, k)] = false;
@@ -517,9 +517,9 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
         }
         for leaf in &leaves[r] {
             let start = fed.len();
-            for j in 0..leaf.len() - 1 {
+            for (j, &tok) in leaf[..leaf.len() - 1].iter().enumerate() {
                 let q = start + j;
-                fed.push(leaf[j]);
+                fed.push(tok);
                 pos.push(lens[r] + j);
                 (0..reuse[r]).for_each(|k| mask[m(q, k)] = false);
                 (0..sfx[r]).for_each(|k| mask[m(q, lc + k)] = false);
