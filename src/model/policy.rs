@@ -178,10 +178,7 @@ pub fn chosen_log_probs<B: Backend, M: Lm<B>>(
     device: &B::Device,
 ) -> (Tensor<B, 2>, u64) {
     let decs: Vec<Decision> = idx.iter().map(|i| decisions[*i].clone()).collect();
-    let tokens: usize = decs
-        .iter()
-        .map(|d| d.prompt.len() + d.actions.iter().map(Vec::len).sum::<usize>())
-        .sum();
+    let tokens: usize = decs.iter().map(Decision::tokens).sum();
     let pick = int_tensor::<B, 2>(
         idx.iter().map(|i| chosen[*i] as i64).collect(),
         [idx.len(), 1],

@@ -8,7 +8,7 @@
 //! leaf token computes exactly what it computes in its own sequence `stem ++ leaf`, up to the
 //! order of floating-point sums (tested to ≤ 1e-5 relative against independent sequences for
 //! the small transformer and Llama, Qwen2, Qwen3, log-probabilities, loss and gradients:
-//! `tests/it/hf.rs`). Nothing is copied per leaf: with autodiff the stem's keys and values are
+//! `tests/it/prefix.rs`). Nothing is copied per leaf: with autodiff the stem's keys and values are
 //! one tensor whose gradient collects every leaf's contribution.
 //!
 //! Scoring needs only the logits at the positions that predict a scored token, so the hidden
@@ -71,18 +71,13 @@ pub fn tree_logprobs<B: Backend, M: Lm<B>>(
     temperature: f64,
     device: &B::Device,
 ) -> (Tensor<B, 2>, Vec<bool>) {
-    let scored: Vec<usize> = rows
+    let lmax = rows
         .iter()
         .flat_map(|r| r.leaves.iter().map(|(l, from)| l.len() - from))
-        .collect();
-    let n = scored.len();
-    let lmax = scored.iter().copied().max().unwrap_or(1).max(1);
-    let mut valid = vec![false; n * lmax];
-    for (i, &c) in scored.iter().enumerate() {
-        valid[i * lmax..i * lmax + c]
-            .iter_mut()
-            .for_each(|v| *v = true);
-    }
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut valid = Vec::new();
     let mut parts = Vec::new();
     let mut from = 0;
     while from < rows.len() {
@@ -96,14 +91,9 @@ pub fn tree_logprobs<B: Backend, M: Lm<B>>(
             t = t2;
             to += 1;
         }
-        parts.push(tree_chunk(
-            model,
-            &rows[from..to],
-            bias,
-            temperature,
-            lmax,
-            device,
-        ));
+        let (part, v) = tree_chunk(model, &rows[from..to], bias, temperature, lmax, device);
+        parts.push(part);
+        valid.extend(v);
         from = to;
     }
     let out = if parts.len() == 1 {
@@ -111,12 +101,10 @@ pub fn tree_logprobs<B: Backend, M: Lm<B>>(
     } else {
         Tensor::cat(parts, 0)
     };
-    let hide = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
-    (out.mask_fill(hide, 0.0), valid)
+    (out, valid)
 }
 
-/// [`tree_logprobs`] of one chunk of rows, `[leaves, lmax]` (entries past a leaf's end are
-/// arbitrary: the caller masks them).
+/// [`tree_logprobs`] of one chunk of rows: `[leaves, lmax]` and its validity mask.
 fn tree_chunk<B: Backend, M: Lm<B>>(
     model: &M,
     rows: &[TreeRow],
@@ -124,7 +112,7 @@ fn tree_chunk<B: Backend, M: Lm<B>>(
     temperature: f64,
     lmax: usize,
     device: &B::Device,
-) -> Tensor<B, 2> {
+) -> (Tensor<B, 2>, Vec<bool>) {
     let b = rows.len();
     let t = rows
         .iter()
@@ -195,30 +183,73 @@ fn tree_chunk<B: Backend, M: Lm<B>>(
         None,
     );
     let d = x.dims()[2];
-    let n_tok = at.len();
-    let picked = x
-        .reshape([b * t, d])
-        .select(0, int_tensor::<B, 1>(at, [n_tok], device));
-    let mut logits = model.head(picked);
-    if temperature != 1.0 {
-        logits = logits.div_scalar(temperature);
+    let scoring = Scored {
+        at,
+        target,
+        counts: scored,
+    };
+    scoring.log_probs(
+        model,
+        x.reshape([b * t, d]),
+        bias,
+        temperature,
+        lmax,
+        device,
+    )
+}
+
+/// The scored tokens of a packed forward: per token, the flat position whose logits predict it
+/// and the token; per leaf, how many tokens it scored (leaf-major).
+struct Scored {
+    at: Vec<i64>,
+    target: Vec<i64>,
+    counts: Vec<usize>,
+}
+
+impl Scored {
+    /// Their log-probabilities from the hidden states `x` (`[positions, d_model]`): the head at
+    /// the predicting positions only, `/ temperature`, `+ bias`, `log_softmax`, laid out as
+    /// `[leaves, lmax]` (zero past a leaf's end) with the validity mask (row-major).
+    fn log_probs<B: Backend, M: Lm<B>>(
+        self,
+        model: &M,
+        x: Tensor<B, 2>,
+        bias: Option<&Tensor<B, 1>>,
+        temperature: f64,
+        lmax: usize,
+        device: &B::Device,
+    ) -> (Tensor<B, 2>, Vec<bool>) {
+        let n_tok = self.at.len();
+        let picked = x.select(0, int_tensor::<B, 1>(self.at, [n_tok], device));
+        let mut logits = model.head(picked);
+        if temperature != 1.0 {
+            logits = logits.div_scalar(temperature);
+        }
+        if let Some(bias) = bias {
+            logits = logits + bias.clone().unsqueeze_dim(0);
+        }
+        let lp =
+            log_softmax(logits, 1).gather(1, int_tensor::<B, 2>(self.target, [n_tok, 1], device));
+        let n = self.counts.len();
+        let mut valid = vec![false; n * lmax];
+        let mut idx = Vec::with_capacity(n * lmax);
+        let mut flat = 0usize;
+        for (i, &c) in self.counts.iter().enumerate() {
+            valid[i * lmax..i * lmax + c]
+                .iter_mut()
+                .for_each(|v| *v = true);
+            // Past a leaf's end: any of its scored tokens, masked to zero below.
+            idx.extend((0..lmax).map(|j| (flat + j.min(c - 1)) as i64));
+            flat += c;
+        }
+        let hide = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
+        let out = lp
+            .reshape([n_tok])
+            .select(0, int_tensor::<B, 1>(idx, [n * lmax], device))
+            .reshape([n, lmax])
+            .mask_fill(hide, 0.0);
+        (out, valid)
     }
-    if let Some(bias) = bias {
-        logits = logits + bias.clone().unsqueeze_dim(0);
-    }
-    let lp = log_softmax(logits, 1).gather(1, int_tensor::<B, 2>(target, [n_tok, 1], device));
-    // Scatter the flat scored tokens into `[leaves, lmax]`.
-    let n = scored.len();
-    let mut idx = Vec::with_capacity(n * lmax);
-    let mut flat = 0usize;
-    for &c in &scored {
-        // Past a leaf's end: any scored token (masked by the caller).
-        idx.extend((0..lmax).map(|j| (flat + j.min(c - 1)) as i64));
-        flat += c;
-    }
-    lp.reshape([n_tok])
-        .select(0, int_tensor::<B, 1>(idx, [n * lmax], device))
-        .reshape([n, lmax])
 }
 
 /// The length of the longest common prefix of two token sequences.
@@ -555,29 +586,13 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
             .select(0, int_tensor::<B, 1>(last_at, [b], device)),
     );
     let leaf_lp = (!scored.is_empty()).then(|| {
-        let n_tok = at.len();
-        let picked = x.select(0, int_tensor::<B, 1>(at, [n_tok], device));
-        let lp = log_softmax(model.head(picked), 1)
-            .gather(1, int_tensor::<B, 2>(target, [n_tok, 1], device));
-        let n = scored.len();
         let lmax = scored.iter().copied().max().unwrap_or(1);
-        let mut valid = vec![false; n * lmax];
-        let mut idx = Vec::with_capacity(n * lmax);
-        let mut flat = 0usize;
-        for (i, &c) in scored.iter().enumerate() {
-            valid[i * lmax..i * lmax + c]
-                .iter_mut()
-                .for_each(|v| *v = true);
-            idx.extend((0..lmax).map(|j| (flat + j.min(c - 1)) as i64));
-            flat += c;
-        }
-        let hide = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
-        let out = lp
-            .reshape([n_tok])
-            .select(0, int_tensor::<B, 1>(idx, [n * lmax], device))
-            .reshape([n, lmax])
-            .mask_fill(hide, 0.0);
-        (out, valid)
+        let scoring = Scored {
+            at,
+            target,
+            counts: scored,
+        };
+        scoring.log_probs(model, x, None, 1.0, lmax, device)
     });
     // Each prompt's own keys/values: its reused prefix, then its computed suffix.
     let mut own: Vec<SeqCache<B>> = prompts

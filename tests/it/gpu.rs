@@ -4,11 +4,10 @@
 //! log-probabilities on `cuda` and on the CPU within 1e-3 (absolute, f32 kernels that sum in
 //! another order), for tiny Llama, Qwen2 and Qwen3 models; and a `cuda` iteration commits.
 
-use rla_pipe::model::hf::{HfArch, weights};
 use rla_pipe::model::tree::{TreeRow, tree_logprobs};
 use rla_pipe::model::{Cpu, Gpu, policy};
 
-use crate::hf::{ARCHS, tiny_model};
+use crate::hf::{ARCHS, load_on, tiny_model};
 use crate::{Fixture, GRIDNAV, SMALL_GRIDNAV};
 
 fn rows() -> Vec<TreeRow> {
@@ -31,10 +30,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
-        let a = HfArch::from_dir(&dir).unwrap();
-        let files = weights::weight_files(&dir).unwrap();
-        let cpu = weights::load::<Cpu>(&a, &files, &Default::default()).unwrap();
-        let gpu = weights::load::<Gpu>(&a, &files, &Default::default()).unwrap();
+        let (cpu, gpu) = (load_on::<Cpu>(&dir), load_on::<Gpu>(&dir));
         let (lc, valid) = tree_logprobs(&cpu, &rows(), None, 1.0, &Default::default());
         let (lg, _) = tree_logprobs(&gpu, &rows(), None, 1.0, &Default::default());
         let (lc, lg) = (policy::to_host(lc), policy::to_host(lg));

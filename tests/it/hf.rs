@@ -161,9 +161,14 @@ pub(crate) fn tiny_model(dir: &Path, arch: &str, dtype: &str) -> serde_json::Val
 }
 
 pub(crate) fn load(dir: &Path) -> CausalLm<Cpu> {
+    load_on(dir)
+}
+
+/// A model directory on any backend's default device.
+pub(crate) fn load_on<B: burn::tensor::backend::Backend>(dir: &Path) -> CausalLm<B> {
     let arch = HfArch::from_dir(dir).unwrap();
     let files = weights::weight_files(dir).unwrap();
-    weights::load::<Cpu>(&arch, &files, &Default::default()).unwrap()
+    weights::load::<B>(&arch, &files, &Default::default()).unwrap()
 }
 
 fn logits(model: &CausalLm<Cpu>, seqs: &[Vec<u32>]) -> Vec<f32> {

@@ -11,7 +11,6 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
 use rla_pipe::model::checkpoint::Checkpoint;
-use rla_pipe::model::hf::{HfArch, weights};
 use rla_pipe::model::lm::{Lm, padded_inputs};
 use rla_pipe::model::policy::{self, Decision};
 use rla_pipe::model::transformer::{ModelConfig, bool_tensor, int_tensor};
@@ -19,7 +18,7 @@ use rla_pipe::model::tree::{pack, tree_logprobs};
 use rla_pipe::model::{AnyLm, CpuTrain};
 
 use crate::Fixture;
-use crate::hf::{ARCHS, tiny_model};
+use crate::hf::{ARCHS, load_on, tiny_model};
 
 type B = CpuTrain;
 
@@ -236,9 +235,6 @@ fn packed_prefix_trees_equal_independent_sequences_on_every_model_family() {
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
-        let a = HfArch::from_dir(&dir).unwrap();
-        let files = weights::weight_files(&dir).unwrap();
-        let model = weights::load::<B>(&a, &files, &dev).unwrap();
-        check(arch, &AnyLm::Hf(model));
+        check(arch, &AnyLm::Hf(load_on::<B>(&dir)));
     }
 }
