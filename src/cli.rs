@@ -236,7 +236,9 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
     },
     /// Write a trained model of a run as a Hugging Face directory (config.json, tokenizer files,
     /// model.safetensors) that `transformers` loads as it is; the run must have started from a
-    /// pretrained model (`policy.init` / `reward_model.init = "hf:DIR"`).
+    /// pretrained model (`policy.init` / `reward_model.init = "hf:DIR"`). A run that trained
+    /// low-rank adapters (`*.lora`) exports a PEFT adapter directory (adapter_config.json,
+    /// adapter_model.safetensors), or with `--merge` the model with the adapters folded in.
     Export {
         #[command(flatten)]
         store: StoreArgs,
@@ -250,6 +252,10 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         /// The directory to write (must not exist or be empty).
         #[arg(long)]
         out: PathBuf,
+        /// Adapters: write the base model with them merged into its weights (a Hugging Face
+        /// model directory) instead of the PEFT adapter directory.
+        #[arg(long)]
+        merge: bool,
     },
     /// Pretrained Hugging Face models (Llama, Qwen2, Qwen3): inspect a model directory, or
     /// generate text with it.
@@ -553,7 +559,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             iter,
             model,
             out,
-        } => export(&store, &run, iter, model, &out).await?,
+            merge,
+        } => export(&store, &run, iter, model, &out, merge).await?,
         Command::Init { dir } => init(&dir)?,
     }
     Ok(ExitCode::SUCCESS)
@@ -1228,6 +1235,7 @@ async fn export(
     iter: u32,
     role: ModelRole,
     out: &std::path::Path,
+    merge: bool,
 ) -> Result<()> {
     let name = match role {
         ModelRole::Policy => crate::model::POLICY,
@@ -1265,9 +1273,34 @@ async fn export(
             dir.display()
         );
     }
-    let files = hf::export_dir(&dir, &ck.bytes, out)?;
+    // The run's own settings say whether it trained adapters.
+    let config: crate::config::Config = serde_json::from_value(ck.run.config.clone())
+        .with_context(|| {
+            format!("run {run:?}: run.json's config does not parse with this build")
+        })?;
+    let lora = crate::model::hf::lora::LoraSpec::of(if name == crate::model::POLICY {
+        &config.policy.lora
+    } else {
+        &config.reward_model.lora
+    });
+    let (files, what) = match &lora {
+        Some(spec) if merge => (
+            hf::export_merged_dir(&dir, spec, &ck.bytes, out)?,
+            "model with its adapters merged",
+        ),
+        Some(spec) => (
+            hf::export_adapter_dir(&dir.display().to_string(), spec, &ck.bytes, out)?,
+            "adapters (PEFT)",
+        ),
+        None => (hf::export_dir(&dir, &ck.bytes, out)?, "model"),
+    };
+    if merge && lora.is_none() {
+        eprintln!(
+            "note: run {run:?} fine-tuned the whole {name} model; --merge has nothing to merge"
+        );
+    }
     println!(
-        "wrote {} ({}): the {name} model after {} of iteration {} ({})",
+        "wrote {} ({}): the {name} {what} after {} of iteration {} ({})",
         out.display(),
         files.join(", "),
         ck.stage,

@@ -498,7 +498,9 @@ impl Engine {
                         tables: vec![name.to_string()],
                         path: a.path.clone(),
                         digest: a.digest.clone(),
-                        source: None,
+                        // A pretrained model's checkpoint builds on the weights the run
+                        // started from (an adapter needs them): their directory and blake3.
+                        source: self.models.get(name).cloned(),
                     };
                     (
                         load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,

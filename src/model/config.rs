@@ -109,6 +109,8 @@ pub struct PolicyConfig {
     /// `generate`: ask for step-by-step reasoning before the `\boxed{index}` answer (the
     /// reference's prompt); `false` asks for the answer alone.
     pub reasoning: bool,
+    /// Low-rank adapters (a pretrained model; off by default).
+    pub lora: LoraConfig,
 }
 
 impl Default for PolicyConfig {
@@ -128,6 +130,7 @@ impl Default for PolicyConfig {
             max_tokens: 256,
             top_p: 1.0,
             reasoning: true,
+            lora: LoraConfig::default(),
         }
     }
 }
@@ -163,6 +166,8 @@ pub struct RewardModelConfig {
     /// reply where the model closes it. Empty (default): the reply is the model's own, as in
     /// the reference implementation.
     pub reply_prefix: String,
+    /// Low-rank adapters (a pretrained model; off by default), as `policy.lora`.
+    pub lora: LoraConfig,
 }
 
 impl Default for RewardModelConfig {
@@ -180,7 +185,93 @@ impl Default for RewardModelConfig {
             tokenizer: String::new(),
             init: String::new(),
             reply_prefix: String::new(),
+            lora: LoraConfig::default(),
         }
+    }
+}
+
+/// `policy.lora` / `reward_model.lora`: low-rank adapters on a pretrained model (off while
+/// `rank` is 0). Only the adapters train; the base weights stay frozen (no gradients, no
+/// optimizer state) and the store's checkpoints are the adapters alone (PEFT's key names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraConfig {
+    /// r, the adapters' rank (0 = off: full fine-tuning).
+    pub rank: usize,
+    /// α: an adapter's output is scaled by α / r (PEFT's `lora_alpha`).
+    pub alpha: f64,
+    /// Must be 0: rla-pipe trains adapters without dropout (a replay re-executes every step).
+    pub dropout: f64,
+    /// The projections that get an adapter, by their Hugging Face names.
+    pub targets: Vec<String>,
+}
+
+/// The projections [`LoraConfig::targets`] may name.
+pub const LORA_TARGETS: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+impl Default for LoraConfig {
+    fn default() -> Self {
+        LoraConfig {
+            rank: 0,
+            alpha: 16.0,
+            dropout: 0.0,
+            targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+}
+
+impl LoraConfig {
+    /// Whether adapters are on.
+    pub fn enabled(&self) -> bool {
+        self.rank > 0
+    }
+
+    /// The section's own checks (keys `<section>.lora.*`); `pretrained`: the role starts from
+    /// a pretrained model.
+    pub fn validate(&self, section: &str, pretrained: bool, c: &mut Checks) {
+        if !self.enabled() {
+            return;
+        }
+        c.check(
+            pretrained,
+            &format!("{section}.lora.rank"),
+            format!("adapters need a pretrained model ({section}.init = \"hf:DIR\")"),
+        );
+        c.check(
+            self.rank <= 1024,
+            &format!("{section}.lora.rank"),
+            "must be 0 (off) or 1..=1024",
+        );
+        c.check(
+            self.alpha > 0.0 && self.alpha.is_finite(),
+            &format!("{section}.lora.alpha"),
+            "must be positive",
+        );
+        c.check(
+            self.dropout == 0.0,
+            &format!("{section}.lora.dropout"),
+            "must be 0: adapters train without dropout, so that a replay re-executes every step",
+        );
+        let unknown: Vec<&String> = self
+            .targets
+            .iter()
+            .filter(|t| !LORA_TARGETS.contains(&t.as_str()))
+            .collect();
+        c.check(
+            unknown.is_empty() && !self.targets.is_empty(),
+            &format!("{section}.lora.targets"),
+            format!(
+                "{unknown:?}: each must be one of {LORA_TARGETS:?}, and at least one is needed"
+            ),
+        );
     }
 }
 
@@ -281,6 +372,7 @@ impl PolicyConfig {
             "policy.top_p",
             "must be in (0, 1]",
         );
+        self.lora.validate("policy", self.pretrained(), c);
         validate_shape(
             "policy",
             (
@@ -337,6 +429,7 @@ impl RewardModelConfig {
             "reward_model.reply_prefix",
             "needs a pretrained reward model (reward_model.init = \"hf:DIR\")",
         );
+        self.lora.validate("reward_model", self.pretrained(), c);
     }
 }
 
@@ -374,6 +467,19 @@ pub struct UpdateConfig {
     /// gradient up to float summation order; the warm start too). Bounds the autodiff graph's
     /// memory. 0: no limit (each minibatch in one pass).
     pub micro_batch_tokens: usize,
+    /// How a fully fine-tuned pretrained model's checkpoints are stored: `f32` (exact) or
+    /// `bf16` (half the bytes; the next iteration and a replay start from the rounded weights,
+    /// so a run stays replayable, but updates smaller than bf16's resolution, ~0.4% of a
+    /// weight, are lost at every checkpoint). Adapters (`*.lora`) are always f32.
+    pub checkpoint_dtype: CheckpointDtype,
+}
+
+/// `update.checkpoint_dtype`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckpointDtype {
+    F32,
+    Bf16,
 }
 
 /// `update.logprob_temperature`.
@@ -409,6 +515,7 @@ impl Default for UpdateConfig {
             log_ratio_clamp: 10.0,
             logprob_temperature: LogprobTemperature::One,
             micro_batch_tokens: 0,
+            checkpoint_dtype: CheckpointDtype::F32,
         }
     }
 }

@@ -201,7 +201,9 @@ pub trait Lm<B: Backend> {
     }
 }
 
-/// Either model family, as the stages hold it.
+/// Either model family, as the stages hold it (one per stage: the size of the enum is
+/// immaterial next to the weights behind it).
+#[allow(clippy::large_enum_variant)]
 #[derive(burn::module::Module, Debug)]
 pub enum AnyLm<B: Backend> {
     /// rla-pipe's small transformer.

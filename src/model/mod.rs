@@ -9,9 +9,10 @@
 //! `ndarray` adds `run.device = "ndarray"` (burn's ndarray CPU backend), for comparing the two
 //! CPU backends on our model (README, Benchmarks).
 //!
-//! Checkpoints ([`checkpoint`] for the small model, f32 safetensors in the Hugging Face layout for
-//! pretrained ones: [`Weights`]) are bytes with a fixed layout, so equal weights give equal bytes
-//! and the engine can store them content-addressed and verify their digests.
+//! Checkpoints ([`checkpoint`] for the small model, f32 (or bf16) safetensors in the Hugging Face
+//! layout for fully fine-tuned pretrained ones, PEFT adapter files for adapters: [`Weights`])
+//! are bytes with a fixed layout, so equal weights give equal bytes and the engine can store
+//! them content-addressed and verify their digests.
 
 pub mod checkpoint;
 pub mod config;
@@ -30,8 +31,8 @@ pub mod tree;
 use crate::error::{Error, Result};
 pub use checkpoint::Checkpoint;
 pub use config::{
-    ActionMode, ActionScore, Device, Init, LogprobTemperature, PolicyConfig, PolicyKind,
-    RewardModelConfig, UpdateConfig,
+    ActionMode, ActionScore, CheckpointDtype, Device, Init, LogprobTemperature, LoraConfig,
+    PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
 };
 pub use lm::{AnyLm, Lm};
 pub use prompt::{StepRow, Trajectory};
@@ -122,6 +123,12 @@ pub struct ModelSpec {
     /// Reward model with a pretrained model: text that opens its reply, part of the prompt
     /// (`reward_model.reply_prefix`); empty otherwise.
     pub reply_prefix: String,
+    /// A pretrained model with low-rank adapters (`<section>.lora`): only they train, and its
+    /// checkpoints are the adapters alone.
+    pub lora: Option<hf::lora::LoraSpec>,
+    /// How a fully fine-tuned pretrained model's checkpoints are stored
+    /// (`update.checkpoint_dtype`).
+    pub checkpoint_dtype: CheckpointDtype,
 }
 
 /// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
@@ -135,16 +142,36 @@ pub struct GenerateSettings {
 /// A role's weights as the store holds them.
 pub enum Weights {
     Small(Checkpoint),
-    /// f32 safetensors in the Hugging Face key layout.
+    /// f32 (or bf16) safetensors in the Hugging Face key layout.
     Hf {
         arch: hf::HfArch,
         bytes: Vec<u8>,
     },
+    /// Low-rank adapters (a PEFT adapter file) over the pretrained model in `dir`.
+    Lora {
+        arch: hf::HfArch,
+        dir: std::path::PathBuf,
+        spec: hf::lora::LoraSpec,
+        adapter: Vec<u8>,
+    },
 }
 
 impl Weights {
-    /// The model on `device`.
+    /// The model on `device`, for inference: adapters are merged into the weights
+    /// (`W + (α/r)·A·B`, one matrix product per projection instead of three).
     pub fn to_model<B: burn::tensor::backend::Backend>(
+        &self,
+        device: &B::Device,
+    ) -> Result<AnyLm<B>> {
+        Ok(match self.to_trainable(device)? {
+            AnyLm::Hf(m) if m.lora.is_some() => AnyLm::Hf(hf::lora::merge(m)),
+            other => other,
+        })
+    }
+
+    /// The model on `device`, for training: with adapters, the base weights frozen and the
+    /// adapters apart.
+    pub fn to_trainable<B: burn::tensor::backend::Backend>(
         &self,
         device: &B::Device,
     ) -> Result<AnyLm<B>> {
@@ -152,6 +179,22 @@ impl Weights {
             Weights::Small(ck) => AnyLm::Small(ck.to_model(device)),
             Weights::Hf { arch, bytes } => {
                 AnyLm::Hf(hf::weights::load_bytes(arch, bytes, "checkpoint", device)?)
+            }
+            Weights::Lora {
+                arch,
+                dir,
+                spec,
+                adapter,
+            } => {
+                let files = hf::weights::weight_files(dir)?;
+                let base = hf::weights::load::<B>(arch, &files, device)?;
+                AnyLm::Hf(hf::lora::attach_bytes(
+                    base,
+                    spec,
+                    adapter,
+                    "checkpoint",
+                    device,
+                )?)
             }
         })
     }
@@ -161,6 +204,7 @@ impl Weights {
         match self {
             Weights::Small(ck) => ck.encode(),
             Weights::Hf { bytes, .. } => bytes::Bytes::from(bytes.clone()),
+            Weights::Lora { adapter, .. } => bytes::Bytes::from(adapter.clone()),
         }
     }
 }
@@ -220,6 +264,11 @@ impl ModelSpec {
                 )));
             }
             let digest = hf::directory_digest(&dir)?;
+            let lora = hf::lora::LoraSpec::of(if role == POLICY {
+                &policy.lora
+            } else {
+                &reward_model.lora
+            });
             let generate = (role == POLICY && policy.action_mode == ActionMode::Generate)
                 .then_some(GenerateSettings {
                     max_tokens: policy.max_tokens,
@@ -250,6 +299,8 @@ impl ModelSpec {
                 } else {
                     String::new()
                 },
+                lora,
+                checkpoint_dtype: CheckpointDtype::F32,
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -270,6 +321,8 @@ impl ModelSpec {
             hf: None,
             generate: None,
             reply_prefix: String::new(),
+            lora: None,
+            checkpoint_dtype: CheckpointDtype::F32,
         })
     }
 
@@ -411,6 +464,29 @@ impl ModelSpec {
                     h.dir.display()
                 )));
             }
+            if let Some(spec) = &self.lora {
+                let (_, base) = hf::lora::decode(bytes, "checkpoint")?;
+                if base != h.digest {
+                    return Err(Error::Model(format!(
+                        "the {} checkpoint is an adapter trained on base weights blake3:{}; {} \
+                         now holds blake3:{} — restore the base model the run started from",
+                        self.role,
+                        if base.is_empty() {
+                            "(not recorded: not an adapter)"
+                        } else {
+                            &base
+                        },
+                        h.dir.display(),
+                        h.digest
+                    )));
+                }
+                return Ok(Weights::Lora {
+                    arch: h.arch.clone(),
+                    dir: h.dir.clone(),
+                    spec: spec.clone(),
+                    adapter: bytes.to_vec(),
+                });
+            }
             let mut headers = std::collections::BTreeMap::new();
             hf::weights::check_bytes(bytes, &mut headers)?;
             hf::weights::check_tensors(&h.arch, &headers)?;
@@ -434,23 +510,43 @@ impl ModelSpec {
         &self,
         model: &AnyLm<B>,
     ) -> Result<Weights> {
-        Ok(match model {
-            AnyLm::Small(m) => Weights::Small(Checkpoint::from_model(self.role, &self.config, m)),
-            AnyLm::Hf(m) => Weights::Hf {
+        Ok(match (model, &self.hf) {
+            (AnyLm::Small(m), _) => {
+                Weights::Small(Checkpoint::from_model(self.role, &self.config, m))
+            }
+            (AnyLm::Hf(m), Some(h)) if m.lora.is_some() => Weights::Lora {
                 arch: m.arch.clone(),
-                bytes: hf::weights::to_safetensors(m)?,
+                dir: h.dir.clone(),
+                spec: m.lora.clone().expect("checked"),
+                adapter: hf::lora::to_bytes(m, &h.digest)?,
+            },
+            (AnyLm::Hf(m), _) => Weights::Hf {
+                arch: m.arch.clone(),
+                bytes: match self.checkpoint_dtype {
+                    CheckpointDtype::F32 => hf::weights::to_safetensors(m)?,
+                    CheckpointDtype::Bf16 => {
+                        hf::weights::to_bf16(&hf::weights::to_safetensors(m)?)?
+                    }
+                },
             },
         })
     }
 }
 
 /// The initial checkpoint of a spec: the seeded small transformer (the same bytes for the same
-/// spec and seed on every machine), or the pretrained model's weights as f32 safetensors.
+/// spec and seed on every machine), the pretrained model's weights as f32 safetensors, or —
+/// with adapters — fresh adapters seeded from `seed` (the model they start is the pretrained
+/// one: `B = 0`).
 pub fn initial_checkpoint(spec: &ModelSpec, seed: u64) -> Result<bytes::Bytes> {
     match &spec.hf {
         Some(h) => {
             let files = hf::weights::weight_files(&h.dir)?;
-            let model = hf::weights::load::<Cpu>(&h.arch, &files, &Default::default())?;
+            let dev = Default::default();
+            let model = hf::weights::load::<Cpu>(&h.arch, &files, &dev)?;
+            if let Some(lora) = &spec.lora {
+                let model = hf::lora::attach_fresh(model, lora, seed, &dev);
+                return Ok(bytes::Bytes::from(hf::lora::to_bytes(&model, &h.digest)?));
+            }
             Ok(bytes::Bytes::from(hf::weights::to_safetensors(&model)?))
         }
         None => Ok(Checkpoint::init(spec.role, &spec.config, seed).encode()),

@@ -214,7 +214,101 @@ pub fn parse(tok: &Tokenizer, tokens: &[u32]) -> (String, i8) {
     (words.join(" "), 0)
 }
 
+/// The sampling state of `m` judgements per prompt: row `r` is sample `r % m` of prompt
+/// `r / m` and draws from `derive_seed(seeds[r / m], r % m)`.
+struct Draws<'a> {
+    verdicts: Verdicts<'a>,
+    allowed: Vec<u32>,
+    stops: Vec<u32>,
+    temperature: f64,
+    rngs: Vec<Rng>,
+    /// Per row: tokens so far, their log-probability, finished.
+    out: Vec<(Vec<u32>, f64, bool)>,
+    m: usize,
+}
+
+impl<'a> Draws<'a> {
+    fn new(verdicts: Verdicts<'a>, vocab: usize, seeds: &[u64], m: usize, t: f64) -> Self {
+        let rngs: Vec<Rng> = (0..seeds.len() * m)
+            .map(|r| Rng::new(derive_seed(seeds[r / m], &[&(r % m).to_string()])))
+            .collect();
+        Draws {
+            verdicts,
+            allowed: verdicts
+                .allowed()
+                .unwrap_or_else(|| (0..vocab as u32).collect()),
+            stops: verdicts.stops(),
+            temperature: t,
+            out: vec![(Vec::new(), 0.0, false); rngs.len()],
+            rngs,
+            m,
+        }
+    }
+
+    /// One token for every live row from its next-token logits (`logits(r)`); returns what
+    /// each row feeds next (the pad token for a finished row).
+    fn step<'l>(&mut self, logits: impl Fn(usize) -> &'l [f32]) -> Vec<i64> {
+        let pad = self.verdicts.pad() as i64;
+        let mut fed = Vec::with_capacity(self.out.len());
+        for r in 0..self.out.len() {
+            let (tokens, lp, done) = &mut self.out[r];
+            if *done {
+                fed.push(pad);
+                continue;
+            }
+            let row = logits(r);
+            let z: Vec<f64> = self
+                .allowed
+                .iter()
+                .map(|id| f64::from(row[*id as usize]) / self.temperature)
+                .collect();
+            let mx = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = mx + z.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
+            let u = self.rngs[r].unit();
+            let mut acc = 0.0;
+            let mut pick = self.allowed.len() - 1;
+            for (k, x) in z.iter().enumerate() {
+                acc += (x - lse).exp();
+                if u < acc {
+                    pick = k;
+                    break;
+                }
+            }
+            let t = self.allowed[pick];
+            tokens.push(t);
+            *lp += z[pick] - lse;
+            *done = self.stops.contains(&t) || self.verdicts.closed(tokens);
+            fed.push(t as i64);
+        }
+        fed
+    }
+
+    fn live(&self) -> usize {
+        self.out.iter().filter(|o| !o.2).count()
+    }
+
+    /// The judgements, per prompt.
+    fn finish(self) -> Vec<Vec<Judgement>> {
+        let mut per_prompt: Vec<Vec<Judgement>> = (0..self.out.len() / self.m.max(1))
+            .map(|_| Vec::with_capacity(self.m))
+            .collect();
+        for (r, (tokens, lp, _)) in self.out.into_iter().enumerate() {
+            let (reasoning, score) = self.verdicts.judge(&tokens);
+            per_prompt[r / self.m].push(Judgement {
+                tokens,
+                reasoning,
+                score,
+                logprob: lp,
+            });
+        }
+        per_prompt
+    }
+}
+
 /// `m` judgements for each prompt; sample `j` of prompt `p` draws from `derive_seed(seeds[p], j)`.
+/// The prompt's cache is copied to each of its samples (rla-pipe's small model: the committed
+/// numbers of its runs come from this computation); a pretrained model uses
+/// [`generate_shared`].
 #[allow(clippy::too_many_arguments)]
 pub fn generate<B: Backend, M: Lm<B>>(
     model: &M,
@@ -226,10 +320,6 @@ pub fn generate<B: Backend, M: Lm<B>>(
     temperature: f64,
     device: &B::Device,
 ) -> Vec<Vec<Judgement>> {
-    let allowed = verdicts
-        .allowed()
-        .unwrap_or_else(|| (0..model.vocab() as u32).collect());
-    let (stops, pad) = (verdicts.stops(), verdicts.pad());
     let (last, cache, lens) = model.encode(prompts, device);
     let rows: Vec<usize> = (0..prompts.len())
         .flat_map(|p| std::iter::repeat_n(p, m))
@@ -239,45 +329,12 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let mut cache = cache.select_rows(&rows, device);
     let row_idx = int_tensor::<B, 1>(rows.iter().map(|r| *r as i64).collect(), [n], device);
     let mut logits = last.select(0, row_idx);
-    let mut rngs: Vec<Rng> = rows
-        .iter()
-        .enumerate()
-        .map(|(i, p)| Rng::new(derive_seed(seeds[*p], &[&(i % m).to_string()])))
-        .collect();
-    let mut out: Vec<(Vec<u32>, f64, bool)> = vec![(Vec::new(), 0.0, false); n];
+    let mut draws = Draws::new(verdicts, model.vocab(), seeds, m, temperature);
     let ctx = model.context();
     for g in 0..max_tokens {
         let host = to_host(logits.clone());
-        let mut fed = Vec::with_capacity(n);
-        for (r, row) in host.iter().enumerate() {
-            let (tokens, lp, done) = &mut out[r];
-            if *done {
-                fed.push(pad as i64);
-                continue;
-            }
-            let z: Vec<f64> = allowed
-                .iter()
-                .map(|id| f64::from(row[*id as usize]) / temperature)
-                .collect();
-            let mx = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let lse = mx + z.iter().map(|x| (x - mx).exp()).sum::<f64>().ln();
-            let u = rngs[r].unit();
-            let mut acc = 0.0;
-            let mut pick = allowed.len() - 1;
-            for (k, x) in z.iter().enumerate() {
-                acc += (x - lse).exp();
-                if u < acc {
-                    pick = k;
-                    break;
-                }
-            }
-            let t = allowed[pick];
-            tokens.push(t);
-            *lp += z[pick] - lse;
-            *done = stops.contains(&t) || verdicts.closed(tokens);
-            fed.push(t as i64);
-        }
-        if g + 1 == max_tokens || out.iter().all(|o| o.2) {
+        let fed = draws.step(|r| &host[r]);
+        if g + 1 == max_tokens || draws.live() == 0 {
             break;
         }
         let mut pos = Vec::with_capacity(n);
@@ -289,7 +346,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
             mask.extend(std::iter::repeat_n(false, g + 1));
         }
         let v = model.vocab();
-        super::count::record(out.iter().filter(|o| !o.2).count(), 0);
+        super::count::record(draws.live(), 0);
         logits = model
             .forward(
                 int_tensor(fed, [n, 1], device),
@@ -299,18 +356,68 @@ pub fn generate<B: Backend, M: Lm<B>>(
             )
             .reshape([n, v]);
     }
-    let mut per_prompt: Vec<Vec<Judgement>> =
-        (0..prompts.len()).map(|_| Vec::with_capacity(m)).collect();
-    for (r, (tokens, lp, _)) in out.into_iter().enumerate() {
-        let (reasoning, score) = verdicts.judge(&tokens);
-        per_prompt[rows[r]].push(Judgement {
-            tokens,
-            reasoning,
-            score,
-            logprob: lp,
-        });
+    draws.finish()
+}
+
+/// [`generate`] from prompts already encoded ([`Lm::encode`]'s or
+/// [`encode_reusing`](super::tree::encode_reusing)'s next-token logits `[prompts, vocab]`, batch
+/// cache and prompt lengths), without copying a prompt's keys per sample: each prompt stays
+/// one row, and every step feeds its m samples' tokens side by side, each seeing the prompt and
+/// its own earlier tokens (a tree mask over the keys `[prompt | step 0's m tokens | step 1's
+/// …]`). Same draws as [`generate`]; the numbers differ from it only in the order of
+/// floating-point sums.
+#[allow(clippy::too_many_arguments)]
+pub fn generate_shared<B: Backend, M: Lm<B>>(
+    model: &M,
+    verdicts: Verdicts<'_>,
+    last: Tensor<B, 2>,
+    mut cache: super::transformer::KvCache<B>,
+    lens: &[usize],
+    seeds: &[u64],
+    m: usize,
+    max_tokens: usize,
+    temperature: f64,
+    device: &B::Device,
+) -> Vec<Vec<Judgement>> {
+    let p = lens.len();
+    let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let v = model.vocab();
+    let ctx = model.context();
+    let mut draws = Draws::new(verdicts, v, seeds, m, temperature);
+    if max_tokens == 0 {
+        return draws.finish();
     }
-    per_prompt
+    // Step 0 reads each prompt's own next-token logits, once for its m samples.
+    let first = to_host(last);
+    let mut fed = draws.step(|r| &first[r / m]);
+    for g in 0..max_tokens.saturating_sub(1) {
+        if draws.live() == 0 {
+            break;
+        }
+        let keys = tp + m * (g + 1);
+        let mut pos = Vec::with_capacity(p * m);
+        let mut mask = vec![true; p * m * keys];
+        for (row, &plen) in lens.iter().enumerate() {
+            for j in 0..m {
+                pos.push(((plen + g).min(ctx - 1)) as i64);
+                let at = (row * m + j) * keys;
+                mask[at..at + plen].iter_mut().for_each(|x| *x = false);
+                (0..=g).for_each(|s| mask[at + tp + s * m + j] = false);
+            }
+        }
+        super::count::record(draws.live(), 0);
+        let logits = model
+            .forward(
+                int_tensor(fed, [p, m], device),
+                int_tensor(pos, [p, m], device),
+                bool_tensor(mask, [p, m, keys], device),
+                Some(&mut cache),
+            )
+            .reshape([p * m, v]);
+        let host = to_host(logits);
+        fed = draws.step(|r| &host[r]);
+    }
+    draws.finish()
 }
 
 #[cfg(test)]

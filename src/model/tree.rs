@@ -616,34 +616,41 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
             o.layers.push((row(k), row(v)));
         }
     }
-    let batch = want_batch.then(|| {
-        // The batch cache in `encode`'s layout.
-        let tmax = lens.iter().copied().max().unwrap_or(1);
-        let mut batch = KvCache { layers: Vec::new() };
-        for l in 0..cache.layers.len() {
-            let pad = |t: &Tensor<B, 4>| {
-                let [_, kv, len, hd] = t.dims();
-                if len < tmax {
-                    Tensor::cat(
-                        vec![t.clone(), Tensor::zeros([1, kv, tmax - len, hd], device)],
-                        2,
-                    )
-                } else {
-                    t.clone()
-                }
-            };
-            let ks = own.iter().map(|o| pad(&o.layers[l].0)).collect();
-            let vs = own.iter().map(|o| pad(&o.layers[l].1)).collect();
-            batch.layers.push((Tensor::cat(ks, 0), Tensor::cat(vs, 0)));
-        }
-        batch
-    });
+    let batch = want_batch.then(|| batch_cache(&own.iter().collect::<Vec<_>>(), device));
     Reused {
         last,
         batch,
         own,
         leaves: leaf_lp,
     }
+}
+
+/// Sequences' own caches side by side in [`Lm::encode`]'s layout: row `r` holds `own[r]`'s
+/// keys at `0 .. len_r`, right-padded with zeros to the longest.
+pub fn batch_cache<B: Backend>(
+    own: &[&SeqCache<B>],
+    device: &B::Device,
+) -> super::transformer::KvCache<B> {
+    let tmax = own.iter().map(|o| o.tokens.len()).max().unwrap_or(1);
+    let n_layers = own.first().map_or(0, |o| o.layers.len());
+    let mut batch = super::transformer::KvCache { layers: Vec::new() };
+    for l in 0..n_layers {
+        let pad = |t: &Tensor<B, 4>| {
+            let [_, kv, len, hd] = t.dims();
+            if len < tmax {
+                Tensor::cat(
+                    vec![t.clone(), Tensor::zeros([1, kv, tmax - len, hd], device)],
+                    2,
+                )
+            } else {
+                t.clone()
+            }
+        };
+        let ks = own.iter().map(|o| pad(&o.layers[l].0)).collect();
+        let vs = own.iter().map(|o| pad(&o.layers[l].1)).collect();
+        batch.layers.push((Tensor::cat(ks, 0), Tensor::cat(vs, 0)));
+    }
+    batch
 }
 
 #[cfg(test)]

@@ -51,6 +51,13 @@ pub(crate) fn write(
     let file = match weights {
         Weights::Small(_) => format!("{name}.ckpt"),
         Weights::Hf { .. } => format!("{name}.safetensors"),
+        // The adapters alone (PEFT's keys); the base model is `hf_dir`.
+        Weights::Lora { spec, .. } => {
+            data["lora"] = serde_json::json!({
+                "rank": spec.rank, "alpha": spec.alpha, "targets": spec.targets,
+            });
+            format!("{name}.adapter.safetensors")
+        }
     };
     data["weights"] = file.clone().into();
     std::fs::write(dir.join(file), weights.encode()).map_err(io)?;

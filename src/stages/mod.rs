@@ -41,7 +41,9 @@ use crate::model::ModelSpec;
 /// configured environment's vocabulary.
 pub fn model_spec(cfg: &Config, role: &str) -> Result<ModelSpec> {
     let words = crate::env::from_config(&cfg.env)?.vocabulary();
-    ModelSpec::for_role(role, &cfg.policy, &cfg.reward_model, &words)
+    let mut spec = ModelSpec::for_role(role, &cfg.policy, &cfg.reward_model, &words)?;
+    spec.checkpoint_dtype = cfg.update.checkpoint_dtype;
+    Ok(spec)
 }
 
 /// Run a stage's synchronous model work and report the tokens its models computed and reused

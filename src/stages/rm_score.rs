@@ -16,6 +16,7 @@ use crate::determinism::derive_seed;
 use crate::error::Result;
 use crate::model::count::halves;
 use crate::model::reward::{self, Judgement};
+use crate::model::tree::{self, SeqCache, encode_reusing};
 use crate::model::{Lm, ModelSpec, RM, Weights};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
@@ -26,12 +27,98 @@ pub struct RmScore;
 /// Steps judged per model call.
 const STEP_BATCH: usize = 256;
 
+/// Trajectories judged side by side by a pretrained reward model (each keeps its last prompt's
+/// keys and values between its steps).
+const TRAJ_BATCH: usize = 16;
+
+/// Most prompt keys (prompts × the longest, padding included) a pretrained reward model
+/// generates from at once: bounds the batch cache (SmolLM2-135M: 46 KB a key, 0.75 GB).
+const GEN_KEYS: usize = 16_384;
+
 /// RM prompts of every step of the given trajectories, in key order.
 fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Result<Vec<Vec<u32>>> {
     trajs
         .iter()
         .flat_map(|t| (0..t.steps.len()).map(move |i| spec.rm_prompt(max_tokens, t, i)))
         .collect()
+}
+
+/// A pretrained reward model's judgements of whole trajectories (`steps[t]` steps each; their
+/// prompts and seeds in key order). Each step's prompt reuses what it shares token by token
+/// with its trajectory's previous prompt ([`encode_reusing`], the trajectories' step `i` side
+/// by side); the encoded prompts then generate together, up to [`GEN_KEYS`] cached keys at a
+/// time, each prompt's m samples continuing from its keys without copies
+/// ([`reward::generate_shared`]). The batches depend on the data alone.
+#[allow(clippy::too_many_arguments)]
+fn judge_trajectories<B: burn::tensor::backend::Backend, M: Lm<B>>(
+    model: &M,
+    verdicts: reward::Verdicts<'_>,
+    prompts: &[Vec<u32>],
+    seeds: &[u64],
+    steps: &[usize],
+    m: usize,
+    max_tokens: usize,
+    temperature: f64,
+    device: &B::Device,
+) -> Vec<Vec<Judgement>> {
+    let mut starts = Vec::with_capacity(steps.len());
+    let mut at = 0;
+    for n in steps {
+        starts.push(at);
+        at += n;
+    }
+    let mut out: Vec<Vec<Judgement>> = vec![Vec::new(); prompts.len()];
+    // Encoded prompts waiting to generate: (prompt index, next-token logits, own cache).
+    let mut pending: Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)> = Vec::new();
+    let mut generate = |pending: &mut Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)>| {
+        if pending.is_empty() {
+            return;
+        }
+        let own: Vec<&SeqCache<B>> = pending.iter().map(|p| &p.2).collect();
+        let cache = tree::batch_cache(&own, device);
+        let lens: Vec<usize> = own.iter().map(|o| o.tokens.len()).collect();
+        let last = burn::tensor::Tensor::cat(pending.iter().map(|p| p.1.clone()).collect(), 0);
+        let s: Vec<u64> = pending.iter().map(|p| seeds[p.0]).collect();
+        let judged = reward::generate_shared(
+            model,
+            verdicts,
+            last,
+            cache,
+            &lens,
+            &s,
+            m,
+            max_tokens,
+            temperature,
+            device,
+        );
+        for (p, j) in pending.drain(..).zip(judged) {
+            out[p.0] = j;
+        }
+    };
+    let all: Vec<usize> = (0..steps.len()).collect();
+    for chunk in all.chunks(TRAJ_BATCH) {
+        let mut caches: Vec<Option<SeqCache<B>>> = vec![None; chunk.len()];
+        let rounds = chunk.iter().map(|&t| steps[t]).max().unwrap_or(0);
+        for i in 0..rounds {
+            let live: Vec<usize> = (0..chunk.len()).filter(|&c| steps[chunk[c]] > i).collect();
+            let idx: Vec<usize> = live.iter().map(|&c| starts[chunk[c]] + i).collect();
+            let ps: Vec<Vec<u32>> = idx.iter().map(|&k| prompts[k].clone()).collect();
+            let past: Vec<Option<&SeqCache<B>>> =
+                live.iter().map(|&c| caches[c].as_ref()).collect();
+            let (last, _, _, own) = encode_reusing(model, &ps, &past, device);
+            for (r, ((&c, &k), own)) in live.iter().zip(&idx).zip(own).enumerate() {
+                let row = last.clone().narrow(0, r, 1);
+                pending.push((k, row, own.clone()));
+                caches[c] = Some(own);
+            }
+            let longest = pending.iter().map(|p| p.2.tokens.len()).max().unwrap_or(0);
+            if pending.len() * longest >= GEN_KEYS {
+                generate(&mut pending);
+            }
+        }
+    }
+    generate(&mut pending);
+    out
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -41,6 +128,7 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     checkpoint: &Weights,
     prompts: &[Vec<u32>],
     seeds: &[u64],
+    steps: &[usize],
     m: usize,
     max_tokens: usize,
     temperature: f64,
@@ -48,27 +136,52 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     let model = checkpoint.to_model::<B>(device)?;
     let mut out = Vec::with_capacity(prompts.len());
     let mut seconds = Vec::new();
-    for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
+    // A pretrained model: its trajectories in two halves on two threads (each prompt's samples
+    // depend only on its own seeds and its trajectory's earlier prompts).
+    if model.packs_prefixes() {
         let t0 = std::time::Instant::now();
+        let mut starts = vec![0];
+        for n in steps {
+            starts.push(starts.last().unwrap() + n);
+        }
         let judge = |r: std::ops::Range<usize>| {
-            reward::generate(
+            let k = starts[r.start]..starts[r.end];
+            judge_trajectories(
                 &model,
                 spec.verdicts(),
-                &p[r.clone()],
-                &s[r],
+                &prompts[k.clone()],
+                &seeds[k],
+                &steps[r],
                 m,
                 max_tokens,
                 temperature,
                 device,
             )
         };
-        // A pretrained model's prompts in two halves on two threads (each prompt's samples
-        // depend only on its own seeds); the small transformer's numbers stay as committed.
-        if model.packs_prefixes() {
-            out.extend(halves(p.len(), judge).into_iter().flatten());
-        } else {
-            out.extend(judge(0..p.len()));
-        }
+        out.extend(halves(steps.len(), judge).into_iter().flatten());
+        seconds.push(t0.elapsed().as_secs_f64());
+    }
+    // rla-pipe's small model: STEP_BATCH steps per call (its committed numbers come from this).
+    let small = if model.packs_prefixes() {
+        0
+    } else {
+        prompts.len()
+    };
+    for (p, s) in prompts[..small]
+        .chunks(STEP_BATCH)
+        .zip(seeds[..small].chunks(STEP_BATCH))
+    {
+        let t0 = std::time::Instant::now();
+        out.extend(reward::generate(
+            &model,
+            spec.verdicts(),
+            p,
+            s,
+            m,
+            max_tokens,
+            temperature,
+            device,
+        ));
         seconds.push(t0.elapsed().as_secs_f64());
     }
     // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): the prompts, the sampled tokens
@@ -137,12 +250,22 @@ impl Stage for RmScore {
                 (0..t.steps.len()).map(|i| derive_seed(ctx.seed, &[&t.traj_id, &i.to_string()]))
             })
             .collect();
+        let steps: Vec<usize> = list.iter().map(|t| t.steps.len()).collect();
         let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
         let judged = super::counted(ctx, || {
             crate::on_backend!(
                 ctx.config.run.device,
                 infer,
-                judge_on(&spec, &ck, &prompts, &seeds, m, max_tokens, temperature)
+                judge_on(
+                    &spec,
+                    &ck,
+                    &prompts,
+                    &seeds,
+                    &steps,
+                    m,
+                    max_tokens,
+                    temperature
+                )
             )
         })?;
         let mut out = TableBuilder::new("rm_samples")?;

@@ -80,7 +80,7 @@ fn train_policy<B: AutodiffBackend>(
     seed: u64,
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device)?;
+    let model = ck.to_trainable::<B>(device)?;
     let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);
     let mut old = Vec::with_capacity(decisions.len());
@@ -216,7 +216,7 @@ fn train_responses<B: AutodiffBackend>(
     seed: u64,
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_model::<B>(device)?;
+    let model = ck.to_trainable::<B>(device)?;
     let vocab = spec.config.vocab;
     let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);

@@ -74,8 +74,9 @@ pub struct InputRef {
     pub path: String,
     /// blake3 of the input manifest's (or artifact's) bytes.
     pub digest: String,
-    /// `init` inputs of a model not seeded by rla-pipe: where it came from (`hf:DIR blake3:…`,
-    /// the digest of the model directory's weight files).
+    /// Checkpoint inputs (`init` and `artifact`) of a model not seeded by rla-pipe: the
+    /// pretrained weights it builds on (`hf:DIR blake3:…`, the digest of the model directory's
+    /// weight files) — an adapter checkpoint needs them to be a model.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<String>,
 }

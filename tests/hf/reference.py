@@ -8,6 +8,7 @@ numpy (safetensors is parsed by hand), so it shares no code with the Rust side.
 
 Usage:
     python3 tests/hf/reference.py MODEL_DIR IDS_JSON OUT_JSON [--greedy N] [--dtype f64|f32]
+                                  [--adapter PEFT_DIR]
 
 MODEL_DIR holds config.json and model.safetensors (or a sharded
 model.safetensors.index.json). IDS_JSON holds a JSON list of token-id lists
@@ -16,6 +17,11 @@ model.safetensors.index.json). IDS_JSON holds a JSON list of token-id lists
 for the given ids, plus "generated": [[ids]] (the N new tokens per sequence,
 full recompute each step) when --greedy N is given. Computation is float64
 unless --dtype f32.
+
+--adapter applies a PEFT LoRA adapter directory (adapter_config.json +
+adapter_model.safetensors) the way peft's LoraLayer does without dropout:
+y = x W^T + b + (lora_alpha / r) * (x A^T) B^T for every module named in
+target_modules, with the keys `base_model.model.<module>.lora_A.weight`.
 """
 import argparse
 import json
@@ -66,6 +72,26 @@ def load_weights(model_dir, dtype):
     return w
 
 
+def load_adapter(adapter_dir, dtype):
+    """PEFT adapter -> {module name: (A [r, in], B [out, r], scale)}."""
+    with open(os.path.join(adapter_dir, "adapter_config.json")) as f:
+        cfg = json.load(f)
+    if cfg.get("peft_type") != "LORA" or cfg.get("use_rslora") or cfg.get("use_dora"):
+        raise ValueError(f"unsupported adapter config {cfg}")
+    scale = cfg["lora_alpha"] / cfg["r"]
+    w = read_safetensors(os.path.join(adapter_dir, "adapter_model.safetensors"))
+    out = {}
+    for key, a in w.items():
+        if not key.endswith(".lora_A.weight"):
+            continue
+        module = key[len("base_model.model."):-len(".lora_A.weight")]
+        if module.split(".")[-1] not in cfg["target_modules"]:
+            raise ValueError(f"{key}: not a target module")
+        b = w[key.replace(".lora_A.", ".lora_B.")]
+        out[module] = (a.astype(dtype), b.astype(dtype), scale)
+    return out
+
+
 def rope_inv_freq(cfg, head_dim):
     # transformers < 5: rope_theta + rope_scaling; transformers >= 5 saves both in rope_parameters
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
@@ -89,7 +115,7 @@ def rope_inv_freq(cfg, head_dim):
 
 
 class Model:
-    def __init__(self, model_dir, dtype=np.float64):
+    def __init__(self, model_dir, dtype=np.float64, adapter=None):
         with open(os.path.join(model_dir, "config.json")) as f:
             cfg = json.load(f)
         self.arch = cfg["architectures"][0]
@@ -106,13 +132,18 @@ class Model:
         self.eps = cfg["rms_norm_eps"]
         self.inv_freq = rope_inv_freq(cfg, head_dim)
         self.w = load_weights(model_dir, dtype)
+        self.lora = load_adapter(adapter, dtype) if adapter else {}
         if cfg.get("tie_word_embeddings", False) or "lm_head.weight" not in self.w:
             self.w["lm_head.weight"] = self.w["model.embed_tokens.weight"]
 
     def linear(self, x, name):
         y = x @ self.w[name + ".weight"].T
         b = self.w.get(name + ".bias")  # q/k/v bias (Qwen2, Llama attention_bias), mlp_bias
-        return y if b is None else y + b
+        y = y if b is None else y + b
+        if name in self.lora:
+            a, bb, scale = self.lora[name]
+            y = y + scale * ((x @ a.T) @ bb.T)
+        return y
 
     def rms_norm(self, x, weight):
         var = np.mean(x * x, axis=-1, keepdims=True)
@@ -166,8 +197,9 @@ def main():
     ap.add_argument("out_json")
     ap.add_argument("--greedy", type=int, default=0, metavar="N")
     ap.add_argument("--dtype", choices=["f64", "f32"], default="f64")
+    ap.add_argument("--adapter", metavar="PEFT_DIR")
     a = ap.parse_args()
-    model = Model(a.model_dir, np.float64 if a.dtype == "f64" else np.float32)
+    model = Model(a.model_dir, np.float64 if a.dtype == "f64" else np.float32, a.adapter)
     with open(a.ids_json) as f:
         ids = np.array(json.load(f), dtype=np.int64)
     logits = model.forward(ids)

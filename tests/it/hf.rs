@@ -181,6 +181,11 @@ fn logits(model: &CausalLm<Cpu>, seqs: &[Vec<u32>]) -> Vec<f32> {
 
 /// Logits of the numpy reference: `[seq][pos][vocab]`, flattened.
 fn reference_logits(dir: &Path, seqs: &[Vec<u32>]) -> Vec<f64> {
+    reference_logits_with(dir, seqs, &[])
+}
+
+/// [`reference_logits`] with more arguments for the script (`--adapter DIR`).
+pub(crate) fn reference_logits_with(dir: &Path, seqs: &[Vec<u32>], extra: &[&str]) -> Vec<f64> {
     crate::python_packages("numpy", &["numpy"]);
     let ids = dir.join("ids.json");
     let out = dir.join("reference.json");
@@ -193,6 +198,7 @@ fn reference_logits(dir: &Path, seqs: &[Vec<u32>]) -> Vec<f64> {
             ids.to_str().unwrap(),
             out.to_str().unwrap(),
         ])
+        .args(extra)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));

@@ -12,6 +12,7 @@ mod frames;
 #[cfg(feature = "cuda")]
 mod gpu;
 mod hf;
+mod lora;
 mod models;
 mod prefix;
 mod readers;

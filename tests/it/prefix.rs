@@ -238,3 +238,82 @@ fn packed_prefix_trees_equal_independent_sequences_on_every_model_family() {
         check(arch, &AnyLm::Hf(load_on::<B>(&dir)));
     }
 }
+
+/// A reward model's m samples continuing from one shared prompt cache (a tree mask over the
+/// samples' tokens, [`reward::generate_shared`]) — also after the prompt reused the keys of
+/// an earlier prompt it extends ([`encode_reusing`]) — draw the same tokens as samples that
+/// each copy the prompt's cache ([`reward::generate`]), with log-probabilities equal to
+/// 1e-5 relative.
+fn check_shared_generation<M: Lm<B>>(name: &str, model: &M) {
+    use rla_pipe::model::reward::{self, Verdicts};
+    use rla_pipe::model::tokenizer::Tokenizer;
+    use rla_pipe::model::tree::encode_reusing;
+    let dev = Default::default();
+    let tok = Tokenizer::words(&[]);
+    let v = Verdicts::Words(&tok);
+    let (prompts, _) = samples();
+    let seeds: Vec<u64> = (0..prompts.len() as u64).map(|s| 40 + s).collect();
+    let (m, max_tokens, t) = (3, 6, 1.3);
+    let same = |a: &[Vec<reward::Judgement>], b: &[Vec<reward::Judgement>], what: &str| {
+        assert_eq!(a.len(), b.len());
+        for (x, y) in a.iter().flatten().zip(b.iter().flatten()) {
+            assert_eq!(x.tokens, y.tokens, "{name} {what}: tokens");
+            assert_eq!(x.score, y.score, "{name} {what}: verdict");
+            assert!(
+                (x.logprob - y.logprob).abs() <= 1e-5 * x.logprob.abs().max(1.0),
+                "{name} {what}: {} vs {}",
+                x.logprob,
+                y.logprob
+            );
+        }
+        // The draws are not degenerate: several lengths and tokens.
+        let lens: std::collections::BTreeSet<usize> =
+            a.iter().flatten().map(|j| j.tokens.len()).collect();
+        assert!(
+            lens.len() > 1,
+            "{name} {what}: every sample has length {lens:?}"
+        );
+    };
+    let copied = reward::generate(model, v, &prompts, &seeds, m, max_tokens, t, &dev);
+    let (last, cache, lens) = model.encode(&prompts, &dev);
+    let shared =
+        reward::generate_shared(model, v, last, cache, &lens, &seeds, m, max_tokens, t, &dev);
+    same(&copied, &shared, "fresh prompts");
+    // The next step's prompts extend these (one does not: it is encoded afresh).
+    let (_, _, _, own) = encode_reusing(model, &prompts, &vec![None; prompts.len()], &dev);
+    let mut next: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| [p.as_slice(), &[4, 19, 6]].concat())
+        .collect();
+    next[3] = vec![7, 7, 2];
+    let past: Vec<_> = own.iter().map(Some).collect();
+    let (last, cache, lens, _) = encode_reusing(model, &next, &past, &dev);
+    let shared =
+        reward::generate_shared(model, v, last, cache, &lens, &seeds, m, max_tokens, t, &dev);
+    let copied = reward::generate(model, v, &next, &seeds, m, max_tokens, t, &dev);
+    same(&copied, &shared, "prompts reusing the previous step's keys");
+}
+
+#[test]
+fn reward_samples_sharing_a_prompt_cache_equal_samples_with_copies() {
+    let dev = Default::default();
+    let f = Fixture::new();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        check_shared_generation(arch, &AnyLm::Hf(load_on::<B>(&dir)));
+    }
+    let small = Checkpoint::init(
+        "rm",
+        &ModelConfig {
+            vocab: 64,
+            d_model: 16,
+            layers: 2,
+            heads: 2,
+            context: 48,
+        },
+        5,
+    )
+    .to_model::<B>(&dev);
+    check_shared_generation("small transformer", &AnyLm::Small(small));
+}

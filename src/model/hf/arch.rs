@@ -16,6 +16,7 @@
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
 
 use super::config::HfArch;
+use super::lora::{LayerLora, LoraSpec, delta};
 use crate::model::lm::{Lm, padded_inputs};
 pub use crate::model::transformer::KvCache;
 use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
@@ -48,6 +49,8 @@ pub struct DecoderLayer<B: Backend> {
     pub self_attn: Attention<B>,
     pub post_attention_layernorm: RmsNorm<B>,
     pub mlp: Mlp<B>,
+    /// Low-rank adapters on this layer's projections ([`super::lora`]).
+    pub lora: Option<LayerLora<B>>,
 }
 
 #[derive(Module, Debug)]
@@ -65,6 +68,9 @@ pub struct CausalLm<B: Backend> {
     pub lm_head: Option<Linear<B>>,
     #[module(skip)]
     pub arch: HfArch,
+    /// The adapters' shape when the layers carry them ([`super::lora`]).
+    #[module(skip)]
+    pub lora: Option<LoraSpec>,
 }
 
 fn zeros<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
@@ -96,6 +102,28 @@ fn apply<B: Backend>(x: Tensor<B, 3>, l: &Linear<B>) -> Tensor<B, 3> {
         None => y,
     };
     y.reshape([b, t, out])
+}
+
+/// [`apply`] plus the layer's adapter on `target`, if any.
+fn proj<B: Backend>(
+    x: Tensor<B, 3>,
+    l: &Linear<B>,
+    layer: &DecoderLayer<B>,
+    target: &str,
+    scale: f32,
+) -> Tensor<B, 3> {
+    if layer.lora.is_none() {
+        return apply(x, l);
+    }
+    let [b, t, d] = x.dims();
+    let y = apply(x.clone(), l);
+    match delta(layer, target, x.reshape([b * t, d]), scale) {
+        Some(dy) => {
+            let out = y.dims()[2];
+            y + dy.reshape([b, t, out])
+        }
+        None => y,
+    }
 }
 
 /// Hugging Face's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin` on `[b, n, t, d]`, with
@@ -130,6 +158,7 @@ impl<B: Backend> CausalLm<B> {
                     up_proj: linear(a.hidden, a.intermediate, a.mlp_bias, device),
                     down_proj: linear(a.intermediate, a.hidden, a.mlp_bias, device),
                 },
+                lora: None,
             })
             .collect();
         CausalLm {
@@ -142,6 +171,7 @@ impl<B: Backend> CausalLm<B> {
             },
             lm_head: (!a.tied).then(|| linear(a.hidden, a.vocab, false, device)),
             arch: arch.clone(),
+            lora: None,
         }
     }
 
@@ -225,6 +255,7 @@ impl<B: Backend> CausalLm<B> {
             .filter(|c| !c.layers.is_empty())
             .map(|c| c.layers.clone());
         let mut fresh = Vec::with_capacity(a.layers);
+        let scale_lora = self.lora.as_ref().map_or(0.0, LoraSpec::scale);
         for (l, layer) in self.model.layers.iter().enumerate() {
             let att = &layer.self_attn;
             let normed = layer.input_layernorm.forward(x.clone());
@@ -236,9 +267,12 @@ impl<B: Backend> CausalLm<B> {
                 };
                 y.swap_dims(1, 2)
             };
-            let q = split(apply(normed.clone(), &att.q_proj), h, &att.q_norm);
-            let k = split(apply(normed.clone(), &att.k_proj), kv, &att.k_norm);
-            let v = split(apply(normed, &att.v_proj), kv, &None);
+            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
+                proj(x, lin, layer, target, scale_lora)
+            };
+            let q = split(p(normed.clone(), &att.q_proj, "q_proj"), h, &att.q_norm);
+            let k = split(p(normed.clone(), &att.k_proj, "k_proj"), kv, &att.k_norm);
+            let v = split(p(normed, &att.v_proj, "v_proj"), kv, &None);
             let (q, mut k, mut v) = (rope(q, &cos, &sin), rope(k, &cos, &sin), v);
             if let Some(layers) = &old {
                 let (ck, cv) = &layers[l];
@@ -254,11 +288,12 @@ impl<B: Backend> CausalLm<B> {
                 .reshape([b, h, t, hd])
                 .swap_dims(1, 2)
                 .reshape([b, t, h * hd]);
-            x = x + apply(out, &att.o_proj);
+            x = x + p(out, &att.o_proj, "o_proj");
             let normed = layer.post_attention_layernorm.forward(x.clone());
             let mlp = &layer.mlp;
-            let hidden = silu(apply(normed.clone(), &mlp.gate_proj)) * apply(normed, &mlp.up_proj);
-            x = x + apply(hidden, &mlp.down_proj);
+            let hidden = silu(p(normed.clone(), &mlp.gate_proj, "gate_proj"))
+                * p(normed, &mlp.up_proj, "up_proj");
+            x = x + p(hidden, &mlp.down_proj, "down_proj");
         }
         if let Some(c) = cache {
             c.layers = fresh;

@@ -8,11 +8,13 @@
 //! - [`weights`]: safetensors ↔ model through burn-store, checks naming tensor and shapes,
 //!   the weights' blake3 digest;
 //! - [`tokenizer`]: `tokenizer.json` + the chat template;
-//! - [`generate`]: batched sampling with the cache.
+//! - [`generate`]: batched sampling with the cache;
+//! - [`lora`]: low-rank adapters, PEFT's adapter files.
 
 pub mod arch;
 pub mod config;
 pub mod generate;
+pub mod lora;
 pub mod prompt;
 pub mod tokenizer;
 pub mod weights;
@@ -250,16 +252,86 @@ const CARRIED: [&str; 6] = [
 ];
 
 /// Write a Hugging Face model directory at `out` that `transformers` loads as it is: the
-/// architecture of `source` (its `config.json`, `torch_dtype` float32), `weights` (f32
-/// safetensors in the Hugging Face layout, checked against the architecture) as
-/// `model.safetensors`, and `source`'s tokenizer files. `out` must not exist or be empty; the
-/// files appear together (written to a sibling directory, then renamed).
+/// architecture of `source` (its `config.json`, `torch_dtype` float32), `weights` (f32 or bf16
+/// safetensors in the Hugging Face layout, checked against the architecture; bf16 is widened)
+/// as `model.safetensors`, and `source`'s tokenizer files. `out` must not exist or be empty;
+/// the files appear together (written to a sibling directory, then renamed).
 pub fn export_dir(source: &Path, weights: &[u8], out: &Path) -> Result<Vec<String>> {
-    use crate::error::Error;
     let arch = HfArch::from_dir(source)?;
     let mut headers = std::collections::BTreeMap::new();
     weights::check_bytes(weights, &mut headers)?;
     weights::check_tensors(&arch, &headers)?;
+    let widened;
+    let weights = if headers.values().any(|t| t.dtype != "F32") {
+        let m = weights::load_bytes::<crate::model::Cpu>(
+            &arch,
+            weights,
+            "checkpoint",
+            &Default::default(),
+        )?;
+        widened = weights::to_safetensors(&m)?;
+        &widened[..]
+    } else {
+        weights
+    };
+    let mut files = vec![
+        (
+            "config.json".to_string(),
+            arch.config_json("float32").into_bytes(),
+        ),
+        ("model.safetensors".to_string(), weights.to_vec()),
+    ];
+    for f in CARRIED {
+        let from = source.join(f);
+        if from.exists() {
+            let bytes = std::fs::read(&from)
+                .map_err(|e| crate::error::Error::Model(format!("{}: {e}", from.display())))?;
+            files.push((f.to_string(), bytes));
+        }
+    }
+    write_dir(out, files)
+}
+
+/// Write a PEFT adapter directory at `out` (`adapter_config.json`, `adapter_model.safetensors`)
+/// that `peft` loads onto the model in `source` (named in the config as `base`).
+pub fn export_adapter_dir(
+    base: &str,
+    spec: &lora::LoraSpec,
+    adapter: &[u8],
+    out: &Path,
+) -> Result<Vec<String>> {
+    lora::decode(adapter, "checkpoint")?;
+    write_dir(
+        out,
+        vec![
+            (
+                "adapter_config.json".to_string(),
+                lora::adapter_config(spec, base).into_bytes(),
+            ),
+            ("adapter_model.safetensors".to_string(), adapter.to_vec()),
+        ],
+    )
+}
+
+/// The model in `source` with the adapters of `adapter` folded into its weights, as a Hugging
+/// Face directory ([`export_dir`]).
+pub fn export_merged_dir(
+    source: &Path,
+    spec: &lora::LoraSpec,
+    adapter: &[u8],
+    out: &Path,
+) -> Result<Vec<String>> {
+    let arch = HfArch::from_dir(source)?;
+    let dev = Default::default();
+    let base = weights::load::<crate::model::Cpu>(&arch, &weights::weight_files(source)?, &dev)?;
+    let merged = lora::merge(lora::attach_bytes(base, spec, adapter, "checkpoint", &dev)?);
+    export_dir(source, &weights::to_safetensors(&merged)?, out)
+}
+
+/// Write `files` into a new directory `out` (it must not exist or be empty): into a sibling
+/// staging directory first, then renamed, so they appear together. Returns their names.
+fn write_dir(out: &Path, files: Vec<(String, Vec<u8>)>) -> Result<Vec<String>> {
+    use crate::error::Error;
     if out.exists()
         && std::fs::read_dir(out)
             .map(|mut d| d.next().is_some())
@@ -277,20 +349,11 @@ pub fn export_dir(source: &Path, weights: &[u8], out: &Path) -> Result<Vec<Strin
     let io = |e: std::io::Error, p: &Path| Error::Model(format!("{}: {e}", p.display()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir_all(&staging).map_err(|e| io(e, &staging))?;
-    let mut written = vec!["config.json".to_string(), "model.safetensors".to_string()];
-    let put = |file: &str, bytes: &[u8]| {
-        let p = staging.join(file);
-        std::fs::write(&p, bytes).map_err(|e| io(e, &p))
-    };
-    put("config.json", arch.config_json("float32").as_bytes())?;
-    put("model.safetensors", weights)?;
-    for f in CARRIED {
-        let from = source.join(f);
-        if from.exists() {
-            let bytes = std::fs::read(&from).map_err(|e| io(e, &from))?;
-            put(f, &bytes)?;
-            written.push(f.to_string());
-        }
+    let mut written = Vec::with_capacity(files.len());
+    for (file, bytes) in files {
+        let p = staging.join(&file);
+        std::fs::write(&p, bytes).map_err(|e| io(e, &p))?;
+        written.push(file);
     }
     if out.exists() {
         std::fs::remove_dir(out).map_err(|e| io(e, out))?;

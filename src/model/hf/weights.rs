@@ -295,3 +295,112 @@ pub fn digest(files: &[PathBuf]) -> Result<String> {
     }
     Ok(h.finalize().to_hex().to_string())
 }
+
+/// One tensor to write: name, safetensors dtype (`F32`, `BF16`), shape, little-endian bytes.
+pub type RawTensor = (String, &'static str, Vec<usize>, Vec<u8>);
+
+/// A safetensors file in a fixed byte layout: the metadata pairs, then the tensors in the
+/// order given (the header's keys in that order too), the header padded to 8 bytes.
+pub fn write_safetensors(tensors: &[RawTensor], metadata: &[(&str, &str)]) -> Vec<u8> {
+    let mut header = serde_json::Map::new();
+    let meta: serde_json::Map<String, serde_json::Value> = metadata
+        .iter()
+        .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
+        .collect();
+    header.insert("__metadata__".into(), meta.into());
+    let mut at = 0usize;
+    for (name, dtype, shape, data) in tensors {
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [at, at + data.len()]}),
+        );
+        at += data.len();
+    }
+    // serde_json keeps insertion order (`preserve_order`): a fixed header for fixed tensors.
+    let mut text = serde_json::to_string(&header).expect("a JSON map serializes");
+    while !text.len().is_multiple_of(8) {
+        text.push(' ');
+    }
+    let mut out = Vec::with_capacity(8 + text.len() + at);
+    out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+    out.extend_from_slice(text.as_bytes());
+    for (_, _, _, data) in tensors {
+        out.extend_from_slice(data);
+    }
+    out
+}
+
+/// An f32 value rounded to bf16 (to nearest, ties to even; NaN stays NaN).
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        return ((b >> 16) | 0x40) as u16;
+    }
+    let round = 0x7fff + ((b >> 16) & 1);
+    (b.wrapping_add(round) >> 16) as u16
+}
+
+/// An f32 safetensors checkpoint ([`to_safetensors`]) with every F32 tensor rounded to bf16
+/// (`update.checkpoint_dtype = "bf16"`): half the bytes; loading widens it back to f32.
+pub fn to_bf16(bytes: &[u8]) -> Result<Vec<u8>> {
+    let st = safetensors::SafeTensors::deserialize(bytes)
+        .map_err(|e| Error::Model(format!("checkpoint: {e}")))?;
+    let mut names: Vec<String> = st.names().into_iter().map(str::to_string).collect();
+    names.sort();
+    let mut out: Vec<RawTensor> = Vec::with_capacity(names.len());
+    for name in names {
+        let v = st
+            .tensor(&name)
+            .map_err(|e| Error::Model(format!("checkpoint: `{name}`: {e}")))?;
+        let shape = v.shape().to_vec();
+        if v.dtype() == safetensors::Dtype::F32 {
+            let data: Vec<u8> = v
+                .data()
+                .chunks_exact(4)
+                .flat_map(|c| bf16_bits(f32::from_le_bytes([c[0], c[1], c[2], c[3]])).to_le_bytes())
+                .collect();
+            out.push((name, "BF16", shape, data));
+        } else {
+            return Err(Error::Model(format!(
+                "checkpoint: `{name}` is {:?}, expected F32",
+                v.dtype()
+            )));
+        }
+    }
+    Ok(write_safetensors(&out, &[("format", "pt")]))
+}
+
+#[cfg(test)]
+mod bf16_tests {
+    use super::*;
+
+    #[test]
+    fn bf16_rounds_to_nearest_even_and_round_trips() {
+        // 1 + 2^-8 is halfway between two bf16 values: ties go to the even one (1.0).
+        assert_eq!(bf16_bits(1.0 + 2f32.powi(-8)), 0x3f80);
+        // Just above halfway rounds up.
+        assert_eq!(bf16_bits(1.0 + 2f32.powi(-8) + 2f32.powi(-20)), 0x3f81);
+        assert_eq!(bf16_bits(-2.0), 0xc000);
+        assert!(f32::from_bits(u32::from(bf16_bits(f32::NAN)) << 16).is_nan());
+        let t: Vec<RawTensor> = vec![(
+            "w".into(),
+            "F32",
+            vec![2],
+            [1.5f32, -0.3]
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect(),
+        )];
+        let b = to_bf16(&write_safetensors(&t, &[("format", "pt")])).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&b).unwrap();
+        let w = st.tensor("w").unwrap();
+        assert_eq!(w.dtype(), safetensors::Dtype::BF16);
+        let back: Vec<f32> = w
+            .data()
+            .chunks_exact(2)
+            .map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16))
+            .collect();
+        assert_eq!(back[0], 1.5);
+        assert!((back[1] + 0.3).abs() < 0.3 / 256.0, "{}", back[1]);
+    }
+}

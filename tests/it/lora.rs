@@ -1,0 +1,327 @@
+//! Low-rank adapters (`policy.lora`, `reward_model.lora`): a fresh adapter leaves the model as
+//! it was; base + adapter equals the merged weights and an independent numpy forward that
+//! applies the exported PEFT directory as peft does; only the adapters get gradients; and a
+//! whole run commits adapter-only checkpoints, resumes, replays bit for bit and exports.
+
+use burn::module::{ModuleVisitor, Param};
+use burn::tensor::Tensor;
+use burn::tensor::backend::AutodiffBackend;
+use rla_pipe::model::hf::lora::{self, LoraSpec};
+use rla_pipe::model::hf::{self, CausalLm, weights};
+use rla_pipe::model::{Cpu, CpuTrain};
+
+use crate::Fixture;
+use crate::hf::{ARCHS, byte_model, load_on, pretrained_sets, reference_logits_with, tiny_model};
+
+fn spec(targets: &[&str]) -> LoraSpec {
+    LoraSpec {
+        rank: 4,
+        alpha: 8.0,
+        targets: targets.iter().map(|s| s.to_string()).collect(),
+    }
+}
+
+const ALL: [&str; 7] = [
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+];
+
+fn seqs() -> Vec<Vec<u32>> {
+    vec![
+        vec![1, 5, 9, 33, 2, 17, 40, 63, 8, 12, 3, 44],
+        vec![60, 3, 3, 3, 45, 2, 11, 9, 1, 0, 13, 24],
+    ]
+}
+
+fn logits(model: &CausalLm<Cpu>) -> Vec<f32> {
+    model
+        .forward_full(&seqs(), &Default::default())
+        .into_data()
+        .to_vec()
+        .unwrap()
+}
+
+/// A fresh adapter with every `B` drawn at random (a fresh one is zero, which would hide a
+/// wrong `B`), as adapter-file bytes.
+fn random_adapter(dir: &std::path::Path, spec: &LoraSpec, digest: &str) -> Vec<u8> {
+    let dev = Default::default();
+    let fresh = lora::attach_fresh(load_on::<Cpu>(dir), spec, 3, &dev);
+    let (tensors, _) = lora::decode(&lora::to_bytes(&fresh, digest).unwrap(), "x").unwrap();
+    let mut k = 0.0f32;
+    let raw: Vec<weights::RawTensor> = tensors
+        .into_iter()
+        .map(|(name, shape, data)| {
+            let data: Vec<f32> = if name.ends_with("lora_B.weight") {
+                data.iter()
+                    .map(|_| {
+                        k += 1.0;
+                        0.3 * (k * 0.71).sin()
+                    })
+                    .collect()
+            } else {
+                data
+            };
+            let bytes = data.iter().flat_map(|x| x.to_le_bytes()).collect();
+            (name, "F32", shape, bytes)
+        })
+        .collect();
+    weights::write_safetensors(&raw, &[("format", "pt"), ("rla_pipe.base_blake3", digest)])
+}
+
+fn worst(a: &[f32], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - y).abs())
+        .fold(0.0, f64::max)
+}
+
+/// Tolerances: base + fresh adapter equals the base bit for bit (B = 0); base + adapter vs
+/// the merged weights ≤ 1e-5 (f32, the same products in another association); ours vs the
+/// numpy reference in f64 ≤ 1e-4 (as the models' own parity test).
+#[test]
+fn adapters_equal_merged_weights_and_peft_semantics_on_every_architecture() {
+    let f = Fixture::new();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let base = load_on::<Cpu>(&dir);
+        let before = logits(&base);
+        let dev = Default::default();
+        let s = spec(&ALL);
+        let fresh = lora::attach_fresh(load_on::<Cpu>(&dir), &s, 3, &dev);
+        assert_eq!(
+            logits(&fresh),
+            before,
+            "{arch}: a fresh adapter changes nothing"
+        );
+
+        let digest = hf::directory_digest(&dir).unwrap();
+        let bytes = random_adapter(&dir, &s, &digest);
+        let adapted = lora::attach_bytes(load_on::<Cpu>(&dir), &s, &bytes, "x", &dev).unwrap();
+        // The adapter file round-trips byte for byte.
+        assert_eq!(lora::to_bytes(&adapted, &digest).unwrap(), bytes);
+        let ours = logits(&adapted);
+        let moved = ours
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0, f32::max);
+        assert!(
+            moved > 0.05,
+            "{arch}: the adapter moves the logits ({moved})"
+        );
+        let merged = logits(&lora::merge(adapted));
+        let d = ours
+            .iter()
+            .zip(&merged)
+            .map(|(a, b)| ((a - b) / a.abs().max(1.0)).abs())
+            .fold(0.0, f32::max);
+        assert!(d <= 1e-5, "{arch}: adapters vs merged weights {d}");
+
+        // The exported PEFT directory, applied by the numpy reference as peft applies it.
+        let out = f.dir.path().join(format!("{arch}-adapter"));
+        let files = hf::export_adapter_dir("base", &s, &bytes, &out).unwrap();
+        assert_eq!(files, ["adapter_config.json", "adapter_model.safetensors"]);
+        let config: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("adapter_config.json")).unwrap())
+                .unwrap();
+        assert_eq!(config["r"], 4);
+        assert_eq!(config["lora_alpha"], 8.0);
+        assert_eq!(config["peft_type"], "LORA");
+        let reference = reference_logits_with(&dir, &seqs(), &["--adapter", out.to_str().unwrap()]);
+        let w = worst(&ours, &reference);
+        assert!(w <= 1e-4, "{arch}: ours vs numpy+PEFT adapter: {w}");
+        // And `export --merge`'s directory is that same model for the reference alone.
+        let merged_dir = f.dir.path().join(format!("{arch}-merged"));
+        hf::export_merged_dir(&dir, &s, &bytes, &merged_dir).unwrap();
+        std::fs::copy(
+            dir.join("tokenizer.json"),
+            merged_dir.join("tokenizer.json"),
+        )
+        .ok();
+        let reference_merged = reference_logits_with(&merged_dir, &seqs(), &[]);
+        let w = worst(&ours, &reference_merged);
+        assert!(w <= 1e-4, "{arch}: ours vs numpy on the merged export: {w}");
+    }
+}
+
+/// Which parameters got a gradient.
+struct HasGrad<'a> {
+    grads: &'a <CpuTrain as AutodiffBackend>::Gradients,
+    with: usize,
+    without: usize,
+    nonzero: usize,
+}
+
+impl ModuleVisitor<CpuTrain> for HasGrad<'_> {
+    fn visit_float<const D: usize>(&mut self, p: &Param<Tensor<CpuTrain, D>>) {
+        match p.grad(self.grads) {
+            Some(g) => {
+                self.with += 1;
+                if g.abs().max().into_scalar() > 0.0 {
+                    self.nonzero += 1;
+                }
+            }
+            None => self.without += 1,
+        }
+    }
+}
+
+#[test]
+fn only_the_adapters_get_gradients() {
+    use burn::module::Module;
+    let f = Fixture::new();
+    let dir = f.dir.path().join("m");
+    tiny_model(&dir, "Qwen2ForCausalLM", "F32");
+    let dev = Default::default();
+    let s = spec(&["q_proj", "v_proj", "down_proj"]);
+    let digest = hf::directory_digest(&dir).unwrap();
+    let bytes = random_adapter(&dir, &s, &digest);
+    let model = lora::attach_bytes(load_on::<CpuTrain>(&dir), &s, &bytes, "x", &dev).unwrap();
+    let loss = model.forward_full(&seqs(), &dev).powi_scalar(2).mean();
+    let grads = loss.backward();
+    let mut v = HasGrad {
+        grads: &grads,
+        with: 0,
+        without: 0,
+        nonzero: 0,
+    };
+    model.visit(&mut v);
+    // 2 layers × 3 targets × (A, B) adapters train; nothing else does.
+    assert_eq!(v.with, 12, "parameters with a gradient");
+    assert_eq!(v.nonzero, 12);
+    assert!(v.without > 20, "frozen base parameters: {}", v.without);
+}
+
+/// A whole run with adapters on both models (tiny byte-level Qwen2 policy and Llama RM):
+/// every checkpoint committed is an adapter file of PEFT's keys recording the base weights'
+/// blake3, far smaller than the model; the update moves the adapters; the run resumes,
+/// replays an iteration bit for bit, and exports a PEFT directory and a merged model.
+#[test]
+fn a_lora_run_commits_adapters_resumes_replays_and_exports() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen2ForCausalLM", 31);
+    byte_model(&rm, "LlamaForCausalLM", 32);
+    let sets = pretrained_sets(
+        &policy,
+        &rm,
+        &[
+            "policy.lora.rank=4",
+            "reward_model.lora.rank=2",
+            "reward_model.lora.targets=[\"q_proj\",\"v_proj\"]",
+            "update.policy_lr=0.01",
+            "update.rm_lr=0.01",
+        ],
+    );
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(crate::GRIDNAV, "lora", 1, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // Resume: a second iteration on top of the first.
+    let r = f.run_pipeline(crate::GRIDNAV, "lora", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let model_bytes = std::fs::metadata(policy.join("model.safetensors"))
+        .unwrap()
+        .len();
+    let digest = blake3::hash(&std::fs::read(policy.join("model.safetensors")).unwrap());
+    let artifacts: Vec<String> = f
+        .files()
+        .into_iter()
+        .filter(|p| p.contains("artifacts/"))
+        .collect();
+    assert!(artifacts.len() >= 4, "{artifacts:?}");
+    let mut moved = false;
+    for a in &artifacts {
+        let bytes = std::fs::read(f.store().join(a)).unwrap();
+        let (tensors, base) = lora::decode(&bytes, a).unwrap();
+        assert!(
+            tensors
+                .iter()
+                .all(|(n, _, _)| n.starts_with("base_model.model.model.layers.")
+                    && (n.ends_with(".lora_A.weight") || n.ends_with(".lora_B.weight"))),
+            "{a}"
+        );
+        if a.contains("/policy") {
+            assert_eq!(tensors.len(), 2 * 7 * 2, "{a}");
+            assert_eq!(base, digest.to_hex().to_string(), "{a}");
+            // (This tiny model is mostly embeddings; SmolLM2's adapters are 0.5% of it.)
+            assert!(
+                (bytes.len() as u64) * 2 < model_bytes,
+                "{a}: {} bytes",
+                bytes.len()
+            );
+            if a.contains("iter=000001") {
+                moved |= tensors
+                    .iter()
+                    .any(|(n, _, v)| n.ends_with("lora_B.weight") && v.iter().any(|x| *x != 0.0));
+            }
+        } else {
+            assert_eq!(tensors.len(), 2 * 2 * 2, "{a}");
+        }
+    }
+    assert!(moved, "the policy update moved its adapters");
+    // The update's manifest names the base weights its adapter input builds on.
+    let update = f
+        .files()
+        .into_iter()
+        .find(|p| p.contains("iter=000001") && p.contains("update") && p.ends_with(".json"))
+        .unwrap();
+    let text = std::fs::read_to_string(f.store().join(&update)).unwrap();
+    assert!(
+        text.contains(&format!("blake3:{}", digest.to_hex())),
+        "{text}"
+    );
+
+    let store = f.store_arg();
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "lora", "--iter", "1", "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+
+    // Export: the PEFT directory; with --merge a Hugging Face model directory.
+    let out = f.dir.path().join("adapter");
+    let o = out.to_str().unwrap();
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "lora", "--iter", "1", "--out", o,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stdout.contains("adapters (PEFT)"), "{}", r.stdout);
+    let committed = artifacts
+        .iter()
+        .find(|p| p.contains("iter=000001") && p.contains("/policy"))
+        .unwrap();
+    assert_eq!(
+        std::fs::read(out.join("adapter_model.safetensors")).unwrap(),
+        std::fs::read(f.store().join(committed)).unwrap()
+    );
+    let merged = f.dir.path().join("merged");
+    let m = merged.to_str().unwrap();
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "lora", "--iter", "1", "--merge", "--out", m,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let r = f.rla(&["model", "inspect", m, "--format", "json"]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    // The merged model is base + adapter for the numpy reference too.
+    let ids = vec![vec![256, 104, 105, 257, 10, 256, 97]];
+    let a = reference_logits_with(&merged, &ids, &[]);
+    let b = reference_logits_with(&policy, &ids, &["--adapter", o]);
+    let w = a
+        .iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max);
+    assert!(w <= 1e-4, "merged export vs base + adapter: {w}");
+
+    // A changed base model: the adapters no longer describe a model; refused, naming both.
+    byte_model(&policy, "Qwen2ForCausalLM", 99);
+    let r = f.run_pipeline(crate::GRIDNAV, "lora", 3, &sets);
+    assert_eq!(r.code, 1);
+    assert!(r.stderr.contains("blake3:"), "{}", r.stderr);
+}
