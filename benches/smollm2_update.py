@@ -24,6 +24,11 @@ and AdamW, on the same weights.
    Exits 1 when the snapshot log-probabilities differ by more than 1e-3 or step 0's loss by
    more than 1e-3 relative (absolute below a loss of 1e-3); timing never fails.
 
+With low-rank adapters (`--set policy.lora.rank=8 ...`) the dump holds the adapters alone
+(`<role>.adapter.safetensors`, PEFT's keys) and `lora` (rank, alpha, targets): PyTorch then
+loads `hf_dir` and the adapters with `peft` (`PeftModel.from_pretrained(..., is_trainable=True)`,
+installed with pip if missing) and trains the adapters alone, as rla-pipe does.
+
 Usage:  python3 benches/smollm2_update.py [PIPELINE.toml] [--set key=value ...]
         (no arguments: pipelines/household-smollm2.toml with the small CPU sets in
         DEFAULT_SETS; otherwise run.iterations=1 then the given sets. DUMP=dir reuses a dump
@@ -198,6 +203,8 @@ class HfUpdate(Update):
 
     def model(self):
         m = transformers.AutoModelForCausalLM.from_pretrained(self.hf_dir, dtype=F, attn_implementation=ATTN)
+        if self.d.get("lora"):
+            return self.peft_model(m)
         state = load_file(self.weights)
         missing, unexpected = m.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if m.config.tie_word_embeddings else set()
@@ -207,6 +214,27 @@ class HfUpdate(Update):
             assert m.lm_head.weight is m.model.embed_tokens.weight, "tied head not tied"
         m.eval()  # no dropout (the attention dropout is 0 anyway); gradients still flow
         return m
+
+    def peft_model(self, m):
+        """The base model with the dumped adapters (PEFT), only they trainable."""
+        try:
+            import peft
+        except ImportError:
+            subprocess.run([sys.executable, "-m", "pip", "install", "-q", "peft"], check=True)
+            import peft
+        lora = self.d["lora"]
+        adir = tempfile.mkdtemp(prefix="rla-adapter-")
+        json.dump({"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": lora["rank"],
+                   "lora_alpha": lora["alpha"], "lora_dropout": 0.0, "target_modules": lora["targets"],
+                   "bias": "none", "base_model_name_or_path": self.hf_dir},
+                  open(os.path.join(adir, "adapter_config.json"), "w"))
+        os.symlink(os.path.abspath(self.weights), os.path.join(adir, "adapter_model.safetensors"))
+        pm = peft.PeftModel.from_pretrained(m, adir, is_trainable=True)
+        pm.eval()
+        trainable = sum(p.numel() for p in pm.parameters() if p.requires_grad)
+        print(f"peft {peft.__version__}: {trainable:,} trainable parameters (the adapters)")
+        # tree_chunk calls `model.model(...)` and `model.lm_head`: the wrapped causal LM.
+        return pm.base_model.model
 
     def log_probs(self, m, idx):
         """New log-probs `[b, len]`, validity `[b, len]` (float) for samples idx."""

@@ -245,7 +245,8 @@ class Update:
         """src/model/ppo.rs `train`: per step, micro-batch gradients summed (weighted by size),
         clipped to the global norm, one AdamW step. Returns (loss, grad_norm) per step."""
         s = self.d["settings"]
-        opt = torch.optim.AdamW(m.parameters(), lr=s["lr"], betas=(0.9, 0.999),
+        params = [p for p in m.parameters() if p.requires_grad]  # adapters alone under LoRA
+        opt = torch.optim.AdamW(params, lr=s["lr"], betas=(0.9, 0.999),
                                 eps=s["adam_eps"], weight_decay=s["weight_decay"])
         out = []
         for micro in self.d["plan"][:steps]:
@@ -257,9 +258,9 @@ class Update:
                 loss = self.loss(m, old, batch)
                 loss_v += w * loss.item()
                 (loss if len(micro) == 1 else loss * w).backward()
-            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in m.parameters())).item()
+            norm = torch.sqrt(sum((p.grad.double() ** 2).sum() for p in params)).item()
             if norm > s["grad_clip"]:
-                for p in m.parameters():
+                for p in params:
                     p.grad.mul_(s["grad_clip"] / (norm + 1e-6))
             opt.step()
             out.append((loss_v, norm))

@@ -603,4 +603,49 @@ mod tests {
             "{e}"
         );
     }
+
+    #[test]
+    fn lora_settings_are_checked_by_key() {
+        let on = LoraConfig {
+            rank: 8,
+            ..LoraConfig::default()
+        };
+        let small = PolicyConfig {
+            lora: on.clone(),
+            ..PolicyConfig::default()
+        };
+        let e = errors(&small);
+        assert!(
+            e.contains("key `policy.lora.rank`") && e.contains("pretrained"),
+            "{e}"
+        );
+        let ok = PolicyConfig {
+            init: "hf:models/x".into(),
+            ..small
+        };
+        assert_eq!(errors(&ok), "");
+        let bad = PolicyConfig {
+            lora: LoraConfig {
+                dropout: 0.1,
+                targets: vec!["q_proj".into(), "qkv".into()],
+                alpha: 0.0,
+                ..on
+            },
+            ..ok
+        };
+        let e = errors(&bad);
+        for key in [
+            "policy.lora.dropout",
+            "policy.lora.targets",
+            "policy.lora.alpha",
+        ] {
+            assert!(e.contains(&format!("key `{key}`")), "{key}: {e}");
+        }
+        assert!(e.contains("\"qkv\""), "{e}");
+        // Off by default, and off is never an error.
+        assert!(!LoraConfig::default().enabled());
+        let mut c = Checks::default();
+        RewardModelConfig::default().validate(&mut c);
+        assert!(c.finish().is_ok());
+    }
 }

@@ -325,3 +325,59 @@ fn a_lora_run_commits_adapters_resumes_replays_and_exports() {
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("blake3:"), "{}", r.stderr);
 }
+
+/// `update.checkpoint_dtype = "bf16"` (full fine-tuning): the committed checkpoints are bf16
+/// safetensors, half the f32 bytes; the run still replays bit for bit (every stage reads the
+/// rounded weights the store holds), and `export` widens them back to an f32 model directory.
+#[test]
+fn full_fine_tuning_can_store_bf16_checkpoints_and_still_replays() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen2ForCausalLM", 31);
+    byte_model(&rm, "LlamaForCausalLM", 32);
+    let sets = pretrained_sets(&policy, &rm, &["update.checkpoint_dtype=\"bf16\""]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(crate::GRIDNAV, "bf16", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let artifacts: Vec<String> = f
+        .files()
+        .into_iter()
+        .filter(|p| p.contains("artifacts/"))
+        .collect();
+    assert!(artifacts.len() >= 4, "{artifacts:?}");
+    let arch = hf::HfArch::from_dir(&policy).unwrap();
+    let f32_bytes = arch.parameters() * 4;
+    for a in artifacts.iter().filter(|a| a.contains("/policy")) {
+        let bytes = std::fs::read(f.store().join(a)).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        assert!(
+            st.tensors()
+                .iter()
+                .all(|(_, v)| v.dtype() == safetensors::Dtype::BF16),
+            "{a}"
+        );
+        assert!(
+            bytes.len() < f32_bytes * 6 / 10,
+            "{a}: {} bytes",
+            bytes.len()
+        );
+    }
+    let store = f.store_arg();
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "bf16", "--iter", "1", "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let out = f.dir.path().join("exported");
+    let o = out.to_str().unwrap();
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "bf16", "--iter", "1", "--out", o,
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert!(
+        st.tensors()
+            .iter()
+            .all(|(_, v)| v.dtype() == safetensors::Dtype::F32)
+    );
+}
