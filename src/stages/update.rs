@@ -18,11 +18,12 @@ use super::trajectories::{self, Trajectory};
 use crate::config::Config;
 use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
+use crate::model::count::halves;
 use crate::model::policy::{self, Decision};
 use crate::model::ppo::{self, PpoSettings, StepMetrics};
 use crate::model::reward::{packed_response_log_probs, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
-use crate::model::{ModelSpec, POLICY, RM, Weights};
+use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};
@@ -88,14 +89,23 @@ fn train_policy<B: AutodiffBackend>(
         .chunks(SNAPSHOT_BATCH)
         .zip(chosen.chunks(SNAPSHOT_BATCH))
     {
-        let lp = policy::to_host(policy::log_probs(
-            &snap,
-            d,
-            temperature,
-            spec.action_mean,
-            device,
-        ));
-        old.extend(lp.iter().zip(c).map(|(row, k)| row[*k]));
+        let chosen_lp = |r: std::ops::Range<usize>| -> Vec<f32> {
+            let lp = policy::to_host(policy::log_probs(
+                &snap,
+                &d[r.clone()],
+                temperature,
+                spec.action_mean,
+                device,
+            ));
+            lp.iter().zip(&c[r]).map(|(row, k)| row[*k]).collect()
+        };
+        // A pretrained model's snapshot in two fixed halves on two threads (as scoring); the
+        // small transformer's numbers stay as committed.
+        if snap.packs_prefixes() {
+            old.extend(halves(d.len(), chosen_lp).into_iter().flatten());
+        } else {
+            old.extend(chosen_lp(0..d.len()));
+        }
     }
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
@@ -228,14 +238,27 @@ fn train_responses<B: AutodiffBackend>(
     {
         let p: Vec<&[u32]> = p.iter().map(Vec::as_slice).collect();
         let r: Vec<&[u32]> = r.iter().map(Vec::as_slice).collect();
-        let (lp, _) =
-            packed_response_log_probs(&snap, &p, &r, bias_inner.as_ref(), temperature, device);
-        old.extend(
+        let half = |k: std::ops::Range<usize>| -> Vec<Vec<f32>> {
+            let (lp, _) = packed_response_log_probs(
+                &snap,
+                &p[k.clone()],
+                &r[k.clone()],
+                bias_inner.as_ref(),
+                temperature,
+                device,
+            );
             policy::to_host(lp)
                 .into_iter()
-                .zip(&r)
-                .map(|(row, resp)| row[..resp.len()].to_vec()),
-        );
+                .zip(&r[k])
+                .map(|(row, resp)| row[..resp.len()].to_vec())
+                .collect()
+        };
+        // As the policy's snapshot: two halves for a pretrained model.
+        if snap.packs_prefixes() {
+            old.extend(halves(p.len(), half).into_iter().flatten());
+        } else {
+            old.extend(half(0..p.len()));
+        }
     }
     let bias = spec.verdicts().bias::<B>(vocab, device);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
