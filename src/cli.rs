@@ -1273,16 +1273,19 @@ async fn export(
             dir.display()
         );
     }
-    // The run's own settings say whether it trained adapters.
-    let config: crate::config::Config = serde_json::from_value(ck.run.config.clone())
-        .with_context(|| {
-            format!("run {run:?}: run.json's config does not parse with this build")
-        })?;
-    let lora = crate::model::hf::lora::LoraSpec::of(if name == crate::model::POLICY {
-        &config.policy.lora
+    // The run's own settings say whether it trained adapters (a run.json from before adapters
+    // existed has no `lora` section: full weights).
+    let section = if name == crate::model::POLICY {
+        "policy"
     } else {
-        &config.reward_model.lora
-    });
+        "reward_model"
+    };
+    let lora_config: crate::model::LoraConfig = match ck.run.config[section].get("lora") {
+        Some(v) => serde_json::from_value(v.clone())
+            .with_context(|| format!("run {run:?}: run.json's `{section}.lora` does not parse"))?,
+        None => Default::default(),
+    };
+    let lora = crate::model::hf::lora::LoraSpec::of(&lora_config);
     let (files, what) = match &lora {
         Some(spec) if merge => (
             hf::export_merged_dir(&dir, spec, &ck.bytes, out)?,
