@@ -43,6 +43,18 @@ fn prompts(spec: &ModelSpec, max_tokens: usize, trajs: &[&Trajectory]) -> Result
         .collect()
 }
 
+/// Where each trajectory's steps start among the steps in key order (and, last, their count).
+fn starts(steps: &[usize]) -> Vec<usize> {
+    let mut out = Vec::with_capacity(steps.len() + 1);
+    let mut at = 0;
+    out.push(0);
+    for n in steps {
+        at += n;
+        out.push(at);
+    }
+    out
+}
+
 /// A pretrained reward model's judgements of whole trajectories (`steps[t]` steps each; their
 /// prompts and seeds in key order). Each step's prompt reuses what it shares token by token
 /// with its trajectory's previous prompt ([`encode_reusing`], the trajectories' step `i` side
@@ -61,12 +73,7 @@ fn judge_trajectories<B: burn::tensor::backend::Backend, M: Lm<B>>(
     temperature: f64,
     device: &B::Device,
 ) -> Vec<Vec<Judgement>> {
-    let mut starts = Vec::with_capacity(steps.len());
-    let mut at = 0;
-    for n in steps {
-        starts.push(at);
-        at += n;
-    }
+    let starts = starts(steps);
     let mut out: Vec<Vec<Judgement>> = vec![Vec::new(); prompts.len()];
     // Encoded prompts waiting to generate: (prompt index, next-token logits, own cache).
     let mut pending: Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)> = Vec::new();
@@ -140,10 +147,7 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     // depend only on its own seeds and its trajectory's earlier prompts).
     if model.packs_prefixes() {
         let t0 = std::time::Instant::now();
-        let mut starts = vec![0];
-        for n in steps {
-            starts.push(starts.last().unwrap() + n);
-        }
+        let starts = starts(steps);
         let judge = |r: std::ops::Range<usize>| {
             let k = starts[r.start]..starts[r.end];
             judge_trajectories(

@@ -21,15 +21,7 @@ fn spec(targets: &[&str]) -> LoraSpec {
     }
 }
 
-const ALL: [&str; 7] = [
-    "q_proj",
-    "k_proj",
-    "v_proj",
-    "o_proj",
-    "gate_proj",
-    "up_proj",
-    "down_proj",
-];
+const ALL: [&str; 7] = rla_pipe::model::config::LORA_TARGETS;
 
 fn seqs() -> Vec<Vec<u32>> {
     vec![
