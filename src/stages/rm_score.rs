@@ -76,8 +76,9 @@ fn judge_trajectories<B: burn::tensor::backend::Backend, M: Lm<B>>(
     let starts = starts(steps);
     let mut out: Vec<Vec<Judgement>> = vec![Vec::new(); prompts.len()];
     // Encoded prompts waiting to generate: (prompt index, next-token logits, own cache).
-    let mut pending: Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)> = Vec::new();
-    let mut generate = |pending: &mut Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)>| {
+    type Pending<B> = Vec<(usize, burn::tensor::Tensor<B, 2>, SeqCache<B>)>;
+    let mut pending: Pending<B> = Vec::new();
+    let mut generate = |pending: &mut Pending<B>| {
         if pending.is_empty() {
             return;
         }
@@ -164,29 +165,23 @@ fn judge_on<B: burn::tensor::backend::Backend>(
         };
         out.extend(halves(steps.len(), judge).into_iter().flatten());
         seconds.push(t0.elapsed().as_secs_f64());
-    }
-    // rla-pipe's small model: STEP_BATCH steps per call (its committed numbers come from this).
-    let small = if model.packs_prefixes() {
-        0
     } else {
-        prompts.len()
-    };
-    for (p, s) in prompts[..small]
-        .chunks(STEP_BATCH)
-        .zip(seeds[..small].chunks(STEP_BATCH))
-    {
-        let t0 = std::time::Instant::now();
-        out.extend(reward::generate(
-            &model,
-            spec.verdicts(),
-            p,
-            s,
-            m,
-            max_tokens,
-            temperature,
-            device,
-        ));
-        seconds.push(t0.elapsed().as_secs_f64());
+        // rla-pipe's small model: STEP_BATCH steps per call (its committed numbers come from
+        // this).
+        for (p, s) in prompts.chunks(STEP_BATCH).zip(seeds.chunks(STEP_BATCH)) {
+            let t0 = std::time::Instant::now();
+            out.extend(reward::generate(
+                &model,
+                spec.verdicts(),
+                p,
+                s,
+                m,
+                max_tokens,
+                temperature,
+                device,
+            ));
+            seconds.push(t0.elapsed().as_secs_f64());
+        }
     }
     // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): the prompts, the sampled tokens
     // and their log-probabilities, the seconds of each call of STEP_BATCH prompts.

@@ -98,6 +98,20 @@ fn adapters_equal_merged_weights_and_peft_semantics_on_every_architecture() {
         let adapted = lora::attach_bytes(load_on::<Cpu>(&dir), &s, &bytes, "x", &dev).unwrap();
         // The adapter file round-trips byte for byte.
         assert_eq!(lora::to_bytes(&adapted, &digest).unwrap(), bytes);
+        // A file with more targets, or fewer, than the config is refused, naming a tensor.
+        let fewer = spec(&["q_proj"]);
+        let e = lora::attach_bytes(load_on::<Cpu>(&dir), &fewer, &bytes, "x", &dev).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("is not an adapter of the configured targets"),
+            "{e}"
+        );
+        let q_only = random_adapter(&dir, &fewer, &digest);
+        let e = lora::attach_bytes(load_on::<Cpu>(&dir), &s, &q_only, "x", &dev).unwrap_err();
+        assert!(
+            e.to_string().contains("k_proj.lora_A.weight` is missing"),
+            "{e}"
+        );
         let ours = logits(&adapted);
         let moved = ours
             .iter()

@@ -215,22 +215,21 @@ fn check<M: Lm<B> + burn::module::Module<B>>(name: &str, model: &M) {
     }
 }
 
+/// rla-pipe's small transformer (vocabulary 64, 2 layers), seeded.
+fn small(role: &str, seed: u64) -> AnyLm<B> {
+    let config = ModelConfig {
+        vocab: 64,
+        d_model: 16,
+        layers: 2,
+        heads: 2,
+        context: 48,
+    };
+    AnyLm::Small(Checkpoint::init(role, &config, seed).to_model::<B>(&Default::default()))
+}
+
 #[test]
 fn packed_prefix_trees_equal_independent_sequences_on_every_model_family() {
-    let dev = Default::default();
-    let small = Checkpoint::init(
-        "policy",
-        &ModelConfig {
-            vocab: 64,
-            d_model: 16,
-            layers: 2,
-            heads: 2,
-            context: 48,
-        },
-        3,
-    )
-    .to_model::<B>(&dev);
-    check("small transformer", &AnyLm::Small(small));
+    check("small transformer", &small("policy", 3));
     let f = Fixture::new();
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
@@ -296,24 +295,11 @@ fn check_shared_generation<M: Lm<B>>(name: &str, model: &M) {
 
 #[test]
 fn reward_samples_sharing_a_prompt_cache_equal_samples_with_copies() {
-    let dev = Default::default();
     let f = Fixture::new();
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
         check_shared_generation(arch, &AnyLm::Hf(load_on::<B>(&dir)));
     }
-    let small = Checkpoint::init(
-        "rm",
-        &ModelConfig {
-            vocab: 64,
-            d_model: 16,
-            layers: 2,
-            heads: 2,
-            context: 48,
-        },
-        5,
-    )
-    .to_model::<B>(&dev);
-    check_shared_generation("small transformer", &AnyLm::Small(small));
+    check_shared_generation("small transformer", &small("rm", 5));
 }

@@ -170,10 +170,14 @@ fn attach<B: Backend>(
     device: &B::Device,
 ) -> Result<CausalLm<B>> {
     let mut model = model.no_grad();
-    let find = |name: &str, shape: &[usize]| -> Result<Tensor<B, 2>> {
-        let (_, s, v) = tensors
-            .iter()
-            .find(|(n, _, _)| n == name)
+    // Each tensor is taken once; what is left at the end is not an adapter of the targets.
+    let mut left: std::collections::BTreeMap<&str, (&Vec<usize>, &Vec<f32>)> = tensors
+        .iter()
+        .map(|(n, s, v)| (n.as_str(), (s, v)))
+        .collect();
+    let mut take = |name: &str, shape: &[usize]| -> Result<Tensor<B, 2>> {
+        let (s, v) = left
+            .remove(name)
             .ok_or_else(|| Error::Model(format!("adapter: tensor `{name}` is missing")))?;
         if s != shape {
             return Err(Error::Model(format!(
@@ -183,7 +187,6 @@ fn attach<B: Backend>(
         // PEFT's `[out, in]` → burn's `[in, out]`.
         Ok(Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [s[0], s[1]]), device).transpose())
     };
-    let mut used = 0;
     for (l, layer) in model.model.layers.iter_mut().enumerate() {
         let mut adapters = LayerLora {
             q_proj: None,
@@ -197,29 +200,16 @@ fn attach<B: Backend>(
         for t in &spec.targets {
             let (module, [d_in, d_out]) = place(layer, t);
             let k = key(l, module, t);
-            let a = find(&format!("{k}.lora_A.weight"), &[spec.rank, d_in])?;
-            let b = find(&format!("{k}.lora_B.weight"), &[d_out, spec.rank])?;
+            let a = take(&format!("{k}.lora_A.weight"), &[spec.rank, d_in])?;
+            let b = take(&format!("{k}.lora_B.weight"), &[d_out, spec.rank])?;
             *adapters.slot(t) = Some(Lora {
                 a: Param::from_tensor(a),
                 b: Param::from_tensor(b),
             });
-            used += 2;
         }
         layer.lora = Some(adapters);
     }
-    if used != tensors.len() {
-        let extra = tensors
-            .iter()
-            .map(|(n, _, _)| n)
-            .find(|n| {
-                !model.model.layers.iter().enumerate().any(|(l, layer)| {
-                    spec.targets
-                        .iter()
-                        .any(|t| n.starts_with(&key(l, place(layer, t).0, t)))
-                })
-            })
-            .cloned()
-            .unwrap_or_default();
+    if let Some(extra) = left.keys().next() {
         return Err(Error::Model(format!(
             "adapter: tensor `{extra}` is not an adapter of the configured targets {:?}",
             spec.targets
