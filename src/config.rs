@@ -369,6 +369,7 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.chunk_rows",
     "run.device",
     "run.cluster",
+    "update.threads",
     "adapt.openai.endpoint",
     "adapt.openai.timeout_secs",
     "adapt.openai.concurrency",

@@ -467,6 +467,11 @@ pub struct UpdateConfig {
     /// gradient up to float summation order; the warm start too). Bounds the autodiff graph's
     /// memory. 0: no limit (each minibatch in one pass).
     pub micro_batch_tokens: usize,
+    /// Micro-batches differentiated at once, one per thread (each on its own copy of the
+    /// parameters' autodiff leaves; gradients summed in micro-batch order, so the update is the
+    /// same to the last bit for any value). More keeps more cores busy through the backward
+    /// pass's single-threaded work and holds that many autodiff graphs in memory.
+    pub threads: usize,
     /// How a fully fine-tuned pretrained model's checkpoints are stored: `f32` (exact) or
     /// `bf16` (half the bytes; the next iteration and a replay start from the rounded weights,
     /// so a run stays replayable, but updates smaller than bf16's resolution, ~0.4% of a
@@ -515,6 +520,7 @@ impl Default for UpdateConfig {
             log_ratio_clamp: 10.0,
             logprob_temperature: LogprobTemperature::One,
             micro_batch_tokens: 0,
+            threads: 1,
             checkpoint_dtype: CheckpointDtype::F32,
         }
     }
@@ -527,6 +533,11 @@ impl UpdateConfig {
             self.minibatch >= 1,
             "update.minibatch",
             "must be at least 1",
+        );
+        c.check(
+            (1..=64).contains(&self.threads),
+            "update.threads",
+            "must be between 1 and 64",
         );
         c.check(
             self.policy_lr >= 0.0 && self.policy_lr < 1.0,

@@ -13,6 +13,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
 use crate::determinism::Rng;
+use crate::model::count::{counting, record};
 
 /// PPO settings (from `[reward]` and `[update]`).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -35,6 +36,11 @@ pub struct PpoSettings {
     /// gradient up to the order of float sums, with the autodiff graph of one micro-batch in
     /// memory at a time. 0: no limit.
     pub micro_tokens: usize,
+    /// Micro-batches whose forward and backward passes run at once, one per thread
+    /// (`update.threads`): each thread differentiates its own copy of the parameters (the same
+    /// values), and the gradients are summed in micro-batch order, so the result is the same
+    /// to the last bit as one at a time; memory holds that many autodiff graphs.
+    pub threads: usize,
 }
 
 /// How the optimizer steps cover the samples (`update.schedule`).
@@ -133,7 +139,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     sizes: &[usize],
     s: &PpoSettings,
     seed: u64,
-    mut loss_of: impl FnMut(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
+    loss_of: impl Fn(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64) + Sync,
 ) -> (M, Vec<StepMetrics>) {
     let mut metrics = Vec::new();
     let steps: Vec<Vec<Vec<usize>>> = plan(sizes.len(), s, seed)
@@ -147,28 +153,54 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         .with_weight_decay(s.weight_decay as f32)
         .with_epsilon(s.adam_eps as f32)
         .init::<B, M>();
-    let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
+    let threads = s.threads.max(1);
     for micro in steps {
         let total: usize = micro.iter().map(Vec::len).sum();
         let (mut loss_v, mut kl_v, mut clip_v, mut tokens) = (0.0, 0.0, 0.0, 0u64);
         let mut summed = GradientsParams::new();
-        for batch in &micro {
-            let (loss, kl, clip, t) = loss_of(&model, batch);
-            let w = batch.len() as f64 / total as f64;
-            loss_v += w * scalar(loss.clone());
-            kl_v += w * scalar(kl);
-            clip_v += w * scalar(clip);
-            tokens += t;
-            let loss = if micro.len() == 1 {
-                loss
-            } else {
-                loss.mul_scalar(w)
+        for group in micro.chunks(threads) {
+            let one = |m: &M, batch: &[usize]| {
+                let w = batch.len() as f64 / total as f64;
+                micro_batch(m, batch, (micro.len() > 1).then_some(w), &loss_of)
             };
-            let grads = loss.backward();
-            model.visit(&mut Accumulate {
-                grads: &grads,
-                into: &mut summed,
-            });
+            let done: Vec<MicroResult> = if group.len() == 1 {
+                vec![one(&model, &group[0])]
+            } else {
+                // Each other thread differentiates a fork of the parameters: fresh autodiff
+                // leaves with the same ids and values, so the graphs stay apart.
+                let device = model.devices().into_iter().next();
+                std::thread::scope(|sc| {
+                    let others: Vec<_> = group[1..]
+                        .iter()
+                        .map(|batch| {
+                            let mine = match &device {
+                                Some(d) => model.clone().fork(d),
+                                None => model.clone(),
+                            };
+                            sc.spawn(move || counting(|| one(&mine, batch)))
+                        })
+                        .collect();
+                    let mut done = vec![one(&model, &group[0])];
+                    for h in others {
+                        let (r, counted) = h.join().expect("an update thread panicked");
+                        record(counted.computed as usize, counted.reused as usize);
+                        done.push(r);
+                    }
+                    done
+                })
+            };
+            for (batch, r) in group.iter().zip(done) {
+                let w = batch.len() as f64 / total as f64;
+                loss_v += w * r.loss;
+                kl_v += w * r.kl;
+                clip_v += w * r.clip;
+                tokens += r.tokens;
+                model.visit(&mut Accumulate::<B> {
+                    grads: r.grads,
+                    into: &mut summed,
+                    _b: std::marker::PhantomData,
+                });
+            }
         }
         let mut norm = SquaredNorm {
             grads: &summed,
@@ -195,16 +227,49 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     (model, metrics)
 }
 
-/// Adds a backward pass's gradient of every float parameter to `into` (parameter order, so
+/// One micro-batch's loss terms and its gradient (weighted by `w` when the step has several).
+struct MicroResult {
+    loss: f64,
+    kl: f64,
+    clip: f64,
+    tokens: u64,
+    grads: GradientsParams,
+}
+
+fn micro_batch<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    batch: &[usize],
+    w: Option<f64>,
+    loss_of: &impl Fn(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
+) -> MicroResult {
+    let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
+    let (loss, kl, clip, tokens) = loss_of(model, batch);
+    let (loss_v, kl, clip) = (scalar(loss.clone()), scalar(kl), scalar(clip));
+    let loss = match w {
+        Some(w) => loss.mul_scalar(w),
+        None => loss,
+    };
+    let grads = GradientsParams::from_grads(loss.backward(), model);
+    MicroResult {
+        loss: loss_v,
+        kl,
+        clip,
+        tokens,
+        grads,
+    }
+}
+
+/// Adds a micro-batch's gradient of every float parameter to `into` (parameter order, so
 /// sums are formed in the same order on every run).
-struct Accumulate<'a, B: AutodiffBackend> {
-    grads: &'a B::Gradients,
+struct Accumulate<'a, B> {
+    grads: GradientsParams,
     into: &'a mut GradientsParams,
+    _b: std::marker::PhantomData<B>,
 }
 
 impl<B: AutodiffBackend> ModuleVisitor<B> for Accumulate<'_, B> {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        if let Some(g) = param.grad(self.grads) {
+        if let Some(g) = self.grads.remove::<B::InnerBackend, D>(param.id) {
             let sum = match self.into.remove::<B::InnerBackend, D>(param.id) {
                 Some(a) => a + g,
                 None => g,
@@ -319,6 +384,7 @@ mod tests {
             minibatch: 8,
             schedule: Schedule::Fixed,
             micro_tokens: 0,
+            threads: 1,
         }
     }
 
@@ -362,6 +428,61 @@ mod tests {
         s.steps = 50;
         assert_eq!(plan(10, &s, 1).len(), 10, "never more steps than samples");
         assert!(plan(0, &s, 1).is_empty());
+    }
+
+    /// Micro-batches differentiated on several threads give the same parameters and metrics,
+    /// to the last bit, as one at a time (gradients summed in micro-batch order).
+    #[test]
+    fn threads_change_nothing() {
+        use burn::nn::{Linear, LinearConfig};
+        let dev = Default::default();
+        let xs: Vec<f32> = (0..40)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let run = |threads: usize| {
+            let mut lin: Linear<CpuTrain> = LinearConfig::new(4, 3).init(&dev);
+            let w0: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
+            lin.bias = None;
+            lin.weight = Param::from_tensor(float_tensor(w0, [4, 3], &dev));
+            let mut s = settings();
+            s.steps = 3;
+            s.minibatch = 6;
+            s.micro_tokens = 2;
+            s.threads = threads;
+            let sizes = vec![1; 10];
+            let (lin, m) = train(lin, &sizes, &s, 7, |m: &Linear<CpuTrain>, idx| {
+                let b = idx.len();
+                let x: Vec<f32> = idx
+                    .iter()
+                    .flat_map(|i| xs[i * 4..i * 4 + 4].to_vec())
+                    .collect();
+                let x = float_tensor::<CpuTrain, 2>(x, [b, 4], &dev);
+                let lp = burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1);
+                let old = lp.clone().detach().add_scalar(0.1);
+                let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
+                let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
+                let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
+                let (l, k, c) = ppo_loss(lp, old.clone(), old, adv, valid, &s);
+                (l, k, c, b as u64)
+            });
+            let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
+            let bits: Vec<u32> = w.iter().map(|v| v.to_bits()).collect();
+            let metrics: Vec<u64> = m.iter().map(|m| m.loss.to_bits()).collect();
+            (bits, metrics, m.iter().map(|m| m.tokens).sum::<u64>())
+        };
+        let one = run(1);
+        assert_eq!(one.2, 18, "3 steps of 6 samples");
+        assert_eq!(run(2), one);
+        let moved = one.0.iter().enumerate();
+        assert!(
+            moved
+                .filter(|(i, b)| f32::from_bits(**b) != (*i as f32 - 5.5) / 10.0)
+                .count()
+                > 6,
+            "the update moves the weights"
+        );
+        assert_eq!(run(2), one);
+        assert_eq!(run(3), one);
     }
 
     /// One token, hand-computed: old = ref = ln 0.5, new = ln 0.6, A = +1.

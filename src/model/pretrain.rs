@@ -85,6 +85,7 @@ mod tests {
             grad_clip: 1.0,
             steps,
             micro_tokens: 0,
+            threads: 1,
             minibatch: 8,
             schedule: Schedule::Fixed,
         }

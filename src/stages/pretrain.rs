@@ -141,6 +141,7 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
         minibatch: mb,
         schedule: Schedule::Fixed,
         micro_tokens: cfg.update.micro_batch_tokens,
+        threads: cfg.update.threads,
     }
 }
 

@@ -49,6 +49,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         minibatch: cfg.update.minibatch as usize,
         schedule: cfg.update.schedule,
         micro_tokens: cfg.update.micro_batch_tokens,
+        threads: cfg.update.threads,
     }
 }
 
