@@ -10,6 +10,9 @@
 //! | `{"op":"mutate","task":SPEC,"direction":"harder"\|"easier","high_risk_steps":[...],"critic":{...},"seed":S}` | `{"tasks":[SPEC, ...]}` |
 //! | `{"op":"vocabulary"}` | `{"words":["..."]}` |
 //!
+//! A `reset` or `step` reply may also carry `"planner":"..."|null`: the environment's planner,
+//! an admissible action on an optimal plan from the new state (what `pretrain` imitates).
+//!
 //! Any reply may instead be `{"error":"message"}`. A process serves one episode at a time
 //! (`reset`, then `step`s) and is reused for the next one; processes are started on demand, one
 //! per concurrent episode. Every call has a timeout (`env.external.timeout_secs`): a process that
@@ -271,7 +274,7 @@ impl External {
     }
 
     /// A call on a pooled process; the process goes back to the pool only if the call succeeded.
-    fn call(&self, request: Value) -> Result<Value> {
+    pub(crate) fn call(&self, request: Value) -> Result<Value> {
         let mut p = self.take()?;
         let reply = p.call(&request, self.timeout())?;
         self.pool.lock().expect("pool lock").push(p);
@@ -343,6 +346,7 @@ impl Environment for External {
             process: Some(process),
             pool: self.pool.clone(),
             timeout: self.timeout(),
+            planner: planner(&reply, "reset")?,
             obs,
             max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
         }))
@@ -382,6 +386,19 @@ struct ExternalEpisode {
     timeout: Duration,
     obs: Observation,
     max_steps: u32,
+    /// The reply's `planner`, when the environment has one.
+    planner: Option<String>,
+}
+
+/// A reply's optional `planner`: an admissible action, or null.
+fn planner(reply: &Value, op: &str) -> Result<Option<String>> {
+    match reply.get("planner") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(a)) => Ok(Some(a.clone())),
+        Some(v) => Err(Error::Environment(format!(
+            "`{op}`: `planner` must be a string or null, not {v}"
+        ))),
+    }
 }
 
 impl Drop for ExternalEpisode {
@@ -401,6 +418,10 @@ impl Episode for ExternalEpisode {
 
     fn max_steps(&self) -> u32 {
         self.max_steps
+    }
+
+    fn oracle_action(&self) -> Option<String> {
+        self.planner.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step> {
@@ -439,6 +460,7 @@ impl Episode for ExternalEpisode {
             },
         };
         self.obs = observation(&reply, "step")?;
+        self.planner = planner(&reply, "step")?;
         Ok(Step {
             done,
             won,

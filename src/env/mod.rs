@@ -9,6 +9,7 @@ pub mod external;
 pub mod gridnav;
 pub mod household;
 pub mod synthetic;
+pub mod textworld;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -27,6 +28,8 @@ pub enum EnvKind {
     Gridnav,
     Household,
     External,
+    /// Microsoft TextWorld's generated games through a bridge process ([`textworld`]).
+    Textworld,
 }
 
 impl EnvKind {
@@ -39,7 +42,10 @@ impl EnvKind {
     /// Whether the environment has a planner ([`Episode::oracle_action`]) and an easier level
     /// ([`easier_from_config`]): what `pretrain` needs.
     pub fn has_planner(self) -> bool {
-        matches!(self, EnvKind::Gridnav | EnvKind::Household)
+        matches!(
+            self,
+            EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld
+        )
     }
 }
 
@@ -48,7 +54,7 @@ impl EnvKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvConfig {
-    /// Environment name: synthetic, gridnav, household or external.
+    /// Environment name: synthetic, gridnav, household, textworld or external.
     pub name: EnvKind,
     /// Number of tasks in the pool.
     pub initial_tasks: u32,
@@ -62,6 +68,8 @@ pub struct EnvConfig {
     pub external: external::ExternalConfig,
     /// Difficulty distribution of the `household` environment.
     pub household: household::HouseholdConfig,
+    /// TextWorld's games: family, level, knobs, the bridge (src/env/textworld.rs).
+    pub textworld: textworld::TextWorldConfig,
 }
 
 impl Default for EnvConfig {
@@ -74,6 +82,7 @@ impl Default for EnvConfig {
             gridnav: Default::default(),
             external: Default::default(),
             household: Default::default(),
+            textworld: Default::default(),
         }
     }
 }
@@ -95,6 +104,7 @@ impl EnvConfig {
             c.check(false, "env.household", e);
         }
         self.external.validate(self.name == EnvKind::External, c);
+        self.textworld.validate(c);
     }
 }
 
@@ -235,6 +245,7 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
         EnvKind::Gridnav => Ok(Box::new(gridnav::GridNav::new(cfg.gridnav.clone()))),
         EnvKind::Household => Ok(Box::new(household::Household::new(cfg.household.clone()))),
         EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
+        EnvKind::Textworld => Ok(Box::new(textworld::TextWorld::new(cfg.textworld.clone()))),
         EnvKind::Synthetic => Err(Error::config(
             "key `env.name`: the synthetic environment has no episodes (it generates rollouts in the `synthetic` stage)",
         )),
@@ -247,6 +258,7 @@ pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
     Ok(match cfg.name {
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
+        EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.harder()))),
         EnvKind::External | EnvKind::Synthetic => None,
     })
 }
@@ -258,6 +270,7 @@ pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
     Ok(match cfg.name {
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.easier()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.easier()))),
+        EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.easier()))),
         EnvKind::External | EnvKind::Synthetic => None,
     })
 }

@@ -18,6 +18,7 @@ mod prefix;
 mod readers;
 mod report;
 mod s3;
+mod textworld;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

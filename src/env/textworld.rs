@@ -1,0 +1,691 @@
+//! `textworld`: Microsoft TextWorld's generated text games (the engine AlfWorld is built on),
+//! played through a bridge process rla-pipe starts and owns.
+//!
+//! A task is a game spec: the family (`custom`: `tw-make custom`'s world size, object count and
+//! quest length; `cooking`: First TextWorld Problems' recipe, ingredients to find, rooms and
+//! skills), the generator's seed and the step-budget factor:
+//! `{"family":"custom","world_size":2,"nb_objects":4,"quest_length":2,"seed":S,"budget_factor":2.0,"game":DIGEST}`.
+//! The game files (`game.z8` and the `game.json` that must sit beside it) are made once per spec
+//! by TextWorld's own generator and kept in a cache (`env.textworld.cache_dir`, one directory
+//! per spec with the files' blake3), so every stage, a resumed run and `replay` play the game
+//! without generating it again. Generation is deterministic (the bridge sets the story file's
+//! date-stamped serial number to a constant), so the files are a function of the spec and
+//! TextWorld's version: generated tasks name their files' blake3 (`game`), and a machine whose
+//! cache lacks a game makes it again and must arrive at that digest, or the task is refused
+//! with both digests named. (`game` is optional in specs an LLM adapter proposes.)
+//!
+//! The bridge (`textworld_bridge.py`, embedded in the binary and written beside the cache)
+//! speaks the external environment's JSON lines ([`super::external`]) plus `make` (generate a
+//! game into a directory) and the `planner` field (TextWorld's `policy_commands[0]`). The
+//! oracle is TextWorld's remaining optimal plan: +1 when a step shortened it (or won), −1
+//! otherwise. Observations are cleaned as AlfWorld's wrappers do (no banner, prompt, status bar
+//! or score messages). A hung, crashed or flooding bridge gets the external environment's
+//! errors.
+//!
+//! Difficulty: three levels per family ([`Level`]); held-out tasks are unseen seeds of the same
+//! level, the OOD set the next level, `pretrain` the previous level. The procedural adapter moves
+//! one knob of a task (harder: a longer quest, more objects or rooms, more ingredients or
+//! skills; easier: the opposite) and regenerates the game.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::external::{External, ExternalConfig};
+use super::{CriticSummary, Direction, Environment, Episode};
+use crate::determinism::{canonical, derive_seed};
+use crate::error::{Checks, Error, Result};
+
+/// The bridge's source, written next to the game cache at first use.
+const BRIDGE: &str = include_str!("textworld_bridge.py");
+/// TextWorld's generators take seeds below this.
+const SEED_RANGE: u64 = 1 << 31;
+/// Seeds tried per task before giving up (a quest cannot always be generated).
+const SEED_TRIES: u64 = 8;
+
+/// Game families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// `tw-make custom`: rooms, objects and a quest of a given length.
+    Custom,
+    /// `tw-make tw-cooking` (First TextWorld Problems): gather ingredients, prepare, eat.
+    Cooking,
+}
+
+/// Difficulty levels, each a preset of the family's generator knobs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    /// custom 2 rooms / 4 objects / quest 2; cooking recipe 1, take 1, 1 room (2–5 steps).
+    Easy,
+    /// custom 6 / 10 / 6; cooking recipe 2, take 2, 6 rooms, open and cook (4–13 steps).
+    Medium,
+    /// custom 10 / 20 / 10; cooking recipe 3, take 3, 9 rooms, open, cook, cut, drop (≤ ~46).
+    Hard,
+}
+
+impl Level {
+    fn shifted(self, by: i32) -> Level {
+        let all = [Level::Easy, Level::Medium, Level::Hard];
+        let i = all.iter().position(|l| *l == self).unwrap_or(0) as i32 + by;
+        all[i.clamp(0, 2) as usize]
+    }
+}
+
+/// `[env.textworld]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TextWorldConfig {
+    /// `custom` or `cooking`.
+    pub family: Family,
+    /// `easy`, `medium` or `hard`: the knobs' presets.
+    pub level: Level,
+    /// Knob overrides (0: the level's preset). custom: rooms, objects, quest length.
+    pub world_size: u32,
+    pub nb_objects: u32,
+    pub quest_length: u32,
+    /// cooking: ingredients in the recipe, ingredients to find, rooms (1, 6, 9 or 12).
+    pub recipe: u32,
+    pub take: u32,
+    pub go: u32,
+    /// Step budget = ceil(budget_factor × the walkthrough's length) (capped by `env.max_steps`).
+    pub budget_factor: f64,
+    /// Games generated at once (one bridge process each).
+    pub generation_workers: u32,
+    /// The Python that has TextWorld (`pip install textworld==1.7.0`).
+    pub python: String,
+    /// Where games are kept ("": `$RLA_PIPE_TEXTWORLD_CACHE`, else `~/.cache/rla-pipe/textworld`).
+    pub cache_dir: String,
+    /// Seconds a bridge call may take (generating a hard game takes several).
+    pub timeout_secs: f64,
+}
+
+impl Default for TextWorldConfig {
+    fn default() -> Self {
+        TextWorldConfig {
+            family: Family::Custom,
+            level: Level::Easy,
+            world_size: 0,
+            nb_objects: 0,
+            quest_length: 0,
+            recipe: 0,
+            take: 0,
+            go: 0,
+            budget_factor: 2.0,
+            generation_workers: 2,
+            python: "python3".into(),
+            cache_dir: String::new(),
+            timeout_secs: 120.0,
+        }
+    }
+}
+
+impl TextWorldConfig {
+    /// The section's checks (keys `env.textworld.*`).
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(
+            self.budget_factor >= 1.0 && self.budget_factor <= 100.0,
+            "env.textworld.budget_factor",
+            "must be in [1, 100]",
+        );
+        c.check(
+            (1..=64).contains(&self.generation_workers),
+            "env.textworld.generation_workers",
+            "must be in [1, 64]",
+        );
+        c.check(
+            !self.python.trim().is_empty(),
+            "env.textworld.python",
+            "must name a Python interpreter",
+        );
+        c.check(
+            self.timeout_secs > 0.0 && self.timeout_secs <= 3600.0,
+            "env.textworld.timeout_secs",
+            "must be in (0, 3600]",
+        );
+        c.check(
+            self.go == 0 || [1, 6, 9, 12].contains(&self.go),
+            "env.textworld.go",
+            "must be 1, 6, 9 or 12 (TextWorld's cooking maps)",
+        );
+        c.check(
+            self.take <= self.recipe.max(self.preset_knob("recipe")),
+            "env.textworld.take",
+            "must not exceed the recipe's ingredients",
+        );
+    }
+
+    /// One level harder (the OOD evaluation set); knob overrides stay.
+    pub fn harder(&self) -> TextWorldConfig {
+        TextWorldConfig {
+            level: self.level.shifted(1),
+            ..self.clone()
+        }
+    }
+
+    /// One level easier (where `pretrain` draws its demonstrations).
+    pub fn easier(&self) -> TextWorldConfig {
+        TextWorldConfig {
+            level: self.level.shifted(-1),
+            ..self.clone()
+        }
+    }
+
+    fn preset_knob(&self, knob: &str) -> u32 {
+        let l = self.level as usize;
+        match knob {
+            "world_size" => [2, 6, 10][l],
+            "nb_objects" => [4, 10, 20][l],
+            "quest_length" => [2, 6, 10][l],
+            "recipe" => [1, 2, 3][l],
+            "take" => [1, 2, 3][l],
+            "go" => [1, 6, 9][l],
+            _ => 0,
+        }
+    }
+
+    fn knob(&self, knob: &str, set: u32) -> u32 {
+        if set > 0 { set } else { self.preset_knob(knob) }
+    }
+
+    /// The spec of a game of this level with `seed`.
+    fn spec(&self, seed: u64) -> Value {
+        match self.family {
+            Family::Custom => json!({
+                "family": "custom",
+                "world_size": self.knob("world_size", self.world_size),
+                "nb_objects": self.knob("nb_objects", self.nb_objects),
+                "quest_length": self.knob("quest_length", self.quest_length),
+                "seed": seed,
+                "budget_factor": self.budget_factor,
+            }),
+            Family::Cooking => {
+                let l = self.level;
+                json!({
+                    "family": "cooking",
+                    "recipe": self.knob("recipe", self.recipe),
+                    "take": self.knob("take", self.take),
+                    "go": self.knob("go", self.go),
+                    "open": l >= Level::Medium,
+                    "cook": l >= Level::Medium,
+                    "cut": l >= Level::Hard,
+                    "drop": l >= Level::Hard,
+                    "seed": seed,
+                    "budget_factor": self.budget_factor,
+                })
+            }
+        }
+    }
+
+    fn cache(&self) -> PathBuf {
+        if !self.cache_dir.is_empty() {
+            return PathBuf::from(&self.cache_dir);
+        }
+        if let Some(dir) = std::env::var_os("RLA_PIPE_TEXTWORLD_CACHE") {
+            return PathBuf::from(dir);
+        }
+        let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+        home.join(".cache").join("rla-pipe").join("textworld")
+    }
+}
+
+/// A checked game spec.
+#[derive(Debug, Clone, PartialEq)]
+struct GameSpec(Value);
+
+impl GameSpec {
+    fn parse(v: &Value) -> Result<GameSpec> {
+        let bad = |m: String| Error::Environment(format!("textworld task {v}: {m}"));
+        let o = v
+            .as_object()
+            .ok_or_else(|| bad("not a JSON object".into()))?;
+        let uint = |k: &str, lo: u64, hi: u64| -> Result<u64> {
+            o.get(k)
+                .and_then(Value::as_u64)
+                .filter(|n| (lo..=hi).contains(n))
+                .ok_or_else(|| bad(format!("`{k}` must be an integer in [{lo}, {hi}]")))
+        };
+        let flag = |k: &str| -> Result<bool> {
+            o.get(k)
+                .and_then(Value::as_bool)
+                .ok_or_else(|| bad(format!("`{k}` must be true or false")))
+        };
+        let factor = o
+            .get("budget_factor")
+            .and_then(Value::as_f64)
+            .filter(|f| (1.0..=100.0).contains(f))
+            .ok_or_else(|| bad("`budget_factor` must be a number in [1, 100]".into()))?;
+        let seed = uint("seed", 0, SEED_RANGE - 1)?;
+        let family = o.get("family").and_then(Value::as_str).unwrap_or("");
+        let spec = match family {
+            "custom" => json!({
+                "family": "custom",
+                "world_size": uint("world_size", 1, 20)?,
+                "nb_objects": uint("nb_objects", 0, 60)?,
+                "quest_length": uint("quest_length", 1, 30)?,
+                "seed": seed,
+                "budget_factor": factor,
+            }),
+            "cooking" => {
+                let recipe = uint("recipe", 1, 5)?;
+                let take = uint("take", 0, recipe)?;
+                let go = uint("go", 1, 12)?;
+                if ![1, 6, 9, 12].contains(&go) {
+                    return Err(bad("`go` must be 1, 6, 9 or 12".into()));
+                }
+                json!({
+                    "family": "cooking", "recipe": recipe, "take": take, "go": go,
+                    "open": flag("open")?, "cook": flag("cook")?, "cut": flag("cut")?,
+                    "drop": flag("drop")?, "seed": seed, "budget_factor": factor,
+                })
+            }
+            _ => return Err(bad("`family` must be \"custom\" or \"cooking\"".into())),
+        };
+        let mut spec = spec;
+        if let Some(g) = o.get("game") {
+            let ok = g
+                .as_str()
+                .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
+            let d = ok.ok_or_else(|| {
+                bad("`game` must be the game files' blake3 (64 hex digits)".into())
+            })?;
+            spec["game"] = json!(d);
+        }
+        let known = spec.as_object().map_or(0, |s| s.len());
+        if o.len() != known {
+            return Err(bad(format!(
+                "unknown keys (a {family} spec has exactly {known})"
+            )));
+        }
+        Ok(GameSpec(spec))
+    }
+
+    /// What decides the game's files (the spec less its budget factor and digest): the cache
+    /// key.
+    fn key(&self) -> String {
+        let mut game = self.0.clone();
+        if let Some(o) = game.as_object_mut() {
+            o.remove("budget_factor");
+            o.remove("game");
+        }
+        blake3::hash(canonical(&game).as_bytes()).to_hex()[..16].to_string()
+    }
+
+    fn with(&self, knob: &str, value: Value, seed: u64) -> GameSpec {
+        let mut v = self.0.clone();
+        v[knob] = value;
+        v["seed"] = json!(seed);
+        if let Some(o) = v.as_object_mut() {
+            o.remove("game");
+        }
+        GameSpec(v)
+    }
+}
+
+/// The environment.
+pub struct TextWorld {
+    cfg: TextWorldConfig,
+    bridge: External,
+    cache: PathBuf,
+    /// The bridge's script (named by its content's hash) and whether it was written.
+    script: PathBuf,
+    written: OnceLock<std::result::Result<(), String>>,
+    words: OnceLock<Vec<String>>,
+}
+
+impl TextWorld {
+    pub fn new(cfg: TextWorldConfig) -> TextWorld {
+        let cache = cfg.cache();
+        let script = cache.join(format!(
+            "bridge-{}.py",
+            &blake3::hash(BRIDGE.as_bytes()).to_hex()[..12]
+        ));
+        let bridge = External::new(ExternalConfig {
+            name: "textworld".into(),
+            command: vec![cfg.python.clone(), script.display().to_string()],
+            timeout_secs: cfg.timeout_secs,
+            max_line_bytes: 16 << 20,
+        });
+        TextWorld {
+            cfg,
+            bridge,
+            cache,
+            script,
+            written: OnceLock::new(),
+            words: OnceLock::new(),
+        }
+    }
+
+    /// Writes the bridge's script beside the cache (once per build of it).
+    fn ready(&self) -> Result<()> {
+        let r = self.written.get_or_init(|| {
+            if self.script.exists() {
+                return Ok(());
+            }
+            let tmp = self
+                .script
+                .with_extension(format!("py.{}", std::process::id()));
+            std::fs::create_dir_all(&self.cache)
+                .and_then(|_| std::fs::write(&tmp, BRIDGE))
+                .and_then(|_| std::fs::rename(&tmp, &self.script))
+                .map_err(|e| format!("{}: {e}", self.script.display()))
+        });
+        r.clone().map_err(|e| {
+            Error::Environment(format!(
+                "textworld: cannot write the bridge script (env.textworld.cache_dir): {e}"
+            ))
+        })
+    }
+
+    fn call(&self, request: Value) -> Result<Value> {
+        self.ready()?;
+        self.bridge.call(request).map_err(hint)
+    }
+
+    /// The directory of a spec's game and the game's digest: made if it is not in the cache
+    /// (or its files do not match the digest recorded with them); a spec that names a digest
+    /// gets that game or an error.
+    fn game(&self, spec: &GameSpec) -> Result<(PathBuf, String)> {
+        let (dir, digest) = self.make(spec)?;
+        match spec.0.get("game").and_then(Value::as_str) {
+            Some(want) if want != digest => Err(Error::Environment(format!(
+                "textworld: the game of {} is {digest} here, but the task names {want} (another TextWorld version made it? this build expects textworld==1.7.0; game cache {})",
+                spec.0,
+                dir.display()
+            ))),
+            _ => Ok((dir, digest)),
+        }
+    }
+
+    fn make(&self, spec: &GameSpec) -> Result<(PathBuf, String)> {
+        let dir = self.cache.join("games").join(spec.key());
+        if let Some(d) = cached_digest(&dir)
+            && bundle_digest(&dir).ok().as_deref() == Some(d.as_str())
+        {
+            return Ok((dir, d));
+        }
+        self.ready()?;
+        let tmp = self.cache.join("games").join(format!(
+            "tmp-{}-{}-{:?}",
+            spec.key(),
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&tmp);
+        let made = self.call(json!({"op": "make", "spec": spec.0, "dir": tmp}));
+        let made = made.map_err(|e| {
+            let _ = std::fs::remove_dir_all(&tmp);
+            Error::Environment(format!("textworld: making the game of {}: {e}", spec.0))
+        })?;
+        let files = made["files"].as_array().map_or(0, Vec::len);
+        let fs_err = |e: std::io::Error| {
+            Error::Environment(format!("textworld: game cache {}: {e}", tmp.display()))
+        };
+        if files != 2 {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(Error::Environment(format!(
+                "textworld: making {} wrote {files} of game.z8 and game.json",
+                spec.0
+            )));
+        }
+        let digest = bundle_digest(&tmp).map_err(fs_err)?;
+        std::fs::write(tmp.join("digest"), &digest).map_err(fs_err)?;
+        let _ = std::fs::remove_file(tmp.join("game.ni"));
+        if std::fs::rename(&tmp, &dir).is_err() {
+            // Another thread or process made it first: keep theirs.
+            let _ = std::fs::remove_dir_all(&tmp);
+            return match cached_digest(&dir) {
+                Some(d) => Ok((dir, d)),
+                None => Err(Error::Environment(format!(
+                    "textworld: cannot move a made game into {}",
+                    dir.display()
+                ))),
+            };
+        }
+        Ok((dir, digest))
+    }
+
+    /// Specs of games that can be generated, made in parallel (`generation_workers`).
+    fn make_all(&self, specs: Vec<Vec<GameSpec>>) -> Vec<Result<GameSpec>> {
+        let workers = (self.cfg.generation_workers as usize).clamp(1, specs.len().max(1));
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let out: Vec<std::sync::Mutex<Option<Result<GameSpec>>>> =
+            specs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        std::thread::scope(|s| {
+            for _ in 0..workers {
+                s.spawn(|| {
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(tries) = specs.get(i) else { break };
+                        let mut last = Err(Error::Environment("no seed to try".into()));
+                        for spec in tries {
+                            last = self.game(spec).map(|(_, digest)| {
+                                let mut named = spec.0.clone();
+                                named["game"] = json!(digest);
+                                GameSpec(named)
+                            });
+                            if last.is_ok() {
+                                break;
+                            }
+                        }
+                        *out[i].lock().expect("slot") = Some(last);
+                    }
+                });
+            }
+        });
+        out.into_iter()
+            .map(|m| m.into_inner().expect("slot").expect("every slot filled"))
+            .collect()
+    }
+}
+
+/// The digest recorded with a cached game, if its directory is complete.
+fn cached_digest(dir: &Path) -> Option<String> {
+    std::fs::read_to_string(dir.join("digest")).ok()
+}
+
+/// blake3 over the game's two files (name, length, bytes; in name order).
+fn bundle_digest(dir: &Path) -> std::io::Result<String> {
+    let mut h = blake3::Hasher::new();
+    for name in ["game.json", "game.z8"] {
+        let bytes = std::fs::read(dir.join(name))?;
+        h.update(name.as_bytes());
+        h.update(&(bytes.len() as u64).to_le_bytes());
+        h.update(&bytes);
+    }
+    Ok(h.finalize().to_hex().to_string())
+}
+
+/// Adds the set-up step to a bridge that could not import TextWorld.
+fn hint(e: Error) -> Error {
+    let msg = e.to_string();
+    if msg.contains("No module named") {
+        Error::Environment(format!(
+            "{msg} — TextWorld is not installed for env.textworld.python: pip install textworld==1.7.0"
+        ))
+    } else {
+        e
+    }
+}
+
+impl Environment for TextWorld {
+    fn name(&self) -> &str {
+        "textworld"
+    }
+
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>> {
+        let tries = (0..count)
+            .map(|i| {
+                (0..SEED_TRIES)
+                    .map(|t| {
+                        let s = derive_seed(seed, &["textworld", &i.to_string(), &t.to_string()]);
+                        GameSpec(self.cfg.spec(s % SEED_RANGE))
+                    })
+                    .collect()
+            })
+            .collect();
+        self.make_all(tries)
+            .into_iter()
+            .map(|r| r.map(|s| s.0))
+            .collect()
+    }
+
+    fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
+        let spec = GameSpec::parse(spec)?;
+        let (dir, _) = self.game(&spec)?;
+        self.ready()?;
+        let task = json!({
+            "game": dir.join("game.z8"),
+            "max_steps": 1000,
+            "budget_factor": spec.0["budget_factor"],
+        });
+        self.bridge.reset(&task).map_err(hint)
+    }
+
+    fn mutate(
+        &self,
+        spec: &Value,
+        direction: Direction,
+        _critic: &CriticSummary,
+        seed: u64,
+    ) -> Result<Vec<Value>> {
+        let spec = GameSpec::parse(spec)?;
+        let up = direction == Direction::Harder;
+        let v = &spec.0;
+        let n = |k: &str| v[k].as_u64().unwrap_or(0);
+        let step = |k: &str, by: u64, lo: u64, hi: u64| -> Option<(String, Value)> {
+            let x = if up {
+                n(k) + by
+            } else {
+                n(k).saturating_sub(by)
+            };
+            (x != n(k) && (lo..=hi).contains(&x)).then(|| (k.to_string(), json!(x)))
+        };
+        let moves: Vec<(String, Value)> = if v["family"] == "custom" {
+            [
+                step("quest_length", 1, 1, 30),
+                step("nb_objects", 2, 0, 60),
+                step("world_size", 1, 1, 20),
+            ]
+            .into_iter()
+            .flatten()
+            .collect()
+        } else {
+            let gos = [1u64, 6, 9, 12];
+            let gi = gos.iter().position(|g| *g == n("go")).unwrap_or(0);
+            let go = if up {
+                gos.get(gi + 1)
+            } else {
+                gi.checked_sub(1).map(|i| &gos[i])
+            };
+            let mut m: Vec<(String, Value)> = Vec::new();
+            if let Some(r) = step("recipe", 1, 1, 5)
+                && n("take") <= r.1.as_u64().unwrap_or(0)
+            {
+                m.push(r);
+            }
+            if let Some(t) = step("take", 1, 0, n("recipe")) {
+                m.push(t);
+            }
+            if let Some(g) = go {
+                m.push(("go".into(), json!(g)));
+            }
+            for skill in ["open", "cook", "cut", "drop"] {
+                if v[skill].as_bool() == Some(!up) {
+                    m.push((skill.into(), json!(up)));
+                    break;
+                }
+            }
+            m
+        };
+        let tries: Vec<Vec<GameSpec>> = moves
+            .iter()
+            .enumerate()
+            .map(|(i, (k, x))| {
+                (0..2)
+                    .map(|t| {
+                        let s = derive_seed(
+                            seed,
+                            &["textworld-mutate", &i.to_string(), &t.to_string()],
+                        );
+                        spec.with(k, x.clone(), s % SEED_RANGE)
+                    })
+                    .collect()
+            })
+            .collect();
+        Ok(self
+            .make_all(tries)
+            .into_iter()
+            .filter_map(|r| r.ok().map(|s| s.0))
+            .collect())
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        self.words
+            .get_or_init(|| {
+                self.call(json!({"op": "vocabulary"}))
+                    .ok()
+                    .and_then(|r| r.get("words").and_then(Value::as_array).cloned())
+                    .map(|w| {
+                        w.iter()
+                            .filter_map(|v| v.as_str().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            })
+            .clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_are_checked_and_keyed_by_their_game() {
+        let cfg = TextWorldConfig::default();
+        let s = cfg.spec(7);
+        let g = GameSpec::parse(&s).unwrap();
+        assert_eq!(g.0["quest_length"], 2);
+        let mut other = s.clone();
+        other["budget_factor"] = json!(3.0);
+        assert_eq!(GameSpec::parse(&other).unwrap().key(), g.key(), "same game");
+        other["seed"] = json!(8);
+        assert_ne!(GameSpec::parse(&other).unwrap().key(), g.key());
+        let mut bad = s.clone();
+        bad["quest_length"] = json!(0);
+        let e = GameSpec::parse(&bad).unwrap_err().to_string();
+        assert!(e.contains("quest_length"), "{e}");
+        bad = s.clone();
+        bad["extra"] = json!(1);
+        assert!(GameSpec::parse(&bad).is_err());
+        let mut named = s.clone();
+        named["game"] = json!("ab".repeat(32));
+        let named = GameSpec::parse(&named).unwrap();
+        assert_eq!(named.key(), g.key(), "the digest names the same game");
+        assert!(named.with("seed", json!(9), 9).0.get("game").is_none());
+        bad = s.clone();
+        bad["game"] = json!("xyz");
+        assert!(
+            GameSpec::parse(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("blake3")
+        );
+        let cooking = TextWorldConfig {
+            family: Family::Cooking,
+            level: Level::Hard,
+            ..Default::default()
+        };
+        let c = GameSpec::parse(&cooking.spec(1)).unwrap();
+        assert_eq!(
+            (c.0["go"].clone(), c.0["cut"].clone()),
+            (json!(9), json!(true))
+        );
+        assert_eq!(cooking.easier().level, Level::Medium);
+        assert_eq!(cooking.harder().level, Level::Hard);
+    }
+}

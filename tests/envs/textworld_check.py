@@ -1,0 +1,86 @@
+"""Check a TextWorld run's committed steps against TextWorld itself (tests/it/textworld.rs).
+
+Usage: textworld_check.py STEPS.csv DEMOS.csv
+  STEPS.csv: spec, traj_id, step_idx, action, admissible, oracle_progress (every rollout step)
+  DEMOS.csv: spec, purpose, episode, step_idx, action, planner, admissible, oracle_progress
+
+Each game is made again here from its spec with TextWorld's own generator (a separate
+directory, not rla-pipe's cache), and every episode is replayed action by action with TextWorld's
+`EnvInfos`: the committed admissible actions must equal TextWorld's `admissible_commands` at that
+state, and the committed oracle must equal TextWorld's plan rule (+1 when `policy_commands` got
+shorter or the game was won, else -1). Planner-only episodes must end won. Prints one JSON line
+of counts; exits 1 on the first mismatch.
+"""
+import csv
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+
+import textworld
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "src", "env"))
+import textworld_bridge as bridge  # noqa: E402  (the generator calls rla-pipe uses)
+
+INFOS = textworld.EnvInfos(admissible_commands=True, policy_commands=True, won=True, lost=True)
+games = {}
+tmp = tempfile.mkdtemp(prefix="tw-check-")
+
+
+def game(spec_json):
+    if spec_json not in games:
+        d = os.path.join(tmp, str(len(games)))
+        bridge.make(json.loads(spec_json), d)
+        games[spec_json] = os.path.join(d, "game.z8")
+    return games[spec_json]
+
+
+def replay(spec, steps, what):
+    env = textworld.start(game(spec), request_infos=INFOS)
+    state = env.reset()
+    for s in steps:
+        expected = sorted(set(state["admissible_commands"]))
+        got = json.loads(s["admissible"])
+        if got != expected:
+            sys.exit(f"{what} step {s['step_idx']}: admissible {got} != TextWorld's {expected}")
+        before = list(state["policy_commands"])
+        state, _, _ = env.step(s["action"])
+        oracle = 1 if state["won"] or len(state["policy_commands"]) < len(before) else -1
+        if int(s["oracle_progress"]) != oracle:
+            sys.exit(f"{what} step {s['step_idx']} ({s['action']!r}): oracle {s['oracle_progress']} != TextWorld's {oracle}")
+    won = bool(state["won"])
+    env.close()
+    return won
+
+
+def episodes(path, key):
+    eps = defaultdict(list)
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            eps[key(row)].append(row)
+    for rows in eps.values():
+        rows.sort(key=lambda r: int(r["step_idx"]))
+    return eps
+
+
+def main():
+    steps_csv, demos_csv = sys.argv[1], sys.argv[2]
+    counts = {"trajectories": 0, "steps": 0, "won": 0, "planner_episodes": 0, "planner_won": 0,
+              "demo_steps": 0}
+    for (traj, spec), rows in sorted(episodes(steps_csv, lambda r: (r["traj_id"], r["spec"])).items()):
+        counts["trajectories"] += 1
+        counts["steps"] += len(rows)
+        counts["won"] += replay(spec, rows, f"trajectory {traj}")
+    for (purpose, ep, spec), rows in sorted(
+            episodes(demos_csv, lambda r: (r["purpose"], r["episode"], r["spec"])).items()):
+        counts["demo_steps"] += len(rows)
+        won = replay(spec, rows, f"{purpose} demonstration {ep}")
+        if all(r["planner"] == "true" for r in rows):
+            counts["planner_episodes"] += 1
+            counts["planner_won"] += won
+    print(json.dumps(counts))
+
+
+if __name__ == "__main__":
+    main()
