@@ -77,8 +77,8 @@ impl ExternalConfig {
     }
 }
 
-/// A running environment process.
-struct Process {
+/// A running environment process (the textworld bridge multiplexes episodes over a few).
+pub(crate) struct Process {
     child: Child,
     stdin: ChildStdin,
     /// Reply lines, one at a time (a bounded channel: a process that floods stdout blocks on its
@@ -95,7 +95,7 @@ impl Drop for Process {
 }
 
 impl Process {
-    fn spawn(cfg: &ExternalConfig) -> Result<Process> {
+    pub(crate) fn spawn(cfg: &ExternalConfig) -> Result<Process> {
         let (program, args) = cfg
             .command
             .split_first()
@@ -167,6 +167,12 @@ impl Process {
         })
     }
 
+    /// Whether the process still runs (an error reply leaves it running; a protocol error
+    /// killed it).
+    pub(crate) fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     fn stderr_tail(&self) -> String {
         let t = self.stderr.lock().expect("stderr lock");
         let t = t.trim();
@@ -178,7 +184,7 @@ impl Process {
     }
 
     /// Send one request and wait for its reply.
-    fn call(&mut self, request: &Value, timeout: Duration) -> Result<Value> {
+    pub(crate) fn call(&mut self, request: &Value, timeout: Duration) -> Result<Value> {
         let op = request["op"].as_str().unwrap_or("?").to_string();
         // One reply per request: anything already waiting was never asked for.
         match self.lines.try_recv() {
@@ -282,7 +288,7 @@ impl External {
     }
 }
 
-fn field<'a>(reply: &'a Value, key: &str, op: &str) -> Result<&'a Value> {
+pub(crate) fn field<'a>(reply: &'a Value, key: &str, op: &str) -> Result<&'a Value> {
     reply
         .get(key)
         .ok_or_else(|| Error::Environment(format!("`{op}`: the reply has no `{key}`: {reply}")))
@@ -295,7 +301,7 @@ fn specs(reply: &Value, op: &str) -> Result<Vec<Value>> {
         .ok_or_else(|| Error::Environment(format!("`{op}`: `tasks` is not an array")))
 }
 
-fn observation(reply: &Value, op: &str) -> Result<Observation> {
+pub(crate) fn observation(reply: &Value, op: &str) -> Result<Observation> {
     let text = field(reply, "observation", op)?
         .as_str()
         .ok_or_else(|| Error::Environment(format!("`{op}`: `observation` is not a string")))?
@@ -391,7 +397,7 @@ struct ExternalEpisode {
 }
 
 /// A reply's optional `planner`: an admissible action, or null.
-fn planner(reply: &Value, op: &str) -> Result<Option<String>> {
+pub(crate) fn planner(reply: &Value, op: &str) -> Result<Option<String>> {
     match reply.get("planner") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(a)) => Ok(Some(a.clone())),
@@ -441,32 +447,39 @@ impl Episode for ExternalEpisode {
                 return Err(e);
             }
         };
-        let flag = |k: &str| -> Result<bool> {
-            field(&reply, k, "step")?
-                .as_bool()
-                .ok_or_else(|| Error::Environment(format!("`step`: `{k}` is not a boolean")))
-        };
-        let (done, won) = (flag("done")?, flag("won")?);
-        let oracle_progress = match reply.get("oracle_progress") {
-            None | Some(Value::Null) => None,
-            Some(v) => match v.as_i64() {
-                Some(1) => Some(1),
-                Some(-1) => Some(-1),
-                _ => {
-                    return Err(Error::Environment(format!(
-                        "`step`: `oracle_progress` must be 1, -1 or null, not {v}"
-                    )));
-                }
-            },
-        };
-        self.obs = observation(&reply, "step")?;
-        self.planner = planner(&reply, "step")?;
-        Ok(Step {
-            done,
-            won,
-            oracle_progress,
-        })
+        let (step, obs, planner) = step_reply(&reply)?;
+        self.obs = obs;
+        self.planner = planner;
+        Ok(step)
     }
+}
+
+/// A `step` reply: the step, the new observation and the planner's next action.
+pub(crate) fn step_reply(reply: &Value) -> Result<(Step, Observation, Option<String>)> {
+    let flag = |k: &str| -> Result<bool> {
+        field(reply, k, "step")?
+            .as_bool()
+            .ok_or_else(|| Error::Environment(format!("`step`: `{k}` is not a boolean")))
+    };
+    let (done, won) = (flag("done")?, flag("won")?);
+    let oracle_progress = match reply.get("oracle_progress") {
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_i64() {
+            Some(1) => Some(1),
+            Some(-1) => Some(-1),
+            _ => {
+                return Err(Error::Environment(format!(
+                    "`step`: `oracle_progress` must be 1, -1 or null, not {v}"
+                )));
+            }
+        },
+    };
+    let step = Step {
+        done,
+        won,
+        oracle_progress,
+    };
+    Ok((step, observation(reply, "step")?, planner(reply, "step")?))
 }
 
 #[cfg(test)]

@@ -28,13 +28,15 @@
 //! skills; easier: the opposite) and regenerates the game.
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::external::{External, ExternalConfig};
-use super::{CriticSummary, Direction, Environment, Episode};
+use super::external::{ExternalConfig, Process, field, observation, planner, step_reply};
+use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{canonical, derive_seed};
 use crate::error::{Checks, Error, Result};
 
@@ -93,7 +95,8 @@ pub struct TextWorldConfig {
     pub go: u32,
     /// Step budget = ceil(budget_factor × the walkthrough's length) (capped by `env.max_steps`).
     pub budget_factor: f64,
-    /// Games generated at once (one bridge process each).
+    /// Bridge processes: games generated at once, and the processes a stage's episodes are
+    /// spread over (each serves many episodes).
     pub generation_workers: u32,
     /// The Python that has TextWorld (`pip install textworld==1.7.0`).
     pub python: String,
@@ -325,10 +328,37 @@ impl GameSpec {
     }
 }
 
+/// The bridge processes, started on demand; episode and generation calls are spread over them.
+struct Bridges {
+    cfg: ExternalConfig,
+    timeout: Duration,
+    slots: Vec<Mutex<Option<Process>>>,
+}
+
+impl Bridges {
+    /// A call on bridge `k` (started if it is not running). A bridge that died or broke the
+    /// protocol is dropped (the next call starts another); an error reply leaves it serving.
+    fn call(&self, k: usize, request: &Value) -> Result<Value> {
+        let mut slot = self.slots[k % self.slots.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if slot.is_none() {
+            *slot = Some(Process::spawn(&self.cfg)?);
+        }
+        let p = slot.as_mut().expect("started");
+        let reply = p.call(request, self.timeout);
+        if reply.is_err() && !p.alive() {
+            *slot = None;
+        }
+        reply.map_err(hint)
+    }
+}
+
 /// The environment.
 pub struct TextWorld {
     cfg: TextWorldConfig,
-    bridge: External,
+    bridges: Arc<Bridges>,
+    episodes: AtomicU64,
     cache: PathBuf,
     /// The bridge's script (named by its content's hash) and whether it was written.
     script: PathBuf,
@@ -343,15 +373,22 @@ impl TextWorld {
             "bridge-{}.py",
             &blake3::hash(BRIDGE.as_bytes()).to_hex()[..12]
         ));
-        let bridge = External::new(ExternalConfig {
-            name: "textworld".into(),
-            command: vec![cfg.python.clone(), script.display().to_string()],
-            timeout_secs: cfg.timeout_secs,
-            max_line_bytes: 16 << 20,
+        let bridges = Arc::new(Bridges {
+            cfg: ExternalConfig {
+                name: "textworld".into(),
+                command: vec![cfg.python.clone(), script.display().to_string()],
+                timeout_secs: cfg.timeout_secs,
+                max_line_bytes: 16 << 20,
+            },
+            timeout: Duration::from_secs_f64(cfg.timeout_secs),
+            slots: (0..cfg.generation_workers.max(1))
+                .map(|_| Mutex::new(None))
+                .collect(),
         });
         TextWorld {
             cfg,
-            bridge,
+            bridges,
+            episodes: AtomicU64::new(0),
             cache,
             script,
             written: OnceLock::new(),
@@ -380,16 +417,16 @@ impl TextWorld {
         })
     }
 
-    fn call(&self, request: Value) -> Result<Value> {
+    fn call(&self, k: usize, request: Value) -> Result<Value> {
         self.ready()?;
-        self.bridge.call(request).map_err(hint)
+        self.bridges.call(k, &request)
     }
 
     /// The directory of a spec's game and the game's digest: made if it is not in the cache
     /// (or its files do not match the digest recorded with them); a spec that names a digest
     /// gets that game or an error.
-    fn game(&self, spec: &GameSpec) -> Result<(PathBuf, String)> {
-        let (dir, digest) = self.make(spec)?;
+    fn game(&self, spec: &GameSpec, bridge: usize) -> Result<(PathBuf, String)> {
+        let (dir, digest) = self.make(spec, bridge)?;
         match spec.0.get("game").and_then(Value::as_str) {
             Some(want) if want != digest => Err(Error::Environment(format!(
                 "textworld: the game of {} is {digest} here, but the task names {want} (another TextWorld version made it? this build expects textworld==1.7.0; game cache {})",
@@ -400,7 +437,7 @@ impl TextWorld {
         }
     }
 
-    fn make(&self, spec: &GameSpec) -> Result<(PathBuf, String)> {
+    fn make(&self, spec: &GameSpec, bridge: usize) -> Result<(PathBuf, String)> {
         let dir = self.cache.join("games").join(spec.key());
         if let Some(d) = cached_digest(&dir)
             && bundle_digest(&dir).ok().as_deref() == Some(d.as_str())
@@ -415,7 +452,7 @@ impl TextWorld {
             std::thread::current().id()
         ));
         let _ = std::fs::remove_dir_all(&tmp);
-        let made = self.call(json!({"op": "make", "spec": spec.0, "dir": tmp}));
+        let made = self.call(bridge, json!({"op": "make", "spec": spec.0, "dir": tmp}));
         let made = made.map_err(|e| {
             let _ = std::fs::remove_dir_all(&tmp);
             Error::Environment(format!("textworld: making the game of {}: {e}", spec.0))
@@ -455,14 +492,15 @@ impl TextWorld {
         let out: Vec<std::sync::Mutex<Option<Result<GameSpec>>>> =
             specs.iter().map(|_| std::sync::Mutex::new(None)).collect();
         std::thread::scope(|s| {
-            for _ in 0..workers {
-                s.spawn(|| {
+            for w in 0..workers {
+                let (next, out, specs) = (&next, &out, &specs);
+                s.spawn(move || {
                     loop {
                         let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         let Some(tries) = specs.get(i) else { break };
                         let mut last = Err(Error::Environment("no seed to try".into()));
                         for spec in tries {
-                            last = self.game(spec).map(|(_, digest)| {
+                            last = self.game(spec, w).map(|(_, digest)| {
                                 let mut named = spec.0.clone();
                                 named["game"] = json!(digest);
                                 GameSpec(named)
@@ -535,14 +573,29 @@ impl Environment for TextWorld {
 
     fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
         let spec = GameSpec::parse(spec)?;
-        let (dir, _) = self.game(&spec)?;
-        self.ready()?;
+        let id = self.episodes.fetch_add(1, Ordering::Relaxed);
+        let k = (id % self.bridges.slots.len() as u64) as usize;
+        let (dir, _) = self.game(&spec, k)?;
         let task = json!({
             "game": dir.join("game.z8"),
             "max_steps": 1000,
             "budget_factor": spec.0["budget_factor"],
         });
-        self.bridge.reset(&task).map_err(hint)
+        let reply = self.call(k, json!({"op": "reset", "episode": id, "task": task}))?;
+        let max_steps = field(&reply, "max_steps", "reset")?
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Error::Environment("`reset`: `max_steps` must be a positive integer".into())
+            })?;
+        Ok(Box::new(TextWorldEpisode {
+            bridges: self.bridges.clone(),
+            k,
+            id,
+            obs: observation(&reply, "reset")?,
+            planner: planner(&reply, "reset")?,
+            max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
+        }))
     }
 
     fn mutate(
@@ -626,7 +679,7 @@ impl Environment for TextWorld {
     fn vocabulary(&self) -> Vec<String> {
         self.words
             .get_or_init(|| {
-                self.call(json!({"op": "vocabulary"}))
+                self.call(0, json!({"op": "vocabulary"}))
                     .ok()
                     .and_then(|r| r.get("words").and_then(Value::as_array).cloned())
                     .map(|w| {
@@ -637,6 +690,55 @@ impl Environment for TextWorld {
                     .unwrap_or_default()
             })
             .clone()
+    }
+}
+
+/// One episode, a session of one bridge process.
+struct TextWorldEpisode {
+    bridges: Arc<Bridges>,
+    k: usize,
+    id: u64,
+    obs: Observation,
+    planner: Option<String>,
+    max_steps: u32,
+}
+
+impl Drop for TextWorldEpisode {
+    /// The bridge forgets the session (a bridge that died has forgotten it already).
+    fn drop(&mut self) {
+        let _ = self
+            .bridges
+            .call(self.k, &json!({"op": "close", "episode": self.id}));
+    }
+}
+
+impl Episode for TextWorldEpisode {
+    fn observation(&self) -> &Observation {
+        &self.obs
+    }
+
+    fn max_steps(&self) -> u32 {
+        self.max_steps
+    }
+
+    fn oracle_action(&self) -> Option<String> {
+        self.planner.clone()
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step> {
+        if !self.obs.admissible.iter().any(|a| a == action) {
+            return Err(Error::Environment(format!(
+                "inadmissible action {action:?}"
+            )));
+        }
+        let reply = self.bridges.call(
+            self.k,
+            &json!({"op": "step", "episode": self.id, "action": action}),
+        )?;
+        let (step, obs, planner) = step_reply(&reply)?;
+        self.obs = obs;
+        self.planner = planner;
+        Ok(step)
     }
 }
 

@@ -5,9 +5,14 @@ writes it next to its game cache and runs it with `env.textworld.python`).
 | request | reply |
 |---|---|
 | `{"op":"make","spec":SPEC,"dir":DIR}` | `{"files":[...],"walkthrough":[...]}`: the game of SPEC written to DIR |
-| `{"op":"reset","task":{"game":PATH,"max_steps":N,"budget_factor":F}}` | observation, admissible, max_steps, planner |
-| `{"op":"step","action":A}` | observation, admissible, done, won, oracle_progress, planner |
+| `{"op":"reset","episode":E,"task":{"game":PATH,"max_steps":N,"budget_factor":F}}` | observation, admissible, max_steps, planner |
+| `{"op":"step","episode":E,"action":A}` | observation, admissible, done, won, oracle_progress, planner |
+| `{"op":"close","episode":E}` | `{}` |
 | `{"op":"vocabulary"}` | `{"words":[...]}` |
+
+One process serves many episodes at once (`episode`: an id rla-pipe picks; without one, episode
+0), so a stage starts a few bridges, not one Python per running episode. Loaded games are kept
+(the last GAMES_KEPT) and reset in place: loading a game costs ~0.2 s, a reset ~5 ms.
 
 SPEC: `{"family":"custom","world_size":W,"nb_objects":O,"quest_length":Q,"seed":S}` or
 `{"family":"cooking","recipe":R,"take":T,"go":G,"open":B,"cook":B,"cut":B,"drop":B,"seed":S}`.
@@ -83,15 +88,38 @@ def make(spec, out_dir):
     return {"files": files, "walkthrough": list(game.metadata.get("walkthrough") or [])}
 
 
+GAMES_KEPT = 16
+loaded = {}  # game path -> [TextWorld environment, the episode using it or None], oldest first
+
+
+def game_env(path, episode):
+    """A loaded environment of the game at `path` that no other episode is using."""
+    for key, (env, user) in list(loaded.items()):
+        if key[0] == path and user is None:
+            loaded[key][1] = episode
+            return key
+    if len(loaded) >= GAMES_KEPT:
+        for key, (env, user) in list(loaded.items()):
+            if user is None:
+                env.close()
+                del loaded[key]
+                break
+    key = (path, len(loaded), id(object()))
+    loaded[key] = [textworld.start(path, request_infos=INFOS), episode]
+    return key
+
+
 class Session:
-    def __init__(self):
+    def __init__(self, episode):
+        self.episode = episode
+        self.key = None
         self.env = None
         self.plan = []
 
     def close(self):
-        if self.env is not None:
-            self.env.close()
-            self.env = None
+        if self.key is not None and self.key in loaded:
+            loaded[self.key][1] = None
+        self.key = self.env = None
 
     def reply(self, state, extra):
         admissible = sorted(set(state["admissible_commands"] or []))
@@ -106,7 +134,8 @@ class Session:
         path = task["game"]
         if not os.path.exists(os.path.splitext(path)[0] + ".json"):
             raise ValueError(f"{path}: the game's .json is not beside it (admissible commands would be missing)")
-        self.env = textworld.start(path, request_infos=INFOS)
+        self.key = game_env(path, self.episode)
+        self.env = loaded[self.key][0]
         state = self.env.reset()
         if state["admissible_commands"] is None or state["policy_commands"] is None:
             raise ValueError(f"{path}: TextWorld gave no admissible commands or plan")
@@ -150,7 +179,14 @@ def vocabulary():
 
 
 def main():
-    session = Session()
+    sessions = {}
+
+    def session(req):
+        e = req.get("episode", 0)
+        if e not in sessions:
+            sessions[e] = Session(e)
+        return sessions[e]
+
     for line in sys.stdin:
         line = line.strip()
         if not line:
@@ -161,9 +197,14 @@ def main():
             if op == "make":
                 out = make(req["spec"], req["dir"])
             elif op == "reset":
-                out = session.reset(req["task"])
+                out = session(req).reset(req["task"])
             elif op == "step":
-                out = session.step(req["action"])
+                out = session(req).step(req["action"])
+            elif op == "close":
+                s = sessions.pop(req.get("episode", 0), None)
+                if s is not None:
+                    s.close()
+                out = {}
             elif op == "vocabulary":
                 out = {"words": vocabulary()}
             else:
