@@ -280,7 +280,7 @@ impl External {
     }
 
     /// A call on a pooled process; the process goes back to the pool only if the call succeeded.
-    pub(crate) fn call(&self, request: Value) -> Result<Value> {
+    fn call(&self, request: Value) -> Result<Value> {
         let mut p = self.take()?;
         let reply = p.call(&request, self.timeout())?;
         self.pool.lock().expect("pool lock").push(p);
@@ -431,11 +431,7 @@ impl Episode for ExternalEpisode {
     }
 
     fn step(&mut self, action: &str) -> Result<Step> {
-        if !self.obs.admissible.iter().any(|a| a == action) {
-            return Err(Error::Environment(format!(
-                "inadmissible action {action:?}"
-            )));
-        }
+        admissible(&self.obs, action)?;
         let process = self
             .process
             .as_mut()
@@ -451,6 +447,17 @@ impl Episode for ExternalEpisode {
         self.obs = obs;
         self.planner = planner;
         Ok(step)
+    }
+}
+
+/// An action outside the observation's admissible set is an error.
+pub(crate) fn admissible(obs: &Observation, action: &str) -> Result<()> {
+    if obs.admissible.iter().any(|a| a == action) {
+        Ok(())
+    } else {
+        Err(Error::Environment(format!(
+            "inadmissible action {action:?}"
+        )))
     }
 }
 

@@ -35,7 +35,9 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::external::{ExternalConfig, Process, field, observation, planner, step_reply};
+use super::external::{
+    ExternalConfig, Process, admissible, field, observation, planner, step_reply,
+};
 use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{canonical, derive_seed};
 use crate::error::{Checks, Error, Result};
@@ -351,6 +353,19 @@ impl Bridges {
             *slot = None;
         }
         reply.map_err(hint)
+    }
+
+    /// Tell a running bridge to forget an episode (one that is not running forgot it already).
+    fn close(&self, k: usize, episode: u64) {
+        let mut slot = self.slots[k % self.slots.len()]
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = slot.as_mut() {
+            let r = p.call(&json!({"op": "close", "episode": episode}), self.timeout);
+            if r.is_err() && !p.alive() {
+                *slot = None;
+            }
+        }
     }
 }
 
@@ -706,9 +721,7 @@ struct TextWorldEpisode {
 impl Drop for TextWorldEpisode {
     /// The bridge forgets the session (a bridge that died has forgotten it already).
     fn drop(&mut self) {
-        let _ = self
-            .bridges
-            .call(self.k, &json!({"op": "close", "episode": self.id}));
+        self.bridges.close(self.k, self.id);
     }
 }
 
@@ -726,11 +739,7 @@ impl Episode for TextWorldEpisode {
     }
 
     fn step(&mut self, action: &str) -> Result<Step> {
-        if !self.obs.admissible.iter().any(|a| a == action) {
-            return Err(Error::Environment(format!(
-                "inadmissible action {action:?}"
-            )));
-        }
+        admissible(&self.obs, action)?;
         let reply = self.bridges.call(
             self.k,
             &json!({"op": "step", "episode": self.id, "action": action}),
