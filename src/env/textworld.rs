@@ -44,6 +44,10 @@ use crate::error::{Checks, Error, Result};
 
 /// The bridge's source, written next to the game cache at first use.
 const BRIDGE: &str = include_str!("textworld_bridge.py");
+/// The small transformer's words: every word of TextWorld 1.7.0's grammars and cooking data plus
+/// its command verbs (the bridge's `vocabulary` op wrote this file; fixed, so a model's shape
+/// does not depend on the installed TextWorld).
+const VOCABULARY: &str = include_str!("textworld_vocab.txt");
 /// TextWorld's generators take seeds below this.
 const SEED_RANGE: u64 = 1 << 31;
 /// Seeds tried per task before giving up (a quest cannot always be generated).
@@ -378,7 +382,6 @@ pub struct TextWorld {
     /// The bridge's script (named by its content's hash) and whether it was written.
     script: PathBuf,
     written: OnceLock<std::result::Result<(), String>>,
-    words: OnceLock<Vec<String>>,
 }
 
 impl TextWorld {
@@ -407,7 +410,6 @@ impl TextWorld {
             cache,
             script,
             written: OnceLock::new(),
-            words: OnceLock::new(),
         }
     }
 
@@ -692,19 +694,7 @@ impl Environment for TextWorld {
     }
 
     fn vocabulary(&self) -> Vec<String> {
-        self.words
-            .get_or_init(|| {
-                self.call(0, json!({"op": "vocabulary"}))
-                    .ok()
-                    .and_then(|r| r.get("words").and_then(Value::as_array).cloned())
-                    .map(|w| {
-                        w.iter()
-                            .filter_map(|v| v.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default()
-            })
-            .clone()
+        VOCABULARY.lines().map(str::to_string).collect()
     }
 }
 
