@@ -8,11 +8,12 @@
 //! The game files (`game.z8` and the `game.json` that must sit beside it) are made once per spec
 //! by TextWorld's own generator and kept in a cache (`env.textworld.cache_dir`, one directory
 //! per spec with the files' blake3), so every stage, a resumed run and `replay` play the game
-//! without generating it again. Generation is deterministic (the bridge sets the story file's
-//! date-stamped serial number to a constant), so the files are a function of the spec and
-//! TextWorld's version: generated tasks name their files' blake3 (`game`), and a machine whose
-//! cache lacks a game makes it again and must arrive at that digest, or the task is refused
-//! with both digests named. (`game` is optional in specs an LLM adapter proposes.)
+//! without generating it again. Generated tasks name their files' blake3 (`game`); a machine
+//! whose cache lacks a game makes it again and must arrive at that digest, or the task is
+//! refused with both digests named (`game` is optional in specs an LLM adapter proposes).
+//! `custom` games are a function of the spec and TextWorld's version (the bridge sets the story
+//! file's date-stamped serial number to a constant); `cooking` games are not byte-reproducible
+//! when made again, so a cooking run replays only where its cache is (docs/textworld.md).
 //!
 //! The bridge (`textworld_bridge.py`, embedded in the binary and written beside the cache)
 //! speaks the external environment's JSON lines ([`super::external`]) plus `make` (generate a
@@ -460,6 +461,11 @@ impl TextWorld {
             && bundle_digest(&dir).ok().as_deref() == Some(d.as_str())
         {
             return Ok((dir, d));
+        }
+        // Incomplete or altered: made again (a directory in the way would keep the rename
+        // below from placing the new files).
+        if dir.exists() {
+            let _ = std::fs::remove_dir_all(&dir);
         }
         self.ready()?;
         let tmp = self.cache.join("games").join(format!(
