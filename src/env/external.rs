@@ -288,7 +288,7 @@ impl External {
     }
 }
 
-pub(crate) fn field<'a>(reply: &'a Value, key: &str, op: &str) -> Result<&'a Value> {
+fn field<'a>(reply: &'a Value, key: &str, op: &str) -> Result<&'a Value> {
     reply
         .get(key)
         .ok_or_else(|| Error::Environment(format!("`{op}`: the reply has no `{key}`: {reply}")))
@@ -301,7 +301,7 @@ fn specs(reply: &Value, op: &str) -> Result<Vec<Value>> {
         .ok_or_else(|| Error::Environment(format!("`{op}`: `tasks` is not an array")))
 }
 
-pub(crate) fn observation(reply: &Value, op: &str) -> Result<Observation> {
+fn observation(reply: &Value, op: &str) -> Result<Observation> {
     let text = field(reply, "observation", op)?
         .as_str()
         .ok_or_else(|| Error::Environment(format!("`{op}`: `observation` is not a string")))?
@@ -341,20 +341,11 @@ impl Environment for External {
     fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
         let mut process = self.take()?;
         let reply = process.call(&json!({"op": "reset", "task": spec}), self.timeout())?;
-        let obs = observation(&reply, "reset")?;
-        let max_steps = field(&reply, "max_steps", "reset")?
-            .as_u64()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| {
-                Error::Environment("`reset`: `max_steps` must be a positive integer".into())
-            })?;
         Ok(Box::new(ExternalEpisode {
             process: Some(process),
             pool: self.pool.clone(),
             timeout: self.timeout(),
-            planner: planner(&reply, "reset")?,
-            obs,
-            max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
+            shown: Shown::from_reset(&reply)?,
         }))
     }
 
@@ -390,14 +381,77 @@ struct ExternalEpisode {
     process: Option<Process>,
     pool: Pool,
     timeout: Duration,
-    obs: Observation,
-    max_steps: u32,
-    /// The reply's `planner`, when the environment has one.
-    planner: Option<String>,
+    shown: Shown,
+}
+
+/// What an episode of a JSON-lines environment shows, as its last `reset` / `step` reply said:
+/// the observation, the step budget and the planner's next action (when it has a planner).
+pub(crate) struct Shown {
+    pub(crate) obs: Observation,
+    pub(crate) max_steps: u32,
+    pub(crate) planner: Option<String>,
+}
+
+impl Shown {
+    /// A `reset` reply.
+    pub(crate) fn from_reset(reply: &Value) -> Result<Shown> {
+        let max_steps = field(reply, "max_steps", "reset")?
+            .as_u64()
+            .filter(|n| *n >= 1)
+            .ok_or_else(|| {
+                Error::Environment("`reset`: `max_steps` must be a positive integer".into())
+            })?;
+        Ok(Shown {
+            obs: observation(reply, "reset")?,
+            max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
+            planner: planner(reply, "reset")?,
+        })
+    }
+
+    /// An action outside the observation's admissible set is an error.
+    pub(crate) fn admissible(&self, action: &str) -> Result<()> {
+        if self.obs.admissible.iter().any(|a| a == action) {
+            Ok(())
+        } else {
+            Err(Error::Environment(format!(
+                "inadmissible action {action:?}"
+            )))
+        }
+    }
+
+    /// A `step` reply: the new observation and planner are shown, the step returned.
+    pub(crate) fn apply_step(&mut self, reply: &Value) -> Result<Step> {
+        let flag = |k: &str| -> Result<bool> {
+            field(reply, k, "step")?
+                .as_bool()
+                .ok_or_else(|| Error::Environment(format!("`step`: `{k}` is not a boolean")))
+        };
+        let (done, won) = (flag("done")?, flag("won")?);
+        let oracle_progress = match reply.get("oracle_progress") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_i64() {
+                Some(1) => Some(1),
+                Some(-1) => Some(-1),
+                _ => {
+                    return Err(Error::Environment(format!(
+                        "`step`: `oracle_progress` must be 1, -1 or null, not {v}"
+                    )));
+                }
+            },
+        };
+        let (obs, next) = (observation(reply, "step")?, planner(reply, "step")?);
+        self.obs = obs;
+        self.planner = next;
+        Ok(Step {
+            done,
+            won,
+            oracle_progress,
+        })
+    }
 }
 
 /// A reply's optional `planner`: an admissible action, or null.
-pub(crate) fn planner(reply: &Value, op: &str) -> Result<Option<String>> {
+fn planner(reply: &Value, op: &str) -> Result<Option<String>> {
     match reply.get("planner") {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(a)) => Ok(Some(a.clone())),
@@ -419,19 +473,19 @@ impl Drop for ExternalEpisode {
 
 impl Episode for ExternalEpisode {
     fn observation(&self) -> &Observation {
-        &self.obs
+        &self.shown.obs
     }
 
     fn max_steps(&self) -> u32 {
-        self.max_steps
+        self.shown.max_steps
     }
 
     fn oracle_action(&self) -> Option<String> {
-        self.planner.clone()
+        self.shown.planner.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step> {
-        admissible(&self.obs, action)?;
+        self.shown.admissible(action)?;
         let process = self
             .process
             .as_mut()
@@ -443,50 +497,8 @@ impl Episode for ExternalEpisode {
                 return Err(e);
             }
         };
-        let (step, obs, planner) = step_reply(&reply)?;
-        self.obs = obs;
-        self.planner = planner;
-        Ok(step)
+        self.shown.apply_step(&reply)
     }
-}
-
-/// An action outside the observation's admissible set is an error.
-pub(crate) fn admissible(obs: &Observation, action: &str) -> Result<()> {
-    if obs.admissible.iter().any(|a| a == action) {
-        Ok(())
-    } else {
-        Err(Error::Environment(format!(
-            "inadmissible action {action:?}"
-        )))
-    }
-}
-
-/// A `step` reply: the step, the new observation and the planner's next action.
-pub(crate) fn step_reply(reply: &Value) -> Result<(Step, Observation, Option<String>)> {
-    let flag = |k: &str| -> Result<bool> {
-        field(reply, k, "step")?
-            .as_bool()
-            .ok_or_else(|| Error::Environment(format!("`step`: `{k}` is not a boolean")))
-    };
-    let (done, won) = (flag("done")?, flag("won")?);
-    let oracle_progress = match reply.get("oracle_progress") {
-        None | Some(Value::Null) => None,
-        Some(v) => match v.as_i64() {
-            Some(1) => Some(1),
-            Some(-1) => Some(-1),
-            _ => {
-                return Err(Error::Environment(format!(
-                    "`step`: `oracle_progress` must be 1, -1 or null, not {v}"
-                )));
-            }
-        },
-    };
-    let step = Step {
-        done,
-        won,
-        oracle_progress,
-    };
-    Ok((step, observation(reply, "step")?, planner(reply, "step")?))
 }
 
 #[cfg(test)]

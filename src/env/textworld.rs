@@ -36,9 +36,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::external::{
-    ExternalConfig, Process, admissible, field, observation, planner, step_reply,
-};
+use super::external::{ExternalConfig, Process, Shown};
 use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{canonical, derive_seed};
 use crate::error::{Checks, Error, Result};
@@ -346,31 +344,35 @@ impl Bridges {
     /// A call on bridge `k` (started if it is not running). A bridge that died or broke the
     /// protocol is dropped (the next call starts another); an error reply leaves it serving.
     fn call(&self, k: usize, request: &Value) -> Result<Value> {
-        let mut slot = self.slots[k % self.slots.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            *slot = Some(Process::spawn(&self.cfg)?);
-        }
-        let p = slot.as_mut().expect("started");
-        let reply = p.call(request, self.timeout);
-        if reply.is_err() && !p.alive() {
-            *slot = None;
-        }
-        reply.map_err(hint)
+        self.send(k, request, true)
+            .expect("a bridge is started for it")
     }
 
     /// Tell a running bridge to forget an episode (one that is not running forgot it already).
     fn close(&self, k: usize, episode: u64) {
+        let _ = self.send(k, &json!({"op": "close", "episode": episode}), false);
+    }
+
+    /// `request` on bridge `k`, starting it if `start`; `None`: not running and not started.
+    fn send(&self, k: usize, request: &Value, start: bool) -> Option<Result<Value>> {
         let mut slot = self.slots[k % self.slots.len()]
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        if let Some(p) = slot.as_mut() {
-            let r = p.call(&json!({"op": "close", "episode": episode}), self.timeout);
-            if r.is_err() && !p.alive() {
-                *slot = None;
+        if slot.is_none() {
+            if !start {
+                return None;
+            }
+            match Process::spawn(&self.cfg) {
+                Ok(p) => *slot = Some(p),
+                Err(e) => return Some(Err(hint(e))),
             }
         }
+        let p = slot.as_mut()?;
+        let reply = p.call(request, self.timeout);
+        if reply.is_err() && !p.alive() {
+            *slot = None;
+        }
+        Some(reply.map_err(hint))
     }
 }
 
@@ -456,7 +458,8 @@ impl TextWorld {
     }
 
     fn make(&self, spec: &GameSpec, bridge: usize) -> Result<(PathBuf, String)> {
-        let dir = self.cache.join("games").join(spec.key());
+        let key = spec.key();
+        let dir = self.cache.join("games").join(&key);
         if let Some(d) = cached_digest(&dir)
             && bundle_digest(&dir).ok().as_deref() == Some(d.as_str())
         {
@@ -469,8 +472,7 @@ impl TextWorld {
         }
         self.ready()?;
         let tmp = self.cache.join("games").join(format!(
-            "tmp-{}-{}-{:?}",
-            spec.key(),
+            "tmp-{key}-{}-{:?}",
             std::process::id(),
             std::thread::current().id()
         ));
@@ -605,19 +607,11 @@ impl Environment for TextWorld {
             "budget_factor": spec.0["budget_factor"],
         });
         let reply = self.call(k, json!({"op": "reset", "episode": id, "task": task}))?;
-        let max_steps = field(&reply, "max_steps", "reset")?
-            .as_u64()
-            .filter(|n| *n >= 1)
-            .ok_or_else(|| {
-                Error::Environment("`reset`: `max_steps` must be a positive integer".into())
-            })?;
         Ok(Box::new(TextWorldEpisode {
             bridges: self.bridges.clone(),
             k,
             id,
-            obs: observation(&reply, "reset")?,
-            planner: planner(&reply, "reset")?,
-            max_steps: max_steps.min(u64::from(u32::MAX)) as u32,
+            shown: Shown::from_reset(&reply)?,
         }))
     }
 
@@ -709,9 +703,7 @@ struct TextWorldEpisode {
     bridges: Arc<Bridges>,
     k: usize,
     id: u64,
-    obs: Observation,
-    planner: Option<String>,
-    max_steps: u32,
+    shown: Shown,
 }
 
 impl Drop for TextWorldEpisode {
@@ -723,27 +715,24 @@ impl Drop for TextWorldEpisode {
 
 impl Episode for TextWorldEpisode {
     fn observation(&self) -> &Observation {
-        &self.obs
+        &self.shown.obs
     }
 
     fn max_steps(&self) -> u32 {
-        self.max_steps
+        self.shown.max_steps
     }
 
     fn oracle_action(&self) -> Option<String> {
-        self.planner.clone()
+        self.shown.planner.clone()
     }
 
     fn step(&mut self, action: &str) -> Result<Step> {
-        admissible(&self.obs, action)?;
+        self.shown.admissible(action)?;
         let reply = self.bridges.call(
             self.k,
             &json!({"op": "step", "episode": self.id, "action": action}),
         )?;
-        let (step, obs, planner) = step_reply(&reply)?;
-        self.obs = obs;
-        self.planner = planner;
-        Ok(step)
+        self.shown.apply_step(&reply)
     }
 }
 

@@ -21,6 +21,7 @@ step; +1 when the plan got shorter or the game was won, -1 otherwise. `planner` 
 first command. Observations are cleaned as AlfWorld's wrappers do: no banner, no status bar or
 prompt, no score messages.
 """
+import itertools
 import json
 import os
 import re
@@ -89,7 +90,8 @@ def make(spec, out_dir):
 
 
 GAMES_KEPT = 16
-loaded = {}  # game path -> [TextWorld environment, the episode using it or None], oldest first
+loaded = {}  # (game path, load number) -> [TextWorld environment, the episode using it or None], oldest first
+LOADS = itertools.count()
 
 
 def game_env(path, episode):
@@ -104,7 +106,7 @@ def game_env(path, episode):
                 env.close()
                 del loaded[key]
                 break
-    key = (path, len(loaded), id(object()))
+    key = (path, next(LOADS))
     loaded[key] = [textworld.start(path, request_infos=INFOS), episode]
     return key
 
