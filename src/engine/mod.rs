@@ -3,6 +3,7 @@
 //! It knows stages only through the contract in [`crate::stage`]; the pipeline registry
 //! ([`crate::pipeline`]) decides which stages a config runs.
 
+pub mod assets;
 pub mod branch;
 pub mod checkpoints;
 pub mod dag;

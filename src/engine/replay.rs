@@ -140,7 +140,7 @@ async fn verify_run(
             let bytes = store.get_opt(&Path::from(a.path.as_str())).await?;
             if bytes.as_ref().map(|b| manifest::digest(b)) != Some(a.digest.clone()) {
                 return Err(Error::Mismatch(format!(
-                    "stage {}: checkpoint {} ({}) is missing or no longer matches its manifest",
+                    "stage {}: artifact {} ({}) is missing or no longer matches its manifest",
                     c.manifest.stage, a.name, a.path
                 )));
             }
@@ -266,6 +266,10 @@ async fn verify_run(
         )
         .await?;
         ctx.checkpoints = checkpoints;
+        if stage.assets_in(&config) {
+            let assets = super::assets::committed(store, run_id, &dag, iter, &m.stage).await?;
+            ctx.assets = Some(Arc::new(assets));
+        }
         let sink = Sink::HashOnly {
             as_written: as_written
                 .iter()
@@ -278,27 +282,44 @@ async fn verify_run(
         for a in &m.artifacts {
             if !produced.iter().any(|(name, _)| *name == a.name) {
                 return Err(Error::Mismatch(format!(
-                    "stage {}: checkpoint {} was committed but the replay did not produce it",
+                    "stage {}: artifact {} was committed but the replay did not produce it",
                     m.stage, a.name
                 )));
             }
         }
+        // Environment assets are reported as one line per stage (their count, and the blake3 of
+        // their digests in order).
+        let mut assets = (0u64, blake3::Hasher::new());
         for (name, bytes) in produced {
             let digest = manifest::digest(&bytes);
             let committed = m.artifacts.iter().find(|a| a.name == name);
             if committed.map(|a| &a.digest) != Some(&digest) {
                 return Err(Error::Mismatch(format!(
-                    "stage {}: checkpoint {name} differs: committed blake3 {}; replayed blake3 {}",
+                    "stage {}: artifact {name} differs: committed blake3 {}; replayed blake3 {}",
                     m.stage,
                     committed.map_or("(none)", |a| &a.digest[..16]),
                     &digest[..16]
                 )));
+            }
+            if name.starts_with(crate::stage::ASSET_PREFIX) {
+                assets.0 += 1;
+                assets.1.update(digest.as_bytes());
+                continue;
             }
             report.push(Verified {
                 stage: m.stage.clone(),
                 table: format!("checkpoint:{name}"),
                 rows: 0,
                 digest,
+                how: "replayed",
+            });
+        }
+        if assets.0 > 0 {
+            report.push(Verified {
+                stage: m.stage.clone(),
+                table: format!("assets:{}", assets.0),
+                rows: 0,
+                digest: assets.1.finalize().to_hex().to_string(),
                 how: "replayed",
             });
         }

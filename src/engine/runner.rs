@@ -343,6 +343,12 @@ impl Engine {
         )
         .await?;
         let (checkpoints, refs) = self.checkpoints_of(iter, stage.as_ref(), done).await?;
+        if stage.assets_in(&self.config) {
+            let assets =
+                super::assets::committed(&self.store, &self.run_id, &self.dag, iter, stage.name())
+                    .await?;
+            ctx.assets = Some(Arc::new(assets));
+        }
         let on_cluster = self
             .on_cluster(iter, stage.as_ref(), &refs, &checkpoints)
             .await?;
@@ -685,6 +691,7 @@ pub async fn build_context(
             checkpoints: Default::default(),
             artifacts: Default::default(),
             tokens: Default::default(),
+            assets: None,
         },
         refs,
     ))

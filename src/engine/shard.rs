@@ -117,6 +117,10 @@ struct ShardTask {
     column: String,
     range: Range,
     checkpoints: Vec<ShardCheckpoint>,
+    /// The environment assets the run has committed (TextWorld's games), installed by the stage
+    /// before it plays.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    assets: Vec<crate::stage::AssetRef>,
 }
 
 /// The stage a shard names, for a config: the pipeline registry's (the worker's) or the DAG's
@@ -282,6 +286,18 @@ async fn run_shard(
     for c in &task.checkpoints {
         ctx.checkpoints.insert(c.name.clone(), c.read(store).await?);
     }
+    if !task.assets.is_empty() {
+        ctx.assets = Some(Arc::new(crate::stage::Assets {
+            store: store.clone(),
+            files: task
+                .assets
+                .iter()
+                .map(|a| (a.id.clone(), a.clone()))
+                .collect(),
+            // A shard stores nothing: every asset counts as committed.
+            before: task.assets.iter().map(|a| a.id.clone()).collect(),
+        }));
+    }
     let outputs = run_outputs(stage.as_ref(), &ctx).await?;
     if !ctx.artifacts.lock().expect("artifact list").is_empty() {
         return Err(Error::data(format!(
@@ -427,6 +443,11 @@ pub(super) async fn plan(
                 column: column.to_string(),
                 range,
                 checkpoints: checkpoints.to_vec(),
+                assets: ctx
+                    .assets
+                    .as_ref()
+                    .map(|a| a.files.values().cloned().collect())
+                    .unwrap_or_default(),
             };
             Arc::new(StageShardExec::new(
                 task,
@@ -627,6 +648,11 @@ mod tests {
                 name: "policy".into(),
                 path: "r/artifacts/iter=000002/policy.ab.ckpt".into(),
                 digest: "ab".into(),
+            }],
+            assets: vec![crate::stage::AssetRef {
+                id: "c0ffee".into(),
+                path: "r/artifacts/iter=000000/asset-c0ffee.cd.asset".into(),
+                digest: "cd".into(),
             }],
         };
         let back: ShardTask = serde_json::from_slice(&serde_json::to_vec(&task).unwrap()).unwrap();

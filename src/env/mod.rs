@@ -47,6 +47,12 @@ impl EnvKind {
             EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld
         )
     }
+
+    /// Whether its tasks need files besides their specs ([`Environment::asset_id`]), which the
+    /// engine keeps in the store with the run.
+    pub fn has_assets(self) -> bool {
+        self == EnvKind::Textworld
+    }
 }
 
 /// `[env]`: which environment generates tasks and how hard they are. Each environment owns its
@@ -237,6 +243,34 @@ pub trait Environment: Send + Sync {
     ) -> Result<Vec<Value>>;
     /// The words observations and actions are made of (for the built-in tokenizer).
     fn vocabulary(&self) -> Vec<String>;
+    /// The id of the files a task needs besides its spec (TextWorld: its game's blake3), which
+    /// the engine keeps in the store with the run; `None` (the default): the spec is the task.
+    fn asset_id(&self, spec: &Value) -> Option<String> {
+        let _ = spec;
+        None
+    }
+    /// The bytes of a task's asset ([`Environment::asset_id`]), made by this environment
+    /// earlier (by `generate`, `mutate` or `reset`): what [`Environment::install_asset`] takes.
+    fn asset(&self, spec: &Value) -> Result<Vec<u8>> {
+        Err(Error::Environment(format!(
+            "{}: tasks have no files besides their spec ({spec})",
+            self.name()
+        )))
+    }
+    /// Which of these assets are not here (not in this machine's cache, or altered there).
+    fn missing_assets(&self, ids: &[&str]) -> Vec<String> {
+        let _ = ids;
+        Vec::new()
+    }
+    /// Put an asset another machine (or an earlier run) made where this environment finds it,
+    /// after checking it is what its id names.
+    fn install_asset(&self, id: &str, bytes: &[u8]) -> Result<()> {
+        let _ = bytes;
+        Err(Error::Environment(format!(
+            "{}: has no assets to install (asset {id})",
+            self.name()
+        )))
+    }
 }
 
 /// The environment a config names.

@@ -7,13 +7,16 @@
 //! `{"family":"custom","world_size":2,"nb_objects":4,"quest_length":2,"seed":S,"budget_factor":2.0,"game":DIGEST}`.
 //! The game files (`game.z8` and the `game.json` that must sit beside it) are made once per spec
 //! by TextWorld's own generator and kept in a cache (`env.textworld.cache_dir`, one directory
-//! per spec with the files' blake3), so every stage, a resumed run and `replay` play the game
-//! without generating it again. Generated tasks name their files' blake3 (`game`); a machine
-//! whose cache lacks a game makes it again and must arrive at that digest, or the task is
+//! per spec with the files' blake3). Generated tasks name their files' blake3 (`game`), and the
+//! stages that introduce tasks hand their games to the engine as assets
+//! ([`Environment::asset`]: spec and files, zstd-compressed), which it keeps in the store with
+//! the run; a stage installs the run's committed games into the cache before it plays, so a
+//! resumed run, `replay`, a branch or a cluster worker plays the committed files even on a
+//! machine without the cache. That matters: `custom` games are a function of the spec and
+//! TextWorld's version (the bridge sets the story file's date-stamped serial number to a
+//! constant), but `cooking` games are not byte-reproducible when made again. A game made again
+//! anyway (a spec not in the store) must arrive at the digest its task names, or the task is
 //! refused with both digests named (`game` is optional in specs an LLM adapter proposes).
-//! `custom` games are a function of the spec and TextWorld's version (the bridge sets the story
-//! file's date-stamped serial number to a constant); `cooking` games are not byte-reproducible
-//! when made again, so a cooking run replays only where its cache is (docs/textworld.md).
 //!
 //! The bridge (`textworld_bridge.py`, embedded in the binary and written beside the cache)
 //! speaks the external environment's JSON lines ([`super::external`]) plus `make` (generate a
@@ -545,6 +548,66 @@ impl TextWorld {
     }
 }
 
+/// The first line of a game asset (before its spec and files; the whole zstd-compressed).
+const ASSET_MAGIC: &str = "rla-pipe textworld game 1\n";
+/// The files of a game, in the order they are hashed and bundled.
+const GAME_FILES: [&str; 2] = ["game.json", "game.z8"];
+/// The largest game asset accepted (decompressed): TextWorld's games are ~0.4 MB.
+const ASSET_MAX_BYTES: usize = 64 << 20;
+
+/// A game's asset: the magic line, its spec (canonical JSON, naming the game's digest) and its
+/// two files (name, newline, u64 little-endian length, bytes), zstd-compressed at a fixed level
+/// (so the same game is the same bytes).
+fn bundle(spec: &GameSpec, dir: &Path) -> std::io::Result<Vec<u8>> {
+    let mut raw = Vec::new();
+    raw.extend_from_slice(ASSET_MAGIC.as_bytes());
+    raw.extend_from_slice(canonical(&spec.0).as_bytes());
+    raw.push(b'\n');
+    for name in GAME_FILES {
+        let bytes = std::fs::read(dir.join(name))?;
+        raw.extend_from_slice(name.as_bytes());
+        raw.push(b'\n');
+        raw.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
+        raw.extend_from_slice(&bytes);
+    }
+    zstd::bulk::compress(&raw, 12)
+}
+
+/// The spec and files of a game asset ([`bundle`]); an error says what is wrong with it.
+fn unbundle(bytes: &[u8]) -> std::result::Result<(Value, Vec<(&'static str, Vec<u8>)>), String> {
+    let raw = zstd::bulk::decompress(bytes, ASSET_MAX_BYTES)
+        .map_err(|e| format!("not a zstd frame of at most {ASSET_MAX_BYTES} bytes: {e}"))?;
+    let rest = raw
+        .strip_prefix(ASSET_MAGIC.as_bytes())
+        .ok_or("it does not start with the game asset header")?;
+    let nl = rest
+        .iter()
+        .position(|b| *b == b'\n')
+        .ok_or("no spec line")?;
+    let spec: Value = serde_json::from_slice(&rest[..nl]).map_err(|e| format!("spec: {e}"))?;
+    let mut rest = &rest[nl + 1..];
+    let mut files = Vec::new();
+    for name in GAME_FILES {
+        let head = format!("{name}\n");
+        rest = rest
+            .strip_prefix(head.as_bytes())
+            .ok_or_else(|| format!("{name} is not where it should be"))?;
+        let (len, body) = rest
+            .split_first_chunk::<8>()
+            .ok_or_else(|| format!("{name}: truncated length"))?;
+        let len = u64::from_le_bytes(*len) as usize;
+        if body.len() < len {
+            return Err(format!("{name}: {} of {len} bytes", body.len()));
+        }
+        files.push((name, body[..len].to_vec()));
+        rest = &body[len..];
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} bytes after the files", rest.len()));
+    }
+    Ok((spec, files))
+}
+
 /// The digest recorded with a cached game, if its directory is complete.
 fn cached_digest(dir: &Path) -> Option<String> {
     std::fs::read_to_string(dir.join("digest")).ok()
@@ -553,7 +616,7 @@ fn cached_digest(dir: &Path) -> Option<String> {
 /// blake3 over the game's two files (name, length, bytes; in name order).
 fn bundle_digest(dir: &Path) -> std::io::Result<String> {
     let mut h = blake3::Hasher::new();
-    for name in ["game.json", "game.z8"] {
+    for name in GAME_FILES {
         let bytes = std::fs::read(dir.join(name))?;
         h.update(name.as_bytes());
         h.update(&(bytes.len() as u64).to_le_bytes());
@@ -696,6 +759,85 @@ impl Environment for TextWorld {
     fn vocabulary(&self) -> Vec<String> {
         VOCABULARY.lines().map(str::to_string).collect()
     }
+
+    fn asset_id(&self, spec: &Value) -> Option<String> {
+        spec.get("game").and_then(Value::as_str).map(str::to_string)
+    }
+
+    fn asset(&self, spec: &Value) -> Result<Vec<u8>> {
+        let spec = GameSpec::parse(spec)?;
+        let want = spec.0["game"].as_str().unwrap_or_default().to_string();
+        let dir = self.cache.join("games").join(spec.key());
+        let here = bundle_digest(&dir).ok();
+        if here.as_deref() != Some(want.as_str()) {
+            return Err(Error::Environment(format!(
+                "textworld: the game of {} is not in the cache {} (or its files changed)",
+                spec.0,
+                dir.display()
+            )));
+        }
+        bundle(&spec, &dir).map_err(|e| {
+            Error::Environment(format!("textworld: game cache {}: {e}", dir.display()))
+        })
+    }
+
+    fn missing_assets(&self, ids: &[&str]) -> Vec<String> {
+        let games = self.cache.join("games");
+        let mut here = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir(&games).into_iter().flatten().flatten() {
+            if let Some(d) = cached_digest(&entry.path()) {
+                here.insert(d, entry.path());
+            }
+        }
+        ids.iter()
+            .filter(|id| {
+                here.get(**id)
+                    .is_none_or(|dir| bundle_digest(dir).ok().as_deref() != Some(**id))
+            })
+            .map(|id| id.to_string())
+            .collect()
+    }
+
+    fn install_asset(&self, id: &str, bytes: &[u8]) -> Result<()> {
+        let bad = |m: String| Error::Environment(format!("textworld: game asset {id}: {m}"));
+        let (spec, files) = unbundle(bytes).map_err(bad)?;
+        let spec = GameSpec::parse(&spec)?;
+        if spec.0["game"].as_str() != Some(id) {
+            return Err(bad(format!("its spec names another game: {}", spec.0)));
+        }
+        let key = spec.key();
+        let games = self.cache.join("games");
+        let dir = games.join(&key);
+        let tmp = games.join(format!(
+            "tmp-{key}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let fs_err = |e: std::io::Error| bad(format!("game cache {}: {e}", tmp.display()));
+        let _ = std::fs::remove_dir_all(&tmp);
+        std::fs::create_dir_all(&tmp).map_err(fs_err)?;
+        for (name, body) in &files {
+            std::fs::write(tmp.join(name), body).map_err(fs_err)?;
+        }
+        let got = bundle_digest(&tmp).map_err(fs_err)?;
+        if got != id {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(bad(format!("its files hash to {got}")));
+        }
+        std::fs::write(tmp.join("digest"), id).map_err(fs_err)?;
+        // What is there under the key (a game made again differently, altered files) gives way
+        // to the committed game.
+        if dir.exists() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        if std::fs::rename(&tmp, &dir).is_err() {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if cached_digest(&dir).as_deref() != Some(id) {
+                return Err(bad(format!("cannot move it into {}", dir.display())));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// One episode, a session of one bridge process.
@@ -783,5 +925,70 @@ mod tests {
         );
         assert_eq!(cooking.easier().level, Level::Medium);
         assert_eq!(cooking.harder().level, Level::Hard);
+    }
+
+    /// A game's asset carries its spec and files; installed on a machine without the game (or
+    /// with other files under its key) it puts the committed files in place; a bundle that does
+    /// not hold what its id names, or is damaged, is refused. No bridge is started.
+    #[test]
+    fn game_assets_round_trip_and_are_checked() {
+        let made = tempfile::tempdir().unwrap();
+        let here = tempfile::tempdir().unwrap();
+        let dir = made.path().join("g");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("game.json"), b"{\"json\": 1}").unwrap();
+        std::fs::write(dir.join("game.z8"), vec![7u8; 5000]).unwrap();
+        let id = bundle_digest(&dir).unwrap();
+        let mut spec = TextWorldConfig::default().spec(3);
+        spec["game"] = json!(id);
+        let spec = GameSpec::parse(&spec).unwrap();
+        let bytes = bundle(&spec, &dir).unwrap();
+        assert_eq!(bytes, bundle(&spec, &dir).unwrap(), "same game, same bytes");
+        assert!(bytes.len() < 1000, "compressed: {}", bytes.len());
+
+        let tw = TextWorld::new(TextWorldConfig {
+            cache_dir: here.path().display().to_string(),
+            ..Default::default()
+        });
+        assert_eq!(tw.missing_assets(&[id.as_str()]), vec![id.clone()]);
+        assert!(tw.asset(&spec.0).is_err(), "not made here");
+        tw.install_asset(&id, &bytes).unwrap();
+        assert!(tw.missing_assets(&[id.as_str()]).is_empty());
+        assert_eq!(tw.asset_id(&spec.0).as_deref(), Some(id.as_str()));
+        assert_eq!(
+            tw.asset(&spec.0).unwrap(),
+            bytes,
+            "what is installed is what was kept"
+        );
+        let cached = here.path().join("games").join(spec.key());
+        assert_eq!(
+            std::fs::read(cached.join("game.z8")).unwrap(),
+            vec![7u8; 5000]
+        );
+
+        // Altered files under the key: missing again, and the install puts the game back.
+        std::fs::write(cached.join("game.z8"), b"other").unwrap();
+        assert_eq!(tw.missing_assets(&[id.as_str()]), vec![id.clone()]);
+        tw.install_asset(&id, &bytes).unwrap();
+        assert!(tw.missing_assets(&[id.as_str()]).is_empty());
+
+        // Refused: another id, a damaged frame, a truncated file.
+        let other = "ab".repeat(32);
+        let e = tw.install_asset(&other, &bytes).unwrap_err().to_string();
+        assert!(e.contains("names another game"), "{e}");
+        let e = tw.install_asset(&id, b"garbage").unwrap_err().to_string();
+        assert!(e.contains("zstd"), "{e}");
+        let raw = zstd::bulk::decompress(&bytes, ASSET_MAX_BYTES).unwrap();
+        let cut = zstd::bulk::compress(&raw[..raw.len() - 10], 3).unwrap();
+        let e = tw.install_asset(&id, &cut).unwrap_err().to_string();
+        assert!(e.contains("game.z8") && e.contains("bytes"), "{e}");
+        let mut flipped = raw.clone();
+        let last = flipped.len() - 1;
+        flipped[last] ^= 1;
+        let e = tw
+            .install_asset(&id, &zstd::bulk::compress(&flipped, 3).unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("hash to"), "{e}");
     }
 }

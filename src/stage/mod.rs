@@ -42,6 +42,61 @@ pub struct StageContext {
     /// Tokens the stage's models computed and reused, as [`StageContext::add_tokens`] reports
     /// them (`stage_runs.tokens_computed`, `tokens_reused`).
     pub tokens: std::sync::Mutex<Option<crate::store::manifest::TokenCounts>>,
+    /// The environment assets the run has committed ([`Stage::assets_in`]; `None` otherwise).
+    pub assets: Option<Arc<Assets>>,
+}
+
+/// The prefix of an environment asset's artifact name: `asset-<id>`.
+pub const ASSET_PREFIX: &str = "asset-";
+
+/// An environment asset a run committed (an artifact named `asset-<id>`, e.g. a TextWorld
+/// game's files): where it lies in the store and the blake3 of its bytes.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssetRef {
+    pub id: String,
+    pub path: String,
+    pub digest: String,
+}
+
+/// The environment assets of a run, as a stage sees them: every one the run's committed
+/// manifests name (what the stage installs before it plays or makes a task), and which of them
+/// were committed before the stage (what it need not store again: the same set when the stage is
+/// replayed).
+#[derive(Debug, Clone)]
+pub struct Assets {
+    pub store: crate::store::Store,
+    pub files: std::collections::BTreeMap<String, AssetRef>,
+    pub before: std::collections::BTreeSet<String>,
+}
+
+impl Assets {
+    /// The bytes of asset `id`, read from the store and checked against their digest.
+    pub async fn read(&self, id: &str) -> Result<bytes::Bytes> {
+        let a = self.files.get(id).ok_or_else(|| {
+            Error::data(format!(
+                "environment asset {id} is not committed in this run"
+            ))
+        })?;
+        let path = object_store::path::Path::from(a.path.as_str());
+        let bytes = self.store.get_opt(&path).await?.ok_or_else(|| {
+            Error::data(format!(
+                "environment asset {id}: {} is missing from the store {}",
+                a.path,
+                self.store.url()
+            ))
+        })?;
+        let got = blake3::hash(&bytes).to_hex().to_string();
+        if got != a.digest {
+            return Err(Error::Mismatch(format!(
+                "environment asset {id} ({}): blake3 {} does not match the digest its manifest recorded ({}); refusing to use it",
+                a.path,
+                &got[..16],
+                &a.digest[..16.min(a.digest.len())]
+            )));
+        }
+        Ok(bytes)
+    }
 }
 
 impl StageContext {
@@ -63,6 +118,7 @@ impl StageContext {
             checkpoints: Default::default(),
             artifacts: Default::default(),
             tokens: Default::default(),
+            assets: None,
         }
     }
 
@@ -82,6 +138,25 @@ impl StageContext {
                 "stage input checkpoint {name:?} was not provided by the engine"
             ))
         })
+    }
+
+    /// Whether asset `id` is to be handed to the engine: not committed before this stage, not
+    /// emitted by it already.
+    pub fn asset_is_new(&self, id: &str) -> bool {
+        let name = format!("{ASSET_PREFIX}{id}");
+        !self.assets.as_ref().is_some_and(|a| a.before.contains(id))
+            && !self
+                .artifacts
+                .lock()
+                .expect("artifact list")
+                .iter()
+                .any(|(n, _)| *n == name)
+    }
+
+    /// Hand an environment asset to the engine (stored content-addressed like a checkpoint,
+    /// named `asset-<id>`).
+    pub fn emit_asset(&self, id: &str, bytes: bytes::Bytes) {
+        self.emit_artifact(&format!("{ASSET_PREFIX}{id}"), bytes);
     }
 
     /// Hand an artifact to the engine.
@@ -158,6 +233,13 @@ pub trait Stage: Send + Sync {
     fn runs_at(&self, iter: u32) -> bool {
         let _ = iter;
         true
+    }
+    /// Whether the stage plays or makes the environment's tasks under `config` with an
+    /// environment whose tasks need files kept in the store (TextWorld's games): the engine then
+    /// gives it the run's committed assets ([`StageContext::assets`]).
+    fn assets_in(&self, config: &Config) -> bool {
+        let _ = config;
+        false
     }
     /// Whether the outputs are a pure function of inputs, config and seed (checked by replay).
     fn deterministic(&self) -> bool {

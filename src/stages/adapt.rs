@@ -89,7 +89,11 @@ impl Stage for Adapt {
     fn deterministic(&self) -> bool {
         self.deterministic
     }
+    fn assets_in(&self, config: &crate::config::Config) -> bool {
+        super::env_assets(config)
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        super::install_assets(ctx).await?;
         let rows = if ctx.config.adapt.enabled {
             adapt_pool(ctx).await?
         } else {
@@ -264,6 +268,7 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
                 tracing::info!(task = %task.task_id, "adapt: candidate taken by another slot");
                 continue;
             }
+            super::emit_assets(ctx, environment.as_ref(), [&candidate])?;
             rows.push(Row {
                 slot: task.slot,
                 task_id: task.task_id.clone(),

@@ -82,7 +82,11 @@ impl Stage for Evaluate {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[crate::model::POLICY]
     }
+    fn assets_in(&self, config: &crate::config::Config) -> bool {
+        super::env_assets(config)
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        super::install_assets(ctx).await?;
         let mut training = BTreeSet::new();
         for b in query(&ctx.session, "SELECT task_id FROM tasks")
             .await?
@@ -107,6 +111,7 @@ impl Stage for Evaluate {
         let mut out = TableBuilder::new("evaluations")?;
         for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
             tasks.retain(|(id, _)| !training.contains(id));
+            super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
             let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
                 .flat_map(|t| (0..per_task).map(move |r| (t, r)))
                 .map(|(t, r)| {

@@ -46,6 +46,52 @@ pub fn model_spec(cfg: &Config, role: &str) -> Result<ModelSpec> {
     Ok(spec)
 }
 
+/// Whether a stage that plays or makes tasks under `cfg` reads the run's environment assets
+/// ([`crate::stage::Stage::assets_in`]).
+pub(crate) fn env_assets(cfg: &Config) -> bool {
+    cfg.env.name.has_assets()
+}
+
+/// Make every environment asset the run has committed local before the stage plays or makes a
+/// task (TextWorld: the games, into its cache), so that a resumed run, a replay, a branch or a
+/// cluster worker plays — and `generate` finds — exactly the committed games instead of making
+/// them again.
+pub(crate) async fn install_assets(ctx: &crate::stage::StageContext) -> Result<()> {
+    let Some(assets) = ctx.assets.as_ref().filter(|a| !a.files.is_empty()) else {
+        return Ok(());
+    };
+    let environment = crate::env::from_config(&ctx.config.env)?;
+    let ids: Vec<&str> = assets.files.keys().map(String::as_str).collect();
+    let missing = environment.missing_assets(&ids);
+    if !missing.is_empty() {
+        tracing::info!(
+            count = missing.len(),
+            "installing the run's committed environment assets"
+        );
+    }
+    for id in missing {
+        let bytes = assets.read(&id).await?;
+        environment.install_asset(&id, &bytes)?;
+    }
+    Ok(())
+}
+
+/// Hand the engine the asset of every task in `specs` that the run has not committed yet.
+pub(crate) fn emit_assets<'a>(
+    ctx: &crate::stage::StageContext,
+    environment: &dyn crate::env::Environment,
+    specs: impl IntoIterator<Item = &'a serde_json::Value>,
+) -> Result<()> {
+    for spec in specs {
+        if let Some(id) = environment.asset_id(spec)
+            && ctx.asset_is_new(&id)
+        {
+            ctx.emit_asset(&id, environment.asset(spec)?.into());
+        }
+    }
+    Ok(())
+}
+
 /// Run a stage's synchronous model work and report the tokens its models computed and reused
 /// (`stage_runs.tokens_computed`, `tokens_reused`; nothing when no model ran).
 pub(crate) fn counted<R>(ctx: &crate::stage::StageContext, work: impl FnOnce() -> R) -> R {

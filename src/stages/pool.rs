@@ -39,7 +39,13 @@ impl Stage for Pool {
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "rollout"]
     }
+    fn assets_in(&self, config: &crate::config::Config) -> bool {
+        super::env_assets(config)
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        if ctx.iter == 0 {
+            super::install_assets(ctx).await?;
+        }
         let pool = if ctx.iter > 0 {
             let sql = render(POOL_NEXT, &[("iter", ctx.iter.to_string())])?;
             query(&ctx.session, &sql).await?
@@ -98,6 +104,7 @@ fn seed_pool(ctx: &StageContext) -> Result<arrow::array::RecordBatch> {
         ctx.config.run.seed,
         ctx.config.env.initial_tasks,
     )?;
+    super::emit_assets(ctx, environment.as_ref(), specs.iter().map(|(_, s)| s))?;
     let mut out = TableBuilder::new("tasks")?;
     for (slot, (id, s)) in specs.iter().enumerate() {
         let spec = canonical(s);

@@ -173,7 +173,11 @@ impl Stage for Pretrain {
     fn runs_at(&self, iter: u32) -> bool {
         iter == 0
     }
+    fn assets_in(&self, config: &crate::config::Config) -> bool {
+        super::env_assets(config)
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        super::install_assets(ctx).await?;
         let cfg = &ctx.config;
         let p = &cfg.pretrain;
         let environment = env::easier_from_config(&cfg.env)?.ok_or_else(|| {
@@ -183,6 +187,7 @@ impl Stage for Pretrain {
             ))
         })?;
         let tasks = demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(64))?;
+        super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
         let cap = cfg.env.max_steps;
         // The planner's episodes (the policy's), then the RM's until rm_steps steps.
         let mut policy_eps = Vec::new();

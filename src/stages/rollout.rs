@@ -470,7 +470,11 @@ impl Stage for Rollout {
             || !config.run.device.is_deterministic();
         exact.then_some("task_id")
     }
+    fn assets_in(&self, config: &crate::config::Config) -> bool {
+        super::env_assets(config)
+    }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
+        super::install_assets(ctx).await?;
         let tasks = query(
             &ctx.session,
             // Runs made before slot sampling have no `rolled_out`: every task was rolled out.

@@ -3,6 +3,7 @@
 //! <run_id>/run.json
 //! <run_id>/data/<table>/iter=<NNNNNN>/<attempt>.parquet
 //! <run_id>/artifacts/iter=<NNNNNN>/<name>.<digest>.ckpt   (checkpoints: model::checkpoint's byte layout)
+//! <run_id>/artifacts/iter=<NNNNNN>/asset-<id>.<digest>.asset   (environment assets: TextWorld's games)
 //! <run_id>/_commits/iter=<NNNNNN>/<stage>.json
 //! <run_id>/_commits/iter=<NNNNNN>/_iteration.json
 //! ```
@@ -57,10 +58,16 @@ pub fn data_file(run: &str, table: &str, iter: u32, attempt: &str) -> Path {
     ))
 }
 
-/// A content-addressed artifact (model checkpoint) written by a stage of an iteration.
+/// A content-addressed artifact written by a stage of an iteration: a model checkpoint
+/// (`<name>.<digest>.ckpt`) or an environment asset (`asset-<id>.<digest>.asset`).
 pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
+    let ext = if name.starts_with("asset-") {
+        "asset"
+    } else {
+        "ckpt"
+    };
     Path::from(format!(
-        "{run}/artifacts/{}/{name}.{digest}.ckpt",
+        "{run}/artifacts/{}/{name}.{digest}.{ext}",
         iter_dir(iter)
     ))
 }

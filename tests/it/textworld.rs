@@ -106,5 +106,139 @@ fn textworld_games_match_textworld_itself() {
             "{family}: replay --verify\n{}{}",
             r.stdout, r.stderr
         );
+        // The games are kept in the store: one asset per game played (training pool, held-out,
+        // OOD, demonstrations), and a machine without the cache replays the run from them (a
+        // cooking game made again is not the same bytes, so this fails if they are made again).
+        let mut assets = Vec::new();
+        let artifacts = f.store().join("tw").join("artifacts");
+        for it in std::fs::read_dir(&artifacts).unwrap() {
+            for a in std::fs::read_dir(it.unwrap().path()).unwrap() {
+                let name = a.unwrap().file_name().to_string_lossy().to_string();
+                if name.starts_with("asset-") && name.ends_with(".asset") {
+                    assets.push(name);
+                }
+            }
+        }
+        assert!(assets.len() >= 3 + 2 + 1, "{family}: assets {assets:?}");
+        std::fs::remove_dir_all(&cache).unwrap();
+        let r = f.rla(&[
+            "replay",
+            "--store",
+            &f.store_arg(),
+            "--run",
+            "tw",
+            "--iter",
+            "0",
+            "--verify",
+        ]);
+        assert_eq!(
+            r.code, 0,
+            "{family}: replay --verify without the game cache\n{}{}",
+            r.stdout, r.stderr
+        );
+        let remade = std::fs::read_dir(std::path::Path::new(&cache).join("games"))
+            .unwrap()
+            .count();
+        assert!(remade >= assets.len(), "{family}: {remade} games installed");
+        if family == "custom" {
+            crashed_then_resumed_without_the_cache(&f, &cache, &sets);
+        }
+        // A corrupt asset is refused with its path, never played.
+        let victim = std::fs::read_dir(artifacts.join("iter=000000"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| p.extension().is_some_and(|e| e == "asset"))
+            .unwrap();
+        std::fs::write(&victim, b"not a game").unwrap();
+        std::fs::remove_dir_all(&cache).unwrap();
+        let r = f.rla(&[
+            "replay",
+            "--store",
+            &f.store_arg(),
+            "--run",
+            "tw",
+            "--iter",
+            "0",
+            "--verify",
+        ]);
+        assert_eq!(r.code, 1, "{family}: {}{}", r.stdout, r.stderr);
+        let name = victim.file_name().unwrap().to_string_lossy().to_string();
+        assert!(
+            (r.stderr.contains("does not match the digest")
+                || r.stderr.contains("no longer matches"))
+                && r.stderr.contains(&name),
+            "{family}: {}",
+            r.stderr
+        );
     }
+}
+
+/// The same run, killed right after its rollout wrote its files (bridges running, nothing of the
+/// rollout committed), then resumed with the same command on a machine without the game cache:
+/// the resumed stages play the games kept in the store, and every committed file equals the
+/// uninterrupted run's (`tw` in the fixture's store).
+fn crashed_then_resumed_without_the_cache(f: &Fixture, cache: &str, sets: &[&str]) {
+    let other = f.dir.path().join("crashed");
+    let other_arg = other.display().to_string();
+    let mut args = vec![
+        "run",
+        TEXTWORLD,
+        "--store",
+        &other_arg,
+        "--run-id",
+        "tw",
+        "--iterations",
+        "1",
+    ];
+    for s in sets {
+        args.extend(["--set", s]);
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        .current_dir(f.dir.path())
+        .env_remove("RUST_LOG")
+        .env("RLA_PIPE_CRASH_AT", "after-data:3")
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("aborting at after-data"), "{stderr}");
+    let commits = other.join("tw/_commits/iter=000000");
+    assert!(commits.join("pool.json").exists() && !commits.join("rollout.json").exists());
+    std::fs::remove_dir_all(cache).unwrap();
+    let r = f.rla(&args).ok();
+    assert!(
+        r.stderr.contains("committed earlier, skipped"),
+        "{}",
+        r.stderr
+    );
+    for store in [f.store_arg(), other_arg.clone()] {
+        f.rla(&["gc", "--store", &store, "--grace-secs", "0"]).ok();
+    }
+    let digests = |root: &std::path::Path| {
+        let mut files = Vec::new();
+        crate::walk(root, root, &mut files);
+        let mut out: Vec<(String, String)> = files
+            .into_iter()
+            .filter(|p| p.starts_with("tw/data/") || p.starts_with("tw/artifacts/"))
+            .map(|p| {
+                // Data files are named by attempt: compare by directory.
+                let key = if p.starts_with("tw/data/") {
+                    p.rsplit_once('/').unwrap().0.to_string()
+                } else {
+                    p.clone()
+                };
+                let bytes = std::fs::read(root.join(&p)).unwrap();
+                (key, blake3::hash(&bytes).to_hex().to_string())
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let (a, b) = (digests(&f.store()), digests(&other));
+    assert!(
+        a.iter().filter(|(p, _)| p.ends_with(".asset")).count() >= 6,
+        "{a:?}"
+    );
+    assert_eq!(a, b);
 }
