@@ -573,8 +573,11 @@ fn bundle(spec: &GameSpec, dir: &Path) -> std::io::Result<Vec<u8>> {
     zstd::bulk::compress(&raw, 12)
 }
 
+/// A game's files by name.
+type GameFiles = Vec<(&'static str, Vec<u8>)>;
+
 /// The spec and files of a game asset ([`bundle`]); an error says what is wrong with it.
-fn unbundle(bytes: &[u8]) -> std::result::Result<(Value, Vec<(&'static str, Vec<u8>)>), String> {
+fn unbundle(bytes: &[u8]) -> std::result::Result<(Value, GameFiles), String> {
     let raw = zstd::bulk::decompress(bytes, ASSET_MAX_BYTES)
         .map_err(|e| format!("not a zstd frame of at most {ASSET_MAX_BYTES} bytes: {e}"))?;
     let rest = raw
