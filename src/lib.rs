@@ -27,6 +27,7 @@ pub mod frames;
 pub mod model;
 pub mod pipeline;
 pub mod report;
+pub mod sandbox;
 pub mod schema;
 pub mod sql;
 pub mod stage;
