@@ -5,6 +5,7 @@
 //! Built in: [`gridnav`], [`household`]; any other program through [`external`]. Environments
 //! never touch storage; the rollout stage drives them.
 
+pub mod coding;
 pub mod external;
 pub mod gridnav;
 pub mod household;

