@@ -21,6 +21,7 @@
 pub mod adapt;
 pub mod advantage;
 mod bench;
+pub mod coding;
 pub mod evaluate;
 pub mod judge;
 pub mod pool;
