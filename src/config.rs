@@ -370,6 +370,7 @@ pub const UNHASHED_KEYS: &[&str] = &[
     "run.device",
     "run.cluster",
     "update.threads",
+    "env.coding.workers",
     "adapt.openai.endpoint",
     "adapt.openai.timeout_secs",
     "adapt.openai.concurrency",

@@ -571,6 +571,27 @@ pub async fn digest_in_key_order(def: &TableDef, file: bytes::Bytes) -> Result<(
     Ok((rows, encoder.finish().await?.1))
 }
 
+/// Rows and blake3 of a committed file without the columns `drop`, encoded as this build's
+/// writer encodes them: what a replay that leaves those (wall-clock) columns out produces when
+/// the other columns are equal.
+pub async fn digest_without(file: bytes::Bytes, drop: &[&str]) -> Result<(u64, String)> {
+    let reader = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(file)?
+        .with_batch_size(WRITE_BATCH_ROWS)
+        .build()?;
+    let schema = arrow::array::RecordBatchReader::schema(&reader);
+    let keep: Vec<usize> = (0..schema.fields().len())
+        .filter(|i| !drop.contains(&schema.field(*i).name().as_str()))
+        .collect();
+    let mut encoder = Encoder::new(None, Arc::new(schema.project(&keep)?))?;
+    let mut rows = 0;
+    for b in reader {
+        let b = b?.project(&keep)?;
+        rows += b.num_rows() as u64;
+        encoder.push(b).await?;
+    }
+    Ok((rows, encoder.finish().await?.1))
+}
+
 /// Who sorts a frame a stage computed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum SortBy {

@@ -77,6 +77,8 @@ pub struct EnvConfig {
     pub household: household::HouseholdConfig,
     /// TextWorld's games: family, level, knobs, the bridge (src/env/textworld.rs).
     pub textworld: textworld::TextWorldConfig,
+    /// The coding setting's problems and sandbox (src/env/coding/).
+    pub coding: coding::CodingConfig,
 }
 
 impl Default for EnvConfig {
@@ -90,6 +92,7 @@ impl Default for EnvConfig {
             external: Default::default(),
             household: Default::default(),
             textworld: Default::default(),
+            coding: Default::default(),
         }
     }
 }
@@ -112,6 +115,7 @@ impl EnvConfig {
         }
         self.external.validate(self.name == EnvKind::External, c);
         self.textworld.validate(c);
+        self.coding.validate(c);
     }
 }
 

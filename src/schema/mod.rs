@@ -31,6 +31,15 @@ pub fn markdown(table: &str) -> Option<&'static str> {
     })
 }
 
+/// Columns of a table that hold wall-clock measurements (not reproducible): `replay --verify`
+/// compares every other column.
+pub fn volatile(table: &str) -> &'static [&'static str] {
+    match table {
+        "executions" => &["seconds"],
+        _ => &[],
+    }
+}
+
 /// The rows of a schema file's column table: (column, type, nullable, meaning).
 pub fn markdown_columns(text: &str) -> Vec<(String, String, bool, String)> {
     text.lines()

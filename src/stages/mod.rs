@@ -23,6 +23,7 @@ pub mod advantage;
 mod bench;
 pub mod coding;
 pub mod evaluate;
+pub mod execute;
 pub mod judge;
 pub mod pool;
 pub mod pretrain;

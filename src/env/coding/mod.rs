@@ -22,6 +22,48 @@ use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
 
+/// `[env.coding]`: where the problems are and how programs run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct CodingConfig {
+    /// The training problems ([`load`]: `.jsonl`, `.jsonl.gz`, `.json`).
+    pub problems: String,
+    /// Programs run at once (each in its own sandbox; 0: one per core).
+    pub workers: u32,
+    /// The sandbox every program runs in ([`crate::sandbox`]).
+    pub sandbox: crate::sandbox::SandboxConfig,
+}
+
+impl Default for CodingConfig {
+    fn default() -> Self {
+        CodingConfig {
+            problems: "pipelines/data/coding-seed.jsonl".into(),
+            workers: 0,
+            sandbox: Default::default(),
+        }
+    }
+}
+
+impl CodingConfig {
+    /// The section's checks (keys `env.coding.*`).
+    pub fn validate(&self, c: &mut crate::error::Checks) {
+        c.check(
+            !self.problems.is_empty(),
+            "env.coding.problems",
+            "must name a file of problems",
+        );
+        self.sandbox.validate("env.coding.sandbox", c);
+    }
+
+    /// Programs run at once.
+    pub fn workers(&self) -> usize {
+        match self.workers {
+            0 => std::thread::available_parallelism().map_or(2, |n| n.get()),
+            n => n as usize,
+        }
+    }
+}
+
 /// Default seconds per test of a stdin/stdout problem without `test_time_limit` (the
 /// reference's task pool, `llm_policy_rollout.py:54-102`).
 pub const DEFAULT_TIME_LIMIT: f64 = 1.0;
