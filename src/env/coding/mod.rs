@@ -14,6 +14,7 @@
 //! [`format`] holds the prompts and reply parsers; execution (each program against each test
 //! in [`crate::sandbox`]) is a stage of its own.
 
+pub mod curate;
 pub mod format;
 
 use std::path::Path;
