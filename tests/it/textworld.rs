@@ -91,16 +91,19 @@ fn textworld_games_match_textworld_itself() {
             .unwrap()
             .count();
         assert!(games >= 3, "{family}: {games} games in the cache");
-        let r = f.rla(&[
-            "replay",
-            "--store",
-            &f.store_arg(),
-            "--run",
-            "tw",
-            "--iter",
-            "0",
-            "--verify",
-        ]);
+        let verify = || {
+            f.rla(&[
+                "replay",
+                "--store",
+                &f.store_arg(),
+                "--run",
+                "tw",
+                "--iter",
+                "0",
+                "--verify",
+            ])
+        };
+        let r = verify();
         assert_eq!(
             r.code, 0,
             "{family}: replay --verify\n{}{}",
@@ -121,16 +124,7 @@ fn textworld_games_match_textworld_itself() {
         }
         assert!(assets.len() > 3 + 2, "{family}: assets {assets:?}");
         std::fs::remove_dir_all(&cache).unwrap();
-        let r = f.rla(&[
-            "replay",
-            "--store",
-            &f.store_arg(),
-            "--run",
-            "tw",
-            "--iter",
-            "0",
-            "--verify",
-        ]);
+        let r = verify();
         assert_eq!(
             r.code, 0,
             "{family}: replay --verify without the game cache\n{}{}",
@@ -151,16 +145,7 @@ fn textworld_games_match_textworld_itself() {
             .unwrap();
         std::fs::write(&victim, b"not a game").unwrap();
         std::fs::remove_dir_all(&cache).unwrap();
-        let r = f.rla(&[
-            "replay",
-            "--store",
-            &f.store_arg(),
-            "--run",
-            "tw",
-            "--iter",
-            "0",
-            "--verify",
-        ]);
+        let r = verify();
         assert_eq!(r.code, 1, "{family}: {}{}", r.stdout, r.stderr);
         let name = victim.file_name().unwrap().to_string_lossy().to_string();
         assert!(
