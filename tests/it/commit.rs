@@ -152,3 +152,85 @@ async fn bad_stage_output_is_refused() {
         );
     }
 }
+
+/// Whether [`ToyExec`] records its second run as timed out (a program that behaves otherwise
+/// when run again).
+static FLIP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// A stage writing `executions` whose `seconds` differ at every run (wall-clock time, as the
+/// coding setting's `execute`), the other columns fixed unless [`FLIP`] is set.
+struct ToyExec;
+
+#[async_trait::async_trait]
+impl rla_pipe::stage::Stage for ToyExec {
+    fn name(&self) -> &'static str {
+        "execute"
+    }
+    fn outputs(&self) -> &'static [&'static str] {
+        &["executions"]
+    }
+    async fn run(
+        &self,
+        ctx: &rla_pipe::stage::StageContext,
+    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .subsec_nanos();
+        let flip = FLIP.load(std::sync::atomic::Ordering::SeqCst);
+        let mut b = rla_pipe::schema::rows::TableBuilder::new("executions")?;
+        for (k, (status, passed)) in [
+            ("ok", true),
+            (if flip { "timeout" } else { "wrong_answer" }, false),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            b.push_str("t")
+                .push_str("p")
+                .push_str("truth")
+                .push_u32(k as u32)
+                .push_bool(passed)
+                .push_str(status)
+                .push_f64(f64::from(nanos) * 1e-9 + k as f64)
+                .push_opt_str(Some("abc"));
+        }
+        let batch = b.finish_with(&ctx.run_id, ctx.iter)?;
+        Ok(vec![(
+            "executions",
+            rla_pipe::stage::TableOutput::Frame(ctx.session.read_batch(batch)?),
+        )])
+    }
+}
+
+/// A table with wall-clock columns (`executions.seconds`) replays when every other column is
+/// equal, and a replay whose status differs is refused, naming the table.
+#[tokio::test]
+async fn wall_clock_columns_are_left_out_of_replay() {
+    let store = Store::open("memory://").unwrap();
+    let toy = |_: &Config| {
+        Dag::new(
+            vec![std::sync::Arc::new(ToyExec)],
+            pipeline::initial_checkpoints(),
+        )
+    };
+    let e = Engine::open(store.clone(), "toy", config(), toy(&config()).unwrap())
+        .await
+        .unwrap();
+    e.run(1, None).await.unwrap();
+    let report = rla_pipe::engine::replay::verify(&store, "toy", 0, None, toy)
+        .await
+        .unwrap();
+    assert_eq!(report.len(), 1);
+    assert_eq!(report[0].how, "replayed, wall-clock columns left out");
+    FLIP.store(true, std::sync::atomic::Ordering::SeqCst);
+    let e = rla_pipe::engine::replay::verify(&store, "toy", 0, None, toy)
+        .await
+        .unwrap_err()
+        .to_string();
+    FLIP.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        e.contains("table executions differs (compared without its wall-clock columns seconds)"),
+        "{e}"
+    );
+}
