@@ -450,42 +450,45 @@ mod tests {
     #[test]
     fn hostile_programs_are_contained() {
         let s = sandbox();
+        // A slot (uid) of its own: no other test runs programs under it.
+        const SLOT: usize = 63;
         let limit = Duration::from_secs(2);
         // Sleeping past the limit.
         let o = s
-            .run(1, "import time\ntime.sleep(60)\n", "", limit)
+            .run(SLOT, "import time\ntime.sleep(60)\n", "", limit)
             .unwrap();
         assert_eq!(o.status, Status::Timeout, "{o:?}");
         assert!(o.seconds < 4.0, "killed at the limit: {}", o.seconds);
         // Infinite output.
         let o = s
-            .run(1, "while True:\n    print('y' * 1000)\n", "", limit)
+            .run(SLOT, "while True:\n    print('y' * 1000)\n", "", limit)
             .unwrap();
         assert_eq!(o.status, Status::OutputLimit, "{o:?}");
         assert_eq!(o.stdout.len(), 10_000);
         // Memory.
-        let o = s.run(1, "x = bytearray(1 << 30)\n", "", limit).unwrap();
+        let o = s.run(SLOT, "x = bytearray(1 << 30)\n", "", limit).unwrap();
         assert_eq!(o.status, Status::Memory, "{o:?}");
         // A fork bomb: stopped at the process limit, killed at the time limit, nothing left.
         let o = s
-            .run(1, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "", limit)
+            .run(SLOT, "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n", "", limit)
             .unwrap();
         assert!(matches!(o.status, Status::Timeout | Status::Crash), "{o:?}");
         assert!(o.seconds < 4.0, "{}", o.seconds);
         if s.root {
             // Killed processes are reaped by the kernel shortly after the namespace's init.
             let t = Instant::now();
-            while processes_of(FIRST_UID + 1) > 0 && t.elapsed() < Duration::from_secs(5) {
+            while processes_of(FIRST_UID + SLOT as u32) > 0 && t.elapsed() < Duration::from_secs(5)
+            {
                 std::thread::sleep(Duration::from_millis(20));
             }
             assert_eq!(
-                processes_of(FIRST_UID + 1),
+                processes_of(FIRST_UID + SLOT as u32),
                 0,
                 "the bomb's processes are gone"
             );
         }
         let t = Instant::now();
-        let o = s.run(1, "print('still here')\n", "", limit).unwrap();
+        let o = s.run(SLOT, "print('still here')\n", "", limit).unwrap();
         assert_eq!(o.stdout, "still here\n");
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
