@@ -141,10 +141,9 @@ impl Stage for Execute {
                 .map(|ts| {
                     ts.iter()
                         .map(|(k, t)| {
-                            let case = t.as_ref().map(|t| TestCase::Stdio {
-                                input: t.input.clone(),
-                                output: t.output.clone(),
-                            });
+                            let case = t
+                                .as_ref()
+                                .map(|t| problem.written_test(&t.input, &t.output));
                             ("generated", *k, case)
                         })
                         .collect()
@@ -347,22 +346,25 @@ mod tests {
         let written = [
             "**Test Input:**\n```\n10 20\n```\n**Test Output:**\n```\n30\n```",
             "I am not sure.",
+            // Function-call problems: a call and the value it returns.
+            "**Test Input:**\n```\ninc(41)\n```\n**Test Output:**\n```\n42\n```",
+            "**Test Input:**\n```\ninc(\n```\n**Test Output:**\n```\n1\n```",
         ];
         register(
             &c,
             "rm_samples",
             vec![
-                s(&["A", "A"]),
-                s(&["", ""]),
-                u(&[0, 0]),
-                u(&[0, 1]),
-                s(&["", ""]),
-                crate::stages::testutil::i8s(&[0, 0]),
+                s(&["A", "A", "H", "H"]),
+                s(&["", "", "", ""]),
+                u(&[0, 0, 0, 0]),
+                u(&[0, 1, 0, 1]),
+                s(&["", "", "", ""]),
+                crate::stages::testutil::i8s(&[0, 0, 0, 0]),
                 s(&written),
             ],
         );
         let tests = output(&Execute, &c, "unit_tests").await;
-        assert_eq!(tests.num_rows(), 2);
+        assert_eq!(tests.num_rows(), 4);
         let valid = col::<BooleanArray>(&tests, "valid");
         assert!(valid.value(0) && !valid.value(1));
         assert_eq!(col::<StringArray>(&tests, "input").value(0), "10 20");
@@ -408,7 +410,11 @@ mod tests {
             "a4 generated 1 invalid_test false",
             "a4 truth 0 ok true",
             "a4 truth 1 ok true",
+            "h0 generated 0 ok true",
+            "h0 generated 1 crash false",
             "h0 truth 0 ok true",
+            "h1 generated 0 wrong_answer false",
+            "h1 generated 1 crash false",
             "h1 truth 0 crash false",
         ];
         assert_eq!(got, want);

@@ -42,6 +42,21 @@ pub fn unit_test_prompt(problem: &str) -> String {
     )
 }
 
+/// The unit-test prompt for a function-call problem (HumanEval's): the reference's prompt with
+/// its stdin/stdout format replaced by a call of `entry_point` and the value it returns, both
+/// Python expressions (rla-pipe's extension; the reference's coding data is stdin/stdout only).
+pub fn unit_test_prompt_for_function(problem: &str, entry_point: &str) -> String {
+    unit_test_prompt(problem)
+        .replace(
+            "```<put the EXACT stdin content here>```",
+            &format!("```<a call of {entry_point}, e.g. {entry_point}(...)>```"),
+        )
+        .replace(
+            "```<put the EXACT stdout content here>```",
+            "```<the value the call must return, as a Python literal>```",
+        )
+}
+
 /// A test the reward model wrote: its stdin and expected stdout, and the reply from the last
 /// `**Test Input:**` on (what RM training keeps as the example).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -190,5 +205,7 @@ mod tests {
         assert!(
             unit_test_prompt("P").ends_with("Problem:\nP\n<|im_end|>\n<|im_start|>assistant\n")
         );
+        let f = unit_test_prompt_for_function("def inc(x):", "inc");
+        assert!(f.contains("```<a call of inc, e.g. inc(...)>```") && !f.contains("stdin"));
     }
 }

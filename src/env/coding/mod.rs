@@ -101,6 +101,9 @@ pub enum TestCase {
     Stdio { input: String, output: String },
     /// A HumanEval `check(candidate)` function (all its assertions: one test).
     Check { test: String, entry_point: String },
+    /// A test a reward model wrote for a function-call problem: a call of the function and the
+    /// value it must return, both Python expressions (passes when they compare equal).
+    Call { call: String, expected: String },
 }
 
 impl Problem {
@@ -190,6 +193,34 @@ impl Problem {
         }
     }
 
+    /// A test a reward model wrote, as this problem runs it: stdin and expected stdout for a
+    /// stdin/stdout problem, a call and its expected value for a function-call one.
+    pub fn written_test(&self, input: &str, output: &str) -> TestCase {
+        match &self.tests {
+            Tests::Stdio { .. } => TestCase::Stdio {
+                input: input.to_string(),
+                output: output.to_string(),
+            },
+            Tests::Function { .. } => TestCase::Call {
+                call: input.to_string(),
+                expected: output.to_string(),
+            },
+        }
+    }
+
+    /// The reward model's prompt for this problem: the reference's for stdin/stdout problems;
+    /// for a function-call problem the same prompt asking for a call of the function and the
+    /// value it returns ([`format::unit_test_prompt_for_function`], rla-pipe's extension: the
+    /// reference has no function-call problems).
+    pub fn unit_test_prompt(&self) -> String {
+        match &self.tests {
+            Tests::Stdio { .. } => format::unit_test_prompt(&self.question),
+            Tests::Function { entry_point, .. } => {
+                format::unit_test_prompt_for_function(&self.question, entry_point)
+            }
+        }
+    }
+
     /// The ground-truth tests, in order.
     pub fn ground_truth(&self) -> Vec<TestCase> {
         match &self.tests {
@@ -216,6 +247,9 @@ impl TestCase {
         match self {
             TestCase::Stdio { input, output } => !input.is_empty() && !output.is_empty(),
             TestCase::Check { .. } => true,
+            TestCase::Call { call, expected } => {
+                !call.trim().is_empty() && !expected.trim().is_empty()
+            }
         }
     }
 
@@ -227,6 +261,10 @@ impl TestCase {
                 format!("{program}\n\n{test}\n\ncheck({entry_point})\n"),
                 String::new(),
             ),
+            TestCase::Call { call, expected } => (
+                format!("{program}\n\nprint(({call}) == ({expected}))\n"),
+                String::new(),
+            ),
         }
     }
 
@@ -235,6 +273,8 @@ impl TestCase {
         match self {
             TestCase::Stdio { output, .. } => format::outputs_match(stdout, output),
             TestCase::Check { .. } => true,
+            // The last line: what the comparison printed (the program may print before it).
+            TestCase::Call { .. } => stdout.trim_end().lines().last() == Some("True"),
         }
     }
 }
