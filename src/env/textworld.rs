@@ -474,12 +474,7 @@ impl TextWorld {
             let _ = std::fs::remove_dir_all(&dir);
         }
         self.ready()?;
-        let tmp = self.cache.join("games").join(format!(
-            "tmp-{key}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
-        let _ = std::fs::remove_dir_all(&tmp);
+        let tmp = self.tmp_dir(&key);
         let made = self.call(bridge, json!({"op": "make", "spec": spec.0, "dir": tmp}));
         let made = made.map_err(|e| {
             let _ = std::fs::remove_dir_all(&tmp);
@@ -497,20 +492,27 @@ impl TextWorld {
             )));
         }
         let digest = bundle_digest(&tmp).map_err(fs_err)?;
-        std::fs::write(tmp.join("digest"), &digest).map_err(fs_err)?;
         let _ = std::fs::remove_file(tmp.join("game.ni"));
-        if std::fs::rename(&tmp, &dir).is_err() {
-            // Another thread or process made it first: keep theirs.
-            let _ = std::fs::remove_dir_all(&tmp);
-            return match cached_digest(&dir) {
-                Some(d) => Ok((dir, d)),
-                None => Err(Error::Environment(format!(
-                    "textworld: cannot move a made game into {}",
-                    dir.display()
-                ))),
-            };
+        // Another thread or process that made it first keeps theirs.
+        match place(&tmp, &dir, &digest).map_err(fs_err)? {
+            Some(d) => Ok((dir, d)),
+            None => Err(Error::Environment(format!(
+                "textworld: cannot move a made game into {}",
+                dir.display()
+            ))),
         }
-        Ok((dir, digest))
+    }
+
+    /// A fresh temporary directory for the game of cache key `key`, private to this process
+    /// and thread, beside the cache's games (so a rename puts it in place).
+    fn tmp_dir(&self, key: &str) -> PathBuf {
+        let tmp = self.cache.join("games").join(format!(
+            "tmp-{key}-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&tmp);
+        tmp
     }
 
     /// Specs of games that can be generated, made in parallel (`generation_workers`).
@@ -558,17 +560,16 @@ const ASSET_MAX_BYTES: usize = 64 << 20;
 /// A game's asset: the magic line, its spec (canonical JSON, naming the game's digest) and its
 /// two files (name, newline, u64 little-endian length, bytes), zstd-compressed at a fixed level
 /// (so the same game is the same bytes).
-fn bundle(spec: &GameSpec, dir: &Path) -> std::io::Result<Vec<u8>> {
+fn bundle(spec: &GameSpec, files: &GameFiles) -> std::io::Result<Vec<u8>> {
     let mut raw = Vec::new();
     raw.extend_from_slice(ASSET_MAGIC.as_bytes());
     raw.extend_from_slice(canonical(&spec.0).as_bytes());
     raw.push(b'\n');
-    for name in GAME_FILES {
-        let bytes = std::fs::read(dir.join(name))?;
+    for (name, bytes) in files {
         raw.extend_from_slice(name.as_bytes());
         raw.push(b'\n');
         raw.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        raw.extend_from_slice(&bytes);
+        raw.extend_from_slice(bytes);
     }
     zstd::bulk::compress(&raw, 12)
 }
@@ -616,16 +617,35 @@ fn cached_digest(dir: &Path) -> Option<String> {
     std::fs::read_to_string(dir.join("digest")).ok()
 }
 
-/// blake3 over the game's two files (name, length, bytes; in name order).
-fn bundle_digest(dir: &Path) -> std::io::Result<String> {
+/// A game directory's two files and their blake3 (over name, length, bytes; in name order).
+fn read_game(dir: &Path) -> std::io::Result<(GameFiles, String)> {
     let mut h = blake3::Hasher::new();
+    let mut files = Vec::new();
     for name in GAME_FILES {
         let bytes = std::fs::read(dir.join(name))?;
         h.update(name.as_bytes());
         h.update(&(bytes.len() as u64).to_le_bytes());
         h.update(&bytes);
+        files.push((name, bytes));
     }
-    Ok(h.finalize().to_hex().to_string())
+    Ok((files, h.finalize().to_hex().to_string()))
+}
+
+/// The blake3 of a game directory's files ([`read_game`]).
+fn bundle_digest(dir: &Path) -> std::io::Result<String> {
+    read_game(dir).map(|(_, digest)| digest)
+}
+
+/// Put the complete game directory `tmp` (its files checked to hash to `digest`) in place as
+/// `dir`, with its digest file. When another thread or process placed one there meanwhile,
+/// theirs stays and `tmp` goes. The digest of the game now at `dir`, if any.
+fn place(tmp: &Path, dir: &Path, digest: &str) -> std::io::Result<Option<String>> {
+    std::fs::write(tmp.join("digest"), digest)?;
+    if std::fs::rename(tmp, dir).is_err() {
+        let _ = std::fs::remove_dir_all(tmp);
+        return Ok(cached_digest(dir));
+    }
+    Ok(Some(digest.to_string()))
 }
 
 /// Adds the set-up step to a bridge that could not import TextWorld.
@@ -771,17 +791,16 @@ impl Environment for TextWorld {
         let spec = GameSpec::parse(spec)?;
         let want = spec.0["game"].as_str().unwrap_or_default().to_string();
         let dir = self.cache.join("games").join(spec.key());
-        let here = bundle_digest(&dir).ok();
-        if here.as_deref() != Some(want.as_str()) {
-            return Err(Error::Environment(format!(
+        match read_game(&dir) {
+            Ok((files, here)) if here == want => bundle(&spec, &files).map_err(|e| {
+                Error::Environment(format!("textworld: game cache {}: {e}", dir.display()))
+            }),
+            _ => Err(Error::Environment(format!(
                 "textworld: the game of {} is not in the cache {} (or its files changed)",
                 spec.0,
                 dir.display()
-            )));
+            ))),
         }
-        bundle(&spec, &dir).map_err(|e| {
-            Error::Environment(format!("textworld: game cache {}: {e}", dir.display()))
-        })
     }
 
     fn missing_assets(&self, ids: &[&str]) -> Vec<String> {
@@ -809,15 +828,9 @@ impl Environment for TextWorld {
             return Err(bad(format!("its spec names another game: {}", spec.0)));
         }
         let key = spec.key();
-        let games = self.cache.join("games");
-        let dir = games.join(&key);
-        let tmp = games.join(format!(
-            "tmp-{key}-{}-{:?}",
-            std::process::id(),
-            std::thread::current().id()
-        ));
+        let dir = self.cache.join("games").join(&key);
+        let tmp = self.tmp_dir(&key);
         let fs_err = |e: std::io::Error| bad(format!("game cache {}: {e}", tmp.display()));
-        let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir_all(&tmp).map_err(fs_err)?;
         for (name, body) in &files {
             std::fs::write(tmp.join(name), body).map_err(fs_err)?;
@@ -827,17 +840,13 @@ impl Environment for TextWorld {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(bad(format!("its files hash to {got}")));
         }
-        std::fs::write(tmp.join("digest"), id).map_err(fs_err)?;
         // What is there under the key (a game made again differently, altered files) gives way
         // to the committed game.
         if dir.exists() {
             let _ = std::fs::remove_dir_all(&dir);
         }
-        if std::fs::rename(&tmp, &dir).is_err() {
-            let _ = std::fs::remove_dir_all(&tmp);
-            if cached_digest(&dir).as_deref() != Some(id) {
-                return Err(bad(format!("cannot move it into {}", dir.display())));
-            }
+        if place(&tmp, &dir, id).map_err(fs_err)?.as_deref() != Some(id) {
+            return Err(bad(format!("cannot move it into {}", dir.display())));
         }
         Ok(())
     }
@@ -945,8 +954,14 @@ mod tests {
         let mut spec = TextWorldConfig::default().spec(3);
         spec["game"] = json!(id);
         let spec = GameSpec::parse(&spec).unwrap();
-        let bytes = bundle(&spec, &dir).unwrap();
-        assert_eq!(bytes, bundle(&spec, &dir).unwrap(), "same game, same bytes");
+        let (files, _) = read_game(&dir).unwrap();
+        let bytes = bundle(&spec, &files).unwrap();
+        let (again, _) = read_game(&dir).unwrap();
+        assert_eq!(
+            bytes,
+            bundle(&spec, &again).unwrap(),
+            "same game, same bytes"
+        );
         assert!(bytes.len() < 1000, "compressed: {}", bytes.len());
 
         let tw = TextWorld::new(TextWorldConfig {

@@ -44,6 +44,11 @@ pub async fn query(ctx: &SessionContext, sql: &str) -> Result<DataFrame> {
     ctx.sql(sql).await.map_err(Error::from)
 }
 
+/// Every batch a query returns.
+pub async fn collect(ctx: &SessionContext, sql: &str) -> Result<Vec<arrow::array::RecordBatch>> {
+    query(ctx, sql).await?.collect().await.map_err(Error::from)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,7 +30,7 @@ use crate::determinism::derive_seed;
 use crate::env::{self, CriticSummary, FailedRollout, StepVerdicts};
 use crate::error::{Error, Result};
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::{query, render};
+use crate::stage::sql::{collect, render};
 use crate::stage::{Stage, StageContext, TableOutput};
 
 const SLOTS: &str = include_str!("adapt_slots.sql");
@@ -107,14 +107,6 @@ impl Stage for Adapt {
     }
 }
 
-async fn collect(ctx: &StageContext, sql: &str) -> Result<Vec<RecordBatch>> {
-    query(&ctx.session, sql)
-        .await?
-        .collect()
-        .await
-        .map_err(Error::from)
-}
-
 /// A pool task with its accuracy this iteration.
 struct PoolTask {
     slot: u32,
@@ -132,7 +124,7 @@ async fn judged(ctx: &StageContext) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     let sql = "SELECT slot, parent_task_id, task_id, direction, parent_acc, acc, decision, spec, \
                adapter FROM judgements ORDER BY slot, task_id";
-    for b in collect(ctx, sql).await? {
+    for b in collect(&ctx.session, sql).await? {
         let c = Columns::new(&b, "the adapt stage's judgements");
         let slot = c.u32("slot")?;
         let (parent, cand, dir) = (
@@ -173,7 +165,7 @@ async fn judged(ctx: &StageContext) -> Result<Vec<Row>> {
 async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
     let cfg = &ctx.config.adapt;
     let mut pool = Vec::new();
-    for b in collect(ctx, SLOTS).await? {
+    for b in collect(&ctx.session, SLOTS).await? {
         let c = Columns::new(&b, "stages/adapt_slots.sql");
         let (slot, id, status, spec) = (
             c.u32("slot")?,
@@ -298,7 +290,7 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
         }
         render(sql, &params)
     };
-    for b in collect(ctx, &with(CRITIC_STEPS, None)?).await? {
+    for b in collect(&ctx.session, &with(CRITIC_STEPS, None)?).await? {
         let c = Columns::new(&b, "stages/adapt_critic_steps.sql");
         let (id, step, samples) = (c.str("task_id")?, c.u32("step_idx")?, c.u32("samples")?);
         let (good, bad) = (c.f64("good")?, c.f64("bad")?);
@@ -316,7 +308,12 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
             }
         }
     }
-    for b in collect(ctx, &with(CRITIC_OBSERVATIONS, Some(OBSERVATIONS))?).await? {
+    for b in collect(
+        &ctx.session,
+        &with(CRITIC_OBSERVATIONS, Some(OBSERVATIONS))?,
+    )
+    .await?
+    {
         let c = Columns::new(&b, "stages/adapt_critic_observations.sql");
         let (id, obs) = (c.str("task_id")?, c.str("observation")?);
         for i in 0..b.num_rows() {
@@ -328,7 +325,7 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     }
     let words = ctx.config.adapt.critic_words;
     if words > 0 {
-        for b in collect(ctx, &with(CRITIC_WORDS, Some(words))?).await? {
+        for b in collect(&ctx.session, &with(CRITIC_WORDS, Some(words))?).await? {
             let c = Columns::new(&b, "stages/adapt_critic_words.sql");
             let (id, word, n) = (c.str("task_id")?, c.str("word")?, c.u32("n")?);
             for i in 0..b.num_rows() {
@@ -341,7 +338,7 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     }
     // Per failed rollout: its high-risk steps and observations, then its critique words.
     let mut by_traj: BTreeMap<String, (String, usize)> = BTreeMap::new();
-    for b in collect(ctx, CRITIC_FAILURES).await? {
+    for b in collect(&ctx.session, CRITIC_FAILURES).await? {
         let c = Columns::new(&b, "stages/adapt_critic_failures.sql");
         let (id, traj) = (c.str("task_id")?, c.str("traj_id")?);
         let (rollout, steps) = (c.u32("rollout_idx")?, c.u32("num_steps")?);
@@ -374,7 +371,7 @@ async fn critic_summaries(ctx: &StageContext) -> Result<BTreeMap<String, CriticS
     }
     if words > 0 {
         let sql = render(CRITIC_FAILURE_WORDS, &[("top", words.to_string())])?;
-        for b in collect(ctx, &sql).await? {
+        for b in collect(&ctx.session, &sql).await? {
             let c = Columns::new(&b, "stages/adapt_critic_failure_words.sql");
             let (traj, word, n) = (c.str("traj_id")?, c.str("word")?, c.u32("n")?);
             for i in 0..b.num_rows() {

@@ -20,7 +20,7 @@ use crate::env::coding::{Problem, TestCase};
 use crate::error::{Error, Result};
 use crate::sandbox::{Sandbox, Status};
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::stage::sql::collect;
 use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Execute;
@@ -54,7 +54,7 @@ impl Stage for Execute {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let mut problems: BTreeMap<String, Problem> = BTreeMap::new();
         for b in collect(
-            ctx,
+            &ctx.session,
             "SELECT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true)",
         )
         .await?
@@ -83,7 +83,7 @@ impl Stage for Execute {
             Vec<(u32, Option<crate::env::coding::format::WrittenTest>)>,
         > = BTreeMap::new();
         for b in collect(
-            ctx,
+            &ctx.session,
             "SELECT task_id, sample_idx, response FROM rm_samples WHERE traj_id = '' ORDER BY task_id, sample_idx",
         )
         .await?
@@ -111,7 +111,7 @@ impl Stage for Execute {
         // Programs, in key order.
         let mut programs: Vec<(String, String, String)> = Vec::new();
         for b in collect(
-            ctx,
+            &ctx.session,
             "SELECT task_id, traj_id, COALESCE(response, action) AS reply FROM steps WHERE step_idx = 0 ORDER BY task_id, traj_id",
         )
         .await?
@@ -271,14 +271,6 @@ fn run_all(sandbox: &Sandbox, jobs: &[Job], workers: usize) -> Result<Vec<Run>> 
         .into_iter()
         .map(|m| m.into_inner().expect("slot").expect("every job ran"))
         .collect()
-}
-
-async fn collect(ctx: &StageContext, sql: &str) -> Result<Vec<arrow::array::RecordBatch>> {
-    query(&ctx.session, sql)
-        .await?
-        .collect()
-        .await
-        .map_err(Error::from)
 }
 
 #[cfg(test)]
