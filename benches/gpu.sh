@@ -4,34 +4,64 @@
 #
 #   benches/gpu.sh [MODEL_DIR]        # default models/smollm2-135m (README: how to convert it)
 #
-# 1. builds `--features cuda` (release);
+# 1. builds `--features cuda` (release), unless RLA_PIPE_BIN names a cuda binary built already
+#    (and RLA_PIPE_IT the matching `it` test binary: a GPU machine without a Rust toolchain);
 # 2. the ignored GPU test: a cuda iteration commits, and the CUDA log-probabilities of the same
 #    prefix-tree samples agree with the CPU's (tests/it/gpu.rs);
 # 3. the smaller SmolLM2 household iteration (README, "Real models") on `cuda` and on `cpu`,
-#    back to back: wall time, per-stage seconds and CPU use, tokens computed/reused, peak RSS;
-# 4. benches/smollm2_update.py on the cuda binary (the same PPO update in PyTorch on the CPU:
-#    its ratio is then GPU vs CPU, not like for like).
+#    back to back: wall time, peak RSS, peak GPU memory in use, per-stage seconds and CPU use,
+#    tokens computed/reused. The cuda run also dumps its update (RLA_PIPE_BENCH_UPDATE: the
+#    weights and samples, a few seconds of writing inside its update stage);
+# 4. benches/smollm2_update.py on that dump with PyTorch on the GPU (TORCH_DEVICE=cuda): the
+#    same PPO update, burn-cuda vs PyTorch CUDA, like for like.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/smollm2-135m}
 [ -f "$model/config.json" ] || { echo "no model at $model (README: SmolLM2 conversion)" >&2; exit 1; }
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/rla-pipe-target}"
-cargo build --release --features cuda
-bin="$CARGO_TARGET_DIR/release/rla-pipe"
-cargo test --release --features cuda --test it gpu -- --ignored --nocapture
+if [ -z "${RLA_PIPE_BIN:-}" ]; then
+  cargo build --release --features cuda
+  RLA_PIPE_BIN="$CARGO_TARGET_DIR/release/rla-pipe"
+  RLA_PIPE_IT=test
+fi
+# a failure is reported at the end; the measurements still run
+status=0
+if [ "${RLA_PIPE_IT:-}" = test ]; then
+  timeout "${GPU_TEST_TIMEOUT:-1800}" \
+    cargo test --release --features cuda --test it gpu -- --ignored --nocapture || status=$?
+elif [ -n "${RLA_PIPE_IT:-}" ]; then
+  timeout "${GPU_TEST_TIMEOUT:-1800}" "$RLA_PIPE_IT" gpu --ignored --nocapture || status=$?
+fi
+bin=$RLA_PIPE_BIN
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || true
 sets=(--set run.iterations=1 --set env.initial_tasks=4 --set rollout.slots_per_iter=2
   --set eval.tasks=2 --set eval.ood_tasks=2 --set env.max_steps=6
   --set reward_model.max_tokens=16 --set reward.policy_acc_min=0 --set reward.policy_acc_max=1
   --set "policy.init=hf:$model" --set "reward_model.init=hf:$model")
+# wall seconds and the peak RSS of a command and its children (no /usr/bin/time needed)
+timed() {
+  python3 -c 'import resource, subprocess, sys, time
+t = time.perf_counter(); rc = subprocess.call(sys.argv[2:])
+print(f"{sys.argv[1]}: {time.perf_counter() - t:.1f} s wall, peak RSS "
+      f"{resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1048576:.2f} GiB", flush=True)
+sys.exit(rc)' "$@"
+}
+dump=$(mktemp -d)/dump
 for device in cuda cpu; do
   store=$(mktemp -d)
-  /usr/bin/time -f "$device: %e s wall, peak RSS %M KiB" \
-    "$bin" run pipelines/household-smollm2.toml --store "$store" --run-id gpu "${sets[@]}" \
-    --set "run.device=$device"
+  smi=$(mktemp)
+  nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 200 >"$smi" 2>/dev/null &
+  watch=$!
+  if [ "$device" = cuda ]; then export RLA_PIPE_BENCH_UPDATE=$dump; fi
+  timed "$device" "$bin" run pipelines/household-smollm2.toml --store "$store" --run-id gpu \
+    "${sets[@]}" --set "run.device=$device" -q || status=$?
+  unset RLA_PIPE_BENCH_UPDATE
+  kill "$watch" 2>/dev/null || true
+  echo "$device: peak GPU memory in use $(sort -n "$smi" | tail -1) MiB (whole device)"
   "$bin" sql --store "$store" "SELECT stage, round(seconds, 1) AS s,
       round(cpu_seconds / seconds, 2) AS cores, tokens_computed, tokens_reused
-    FROM stage_runs ORDER BY started_at"
-  rm -rf "$store"
+    FROM stage_runs ORDER BY started_at" || status=$?
+  rm -rf "$store" "$smi"
 done
-RLA_PIPE_BIN="$bin" python3 benches/smollm2_update.py pipelines/household-smollm2.toml \
-  --set run.device=cuda
+DUMP=$dump TORCH_DEVICE=cuda RLA_PIPE_BIN="$bin" python3 benches/smollm2_update.py || status=$?
+exit $status

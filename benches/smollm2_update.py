@@ -22,7 +22,8 @@ and AdamW, on the same weights.
    and tokens/s of the snapshot and of the optimizer steps (tokens as burn counts them:
    prompts + every scored continuation), rla-pipe (as the stage ran) vs PyTorch (2 threads).
    Exits 1 when the snapshot log-probabilities differ by more than 1e-3 or step 0's loss by
-   more than 1e-3 relative (absolute below a loss of 1e-3); timing never fails.
+   more than 1e-3 relative (absolute below a loss of 1e-3); on cuda 5e-3 and 5e-2 (burn-cuda's
+   TF32 products, see LP_TOL); timing never fails.
 
 With low-rank adapters (`--set policy.lora.rank=8 ...`) the dump holds the adapters alone
 (`<role>.adapter.safetensors`, PEFT's keys) and `lora` (rank, alpha, targets): PyTorch then
@@ -34,7 +35,9 @@ Usage:  python3 benches/smollm2_update.py [PIPELINE.toml] [--set key=value ...]
         DEFAULT_SETS; otherwise run.iterations=1 then the given sets. DUMP=dir reuses a dump
         instead of running rla-pipe)
 Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/release/rla-pipe if built, else debug/),
-        ATTN (transformers' attn_implementation: sdpa, the default, or eager)
+        ATTN (transformers' attn_implementation: sdpa, the default, or eager),
+        TORCH_DEVICE (cpu, the default, on 2 threads; or cuda: PyTorch on the GPU, for a dump
+        made with run.device = "cuda" — benches/gpu.sh)
 Needs:  torch, numpy, transformers, safetensors (installed with pip if missing); the model
         directory the pipeline names (models/smollm2-135m, see the pipeline's header)
 """
@@ -59,6 +62,12 @@ BIN = os.environ.get("RLA_PIPE_BIN") or next(
     os.path.join(TARGET, "debug", "rla-pipe"))
 ATTN = os.environ.get("ATTN", "sdpa")
 THREADS = 2
+DEVICE = os.environ.get("TORCH_DEVICE", "cpu")
+TORCH_LABEL = f"{THREADS} threads" if DEVICE == "cpu" else DEVICE
+# The checks' tolerances. On cuda the dump comes from burn-cuda, whose f32 matrix products run
+# in TF32 on the tensor cores (10-bit mantissa: log-probabilities move by ~1e-3; tests/it/gpu.rs)
+# while PyTorch keeps full f32 (its default, allow_tf32 off): 5e-3 and 5e-2.
+LP_TOL, LOSS_TOL = (1e-3, 1e-3) if DEVICE == "cpu" else (5e-3, 5e-2)
 PIPELINE = "pipelines/household-smollm2.toml"
 DEFAULT_SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "eval.tasks=2",
                 "eval.ood_tasks=2", "env.max_steps=6", "reward_model.max_tokens=16",
@@ -204,7 +213,7 @@ class HfUpdate(Update):
     def model(self):
         m = transformers.AutoModelForCausalLM.from_pretrained(self.hf_dir, dtype=F, attn_implementation=ATTN)
         if self.d.get("lora"):
-            return self.peft_model(m)
+            return self.peft_model(m).to(DEVICE)
         state = load_file(self.weights)
         missing, unexpected = m.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if m.config.tie_word_embeddings else set()
@@ -213,7 +222,7 @@ class HfUpdate(Update):
         if tied:
             assert m.lm_head.weight is m.model.embed_tokens.weight, "tied head not tied"
         m.eval()  # no dropout (the attention dropout is 0 anyway); gradients still flow
-        return m
+        return m.to(DEVICE)
 
     def peft_model(self, m):
         """The base model with the dumped adapters (PEFT), only they trainable."""
@@ -299,6 +308,8 @@ def flat(o):
 def main():
     dump = dump_dir(sys.argv[1:])
     torch.set_num_threads(THREADS)
+    if DEVICE != "cpu":
+        torch.set_default_device(DEVICE)  # every tensor the update makes lives there
     ok, any_role = True, False
     for role in ("policy", "rm"):
         path = os.path.join(dump, f"{role}.json")
@@ -326,12 +337,12 @@ def main():
         b1 = burn[1]["loss"] if len(burn) > 1 else nan
         t1 = steps[1][0] if len(steps) > 1 else nan
         loss_d = abs(steps[0][0] - burn[0]["loss"]) / max(abs(burn[0]["loss"]), 1e-3)
-        role_ok = lp_diff <= 1e-3 and loss_d <= 1e-3
+        role_ok = lp_diff <= LP_TOL and loss_d <= LOSS_TOL
         ok &= role_ok
         burn_tps, torch_tps = tokens / d["train_seconds"], tokens / train_s
         print(f"\n## {role} ({d['kind']}): {len(d['adv'])} samples, {len(d['plan'])} optimizer steps "
               f"({', '.join(str(x['samples']) for x in burn)} samples), {tokens:,} tokens\n")
-        print(f"| {role} | rla-pipe (burn, {d['cores']} cores) | PyTorch ({THREADS} threads) | difference |")
+        print(f"| {role} | rla-pipe (burn, {d['cores']} cores) | PyTorch ({TORCH_LABEL}) | difference |")
         print("|---|---:|---:|---:|")
         print(f"| snapshot log-probs ({len(flat(old))}) | | | max abs {lp_diff:.2e} |")
         print(f"| step 0 loss | {burn[0]['loss']:.9g} | {steps[0][0]:.9g} | rel {rel(steps[0][0], burn[0]['loss']):.2e} |")
@@ -340,10 +351,10 @@ def main():
         print(f"| snapshot (s) | {d['snapshot_seconds']:.2f} | {snap_s:.2f} | {d['snapshot_seconds'] / snap_s:.2f}× the time |")
         print(f"| optimizer steps (s) | {d['train_seconds']:.2f} | {train_s:.2f} | {d['train_seconds'] / train_s:.2f}× the time |")
         print(f"| optimizer steps (tokens/s) | {burn_tps:,.0f} | {torch_tps:,.0f} | rla-pipe/torch {burn_tps / torch_tps:.2f}× |")
-        print(f"\n{role}: snapshot within 1e-3 and step 0 loss within 1e-3: {'yes' if role_ok else 'NO'}", flush=True)
+        print(f"\n{role}: snapshot within {LP_TOL:g} and step 0 loss within {LOSS_TOL:g}: {'yes' if role_ok else 'NO'}", flush=True)
         del m
     print(f"\ntorch {torch.__version__}, transformers {transformers.__version__}, attention {ATTN}, "
-          f"{THREADS} threads, f32; rla-pipe {BIN if not os.environ.get('DUMP') else '(dump ' + dump + ')'}")
+          f"{TORCH_LABEL}, f32; rla-pipe {BIN if not os.environ.get('DUMP') else '(dump ' + dump + ')'}")
     if not any_role:
         print("no pretrained model was trained: nothing compared")
     sys.exit(0 if ok else 1)

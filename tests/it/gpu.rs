@@ -1,8 +1,11 @@
 //! The GPU path, on a machine with an NVIDIA GPU only (ignored elsewhere):
 //! `cargo test --release --features cuda --test it gpu -- --ignored` (`benches/gpu.sh` runs it).
 //! CUDA is not bit-reproducible, so the check is a tolerance: the same prefix-tree samples'
-//! log-probabilities on `cuda` and on the CPU within 1e-3 (absolute, f32 kernels that sum in
-//! another order), for tiny Llama, Qwen2 and Qwen3 models; and a `cuda` iteration commits.
+//! log-probabilities on `cuda` and on the CPU within 5e-3 (absolute), for tiny Llama, Qwen2 and
+//! Qwen3 models; and a `cuda` iteration commits. Why 5e-3: burn-cuda multiplies f32 matrices
+//! on the tensor cores in TF32 (cubek-matmul rounds both operands to a 10-bit mantissa,
+//! relative 2^-11, and accumulates in f32: PyTorch's `allow_tf32`), so a log-probability of
+//! −5 moves by ~1e-3 (measured on an H200: −5.054003 on the CPU, −5.055003 on CUDA).
 
 use rla_pipe::model::tree::{TreeRow, tree_logprobs};
 use rla_pipe::model::{Cpu, Gpu, policy};
@@ -37,7 +40,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
         let cols = lc[0].len();
         for (i, (a, b)) in lc.iter().flatten().zip(lg.iter().flatten()).enumerate() {
             if valid[i / cols * cols + i % cols] {
-                assert!((a - b).abs() <= 1e-3, "{arch}: cpu {a} vs cuda {b} at {i}");
+                assert!((a - b).abs() <= 5e-3, "{arch}: cpu {a} vs cuda {b} at {i}");
             }
         }
     }
