@@ -14,6 +14,9 @@ use crate::stages;
 
 /// The DAG a config runs.
 pub fn dag(cfg: &Config) -> Result<Dag> {
+    if cfg.env.name.runs_programs() {
+        return coding_dag(cfg);
+    }
     let mut dag: Vec<Arc<dyn Stage>> = Vec::new();
     let episodes = cfg.env.name.has_episodes();
     // The warm start (iteration 0 only) where the environment has a planner to imitate.
@@ -36,12 +39,32 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
     }
     dag.push(Arc::new(stages::advantage::Advantage { judged: episodes }));
     if episodes {
-        dag.push(Arc::new(stages::update::Update));
+        dag.push(Arc::new(stages::update::Update { coding: false }));
         dag.push(Arc::new(stages::adapt::Adapt {
             deterministic: cfg.adapt.adapter.is_deterministic(),
         }));
         dag.push(Arc::new(stages::evaluate::Evaluate));
     }
+    Ok(Dag::new(dag, initial_checkpoints())?.with_origins(model_origins()))
+}
+
+/// The coding setting's DAG (docs/coding.md): programs and unit tests written, run in the
+/// sandbox (`execute`), rewarded from the runs; no step oracle, so no warm start.
+fn coding_dag(cfg: &Config) -> Result<Dag> {
+    let dag: Vec<Arc<dyn Stage>> = vec![
+        Arc::new(stages::pool::Pool),
+        Arc::new(stages::coding_loop::CodingRollout),
+        Arc::new(stages::coding_loop::CodingRm),
+        Arc::new(stages::execute::Execute),
+        Arc::new(stages::coding::CodingAccuracy),
+        Arc::new(stages::judge::Judge),
+        Arc::new(stages::coding::CodingAdvantage),
+        Arc::new(stages::update::Update { coding: true }),
+        Arc::new(stages::adapt::Adapt {
+            deterministic: cfg.adapt.adapter.is_deterministic(),
+        }),
+        Arc::new(stages::coding_loop::CodingEvaluate),
+    ];
     Ok(Dag::new(dag, initial_checkpoints())?.with_origins(model_origins()))
 }
 
@@ -162,6 +185,35 @@ mod tests {
                 "adapt",
                 "evaluate"
             ]
+        );
+    }
+
+    /// The coding setting's DAG: programs and tests written, run, rewarded; `execute` writes
+    /// the trajectories (their outcomes come from running the programs).
+    #[test]
+    fn coding_runs_programs_between_writing_and_rewards() {
+        let cfg = Config::from_toml("[run]\nname='x'\n[env]\nname='coding'\n", "t").unwrap();
+        let dag = dag(&cfg).unwrap();
+        let names: Vec<&str> = dag.stages().iter().map(|s| s.name()).collect();
+        assert_eq!(
+            names,
+            [
+                "pool",
+                "rollout",
+                "rm_score",
+                "execute",
+                "task_accuracy",
+                "judge",
+                "advantage",
+                "update",
+                "adapt",
+                "evaluate"
+            ]
+        );
+        assert!(
+            dag.sources("task_accuracy")
+                .iter()
+                .any(|s| s.table == "trajectories" && s.stage == "execute")
         );
     }
 }

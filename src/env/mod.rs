@@ -31,6 +31,9 @@ pub enum EnvKind {
     External,
     /// Microsoft TextWorld's generated games through a bridge process ([`textworld`]).
     Textworld,
+    /// Programming problems: the policy writes programs, the reward model unit tests, both run
+    /// in a sandbox ([`coding`]).
+    Coding,
 }
 
 impl EnvKind {
@@ -49,6 +52,12 @@ impl EnvKind {
         )
     }
 
+    /// Whether the policy writes programs that run against tests (the coding setting: its own
+    /// DAG, `crate::pipeline`).
+    pub fn runs_programs(self) -> bool {
+        self == EnvKind::Coding
+    }
+
     /// Whether its tasks need files besides their specs ([`Environment::asset_id`]), which the
     /// engine keeps in the store with the run.
     pub fn has_assets(self) -> bool {
@@ -61,7 +70,7 @@ impl EnvKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvConfig {
-    /// Environment name: synthetic, gridnav, household, textworld or external.
+    /// Environment name: synthetic, gridnav, household, textworld, coding or external.
     pub name: EnvKind,
     /// Number of tasks in the pool.
     pub initial_tasks: u32,
@@ -285,6 +294,7 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
         EnvKind::Household => Ok(Box::new(household::Household::new(cfg.household.clone()))),
         EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
         EnvKind::Textworld => Ok(Box::new(textworld::TextWorld::new(cfg.textworld.clone()))),
+        EnvKind::Coding => Ok(Box::new(coding::Coding::new(&cfg.coding.problems))),
         EnvKind::Synthetic => Err(Error::config(
             "key `env.name`: the synthetic environment has no episodes (it generates rollouts in the `synthetic` stage)",
         )),
@@ -298,7 +308,7 @@ pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
         EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.harder()))),
-        EnvKind::External | EnvKind::Synthetic => None,
+        EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }
 
@@ -310,7 +320,7 @@ pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.easier()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.easier()))),
         EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.easier()))),
-        EnvKind::External | EnvKind::Synthetic => None,
+        EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }
 

@@ -46,7 +46,7 @@ impl Stage for Execute {
         &["tasks", "steps", "rm_samples"]
     }
     fn outputs(&self) -> &'static [&'static str] {
-        &["unit_tests", "executions"]
+        &["unit_tests", "executions", "trajectories"]
     }
     fn config_sections(&self) -> &'static [&'static str] {
         &["env"]
@@ -192,6 +192,8 @@ impl Stage for Execute {
             run_all(&sandbox, &jobs, coding.workers())?
         };
         let mut out = TableBuilder::new("executions")?;
+        // A program's outcome: +1 when it passes every ground-truth test.
+        let mut wins = vec![true; programs.len()];
         for (p, kind, idx, job) in rows {
             let (task, traj, _) = &programs[p];
             let not_run = |status| Run {
@@ -204,6 +206,9 @@ impl Stage for Execute {
                 Ok(j) => &results[j],
                 Err(status) => &not_run(status),
             };
+            if kind == "truth" && !r.passed {
+                wins[p] = false;
+            }
             out.push_str(task)
                 .push_str(traj)
                 .push_str(kind)
@@ -213,9 +218,29 @@ impl Stage for Execute {
                 .push_f64(r.seconds)
                 .push_opt_str(r.digest.as_deref());
         }
+        let mut trajs = TableBuilder::new("trajectories")?;
+        // Programs are in (task, traj) order and traj ids end in the zero-padded rollout index
+        // (`schema::traj_id`): a program's rollout is its rank within its task.
+        let mut rank: BTreeMap<&str, u32> = BTreeMap::new();
+        for ((task, traj, _), won) in programs.iter().zip(wins) {
+            let r = rank.entry(task.as_str()).or_default();
+            let rollout = *r;
+            *r += 1;
+            trajs
+                .push_str(task)
+                .push_str(traj)
+                .push_u32(rollout)
+                .push_i8(if won { 1 } else { -1 })
+                .push_u32(1);
+        }
         let tests_batch = tests_out.finish_with(&ctx.run_id, ctx.iter)?;
         let runs_batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+        let trajs_batch = trajs.finish_with(&ctx.run_id, ctx.iter)?;
         Ok(vec![
+            (
+                "trajectories",
+                TableOutput::Frame(ctx.session.read_batch(trajs_batch)?),
+            ),
             (
                 "unit_tests",
                 TableOutput::Frame(ctx.session.read_batch(tests_batch)?),
@@ -234,6 +259,52 @@ struct Job {
     stdin: String,
     limit: Duration,
     case: TestCase,
+}
+
+/// Whether each program passes every ground-truth test of its problem (a program that is
+/// [`NO_CODE`] passes none), run as `execute` runs them: `evaluate`'s judgement.
+pub(crate) fn passes_all(
+    coding: &crate::env::coding::CodingConfig,
+    items: &[(&Problem, &str)],
+) -> Result<Vec<bool>> {
+    let mut jobs: Vec<Job> = Vec::new();
+    let mut job_of: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    let mut needs: Vec<Vec<usize>> = Vec::with_capacity(items.len());
+    for (problem, program) in items {
+        let mut mine = Vec::new();
+        if *program != NO_CODE {
+            for case in problem.ground_truth() {
+                if !case.is_valid() {
+                    mine.push(usize::MAX); // an invalid test fails every program
+                    continue;
+                }
+                let (source, stdin) = case.harness(program);
+                let key = (source, stdin, problem.time_limit.to_bits());
+                let next = jobs.len();
+                let j = *job_of.entry(key.clone()).or_insert(next);
+                if j == next {
+                    jobs.push(Job {
+                        source: key.0,
+                        stdin: key.1,
+                        limit: Duration::from_secs_f64(problem.time_limit),
+                        case,
+                    });
+                }
+                mine.push(j);
+            }
+        }
+        needs.push(mine);
+    }
+    let results = if jobs.is_empty() {
+        Vec::new()
+    } else {
+        let sandbox = Sandbox::new(coding.sandbox.clone())?;
+        run_all(&sandbox, &jobs, coding.workers())?
+    };
+    Ok(needs
+        .iter()
+        .map(|js| !js.is_empty() && js.iter().all(|&j| results.get(j).is_some_and(|r| r.passed)))
+        .collect())
 }
 
 /// Every job, `workers` at a time (worker w runs in sandbox slot w), results in job order.

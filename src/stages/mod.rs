@@ -22,6 +22,7 @@ pub mod adapt;
 pub mod advantage;
 mod bench;
 pub mod coding;
+pub mod coding_loop;
 pub mod evaluate;
 pub mod execute;
 pub mod judge;

@@ -62,7 +62,7 @@ fn starts(steps: &[usize]) -> Vec<usize> {
 /// time, each prompt's m samples continuing from its keys without copies
 /// ([`reward::generate_shared`]). The batches depend on the data alone.
 #[allow(clippy::too_many_arguments)]
-fn judge_trajectories<B: burn::tensor::backend::Backend, M: Lm<B>>(
+pub(crate) fn judge_trajectories<B: burn::tensor::backend::Backend, M: Lm<B>>(
     model: &M,
     verdicts: reward::Verdicts<'_>,
     prompts: &[Vec<u32>],

@@ -30,11 +30,51 @@ use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
 const RM_SAMPLES_SQL: &str = include_str!("update_rm_samples.sql");
+const CODING_POLICY_SQL: &str = include_str!("update_coding_policy_samples.sql");
+const CODING_RM_SQL: &str = include_str!("update_coding_rm_samples.sql");
 
 /// Samples whose snapshot log-probabilities are computed per model call.
 const SNAPSHOT_BATCH: usize = 512;
 
-pub struct Update;
+/// `coding`: the coding setting's samples, whose prompts are rebuilt from the task's problem
+/// (`tasks`) rather than from a trajectory: the policy's reply to the reference's prompt, the
+/// reward model's unit test to its unit-test prompt (`update_coding_*.sql`).
+pub struct Update {
+    pub coding: bool,
+}
+
+/// The coding setting's samples of a pretrained model from `sql`: (prompt tokens, reply tokens,
+/// advantage), prompts as `coding_loop` wrote from them.
+async fn coding_samples(
+    ctx: &StageContext,
+    spec: &ModelSpec,
+    sql: &str,
+) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<f64>)> {
+    let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+    for b in query(&ctx.session, sql).await?.collect().await? {
+        let c = Columns::new(&b, "stages/update_coding_*.sql");
+        let (ids, a) = (c.str("traj_id")?, c.f64("advantage")?);
+        let (resp, specs) = (c.str("response")?, c.str("spec")?);
+        for r in 0..b.num_rows() {
+            let h = spec.hf.as_ref().ok_or_else(|| {
+                Error::config("the coding environment trains pretrained models only (hf:DIR)")
+            })?;
+            let v: serde_json::Value = serde_json::from_str(specs.value(r))
+                .map_err(|e| Error::data(format!("update: {}: spec: {e}", ids.value(r))))?;
+            let p = crate::env::coding::Problem::parse(&v)
+                .map_err(|m| Error::data(format!("update: {}: {m}", ids.value(r))))?;
+            let prompt = if spec.role == RM {
+                p.unit_test_prompt()
+            } else {
+                p.policy_prompt(false)
+            };
+            prompts.push(h.tokenizer.encode(&prompt, false)?);
+            responses.push(h.tokenizer.encode(resp.value(r), false)?);
+            adv.push(a.value(r));
+        }
+    }
+    Ok((prompts, responses, adv))
+}
 
 fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
     PpoSettings {
@@ -316,7 +356,17 @@ impl Stage for Update {
         "update"
     }
     fn inputs(&self) -> &'static [&'static str] {
-        &["steps", "rm_samples", "policy_advantages", "rm_advantages"]
+        if self.coding {
+            &[
+                "tasks",
+                "steps",
+                "rm_samples",
+                "policy_advantages",
+                "rm_advantages",
+            ]
+        } else {
+            &["steps", "rm_samples", "policy_advantages", "rm_advantages"]
+        }
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["update_metrics"]
@@ -346,11 +396,18 @@ impl Stage for Update {
             let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
             // `generate` mode: the replies, token by token.
             let (mut prompts, mut responses) = (Vec::new(), Vec::new());
-            for b in query(&ctx.session, POLICY_SAMPLES_SQL)
-                .await?
-                .collect()
-                .await?
-            {
+            if self.coding {
+                (prompts, responses, adv) = coding_samples(ctx, &spec, CODING_POLICY_SQL).await?;
+            }
+            let plain = if self.coding {
+                Vec::new()
+            } else {
+                query(&ctx.session, POLICY_SAMPLES_SQL)
+                    .await?
+                    .collect()
+                    .await?
+            };
+            for b in plain {
                 let c = Columns::new(&b, "stages/update_policy_samples.sql");
                 let (ids, steps, a) = (c.str("traj_id")?, c.u32("step_idx")?, c.f64("advantage")?);
                 for r in 0..b.num_rows() {
@@ -425,8 +482,17 @@ impl Stage for Update {
         } else {
             let spec = super::model_spec(cfg, RM)?;
             let ck = spec.load(&rm_in)?;
-            let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
-            for b in query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await? {
+            let (mut prompts, mut responses, mut adv) = if self.coding {
+                coding_samples(ctx, &spec, CODING_RM_SQL).await?
+            } else {
+                (Vec::new(), Vec::new(), Vec::new())
+            };
+            let plain = if self.coding {
+                Vec::new()
+            } else {
+                query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await?
+            };
+            for b in plain {
                 let c = Columns::new(&b, "stages/update_rm_samples.sql");
                 let (ids, steps) = (c.str("traj_id")?, c.u32("step_idx")?);
                 let (a, resp) = (c.f64("advantage")?, c.str("response")?);

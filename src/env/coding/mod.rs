@@ -33,6 +33,13 @@ pub struct CodingConfig {
     pub workers: u32,
     /// The sandbox every program runs in ([`crate::sandbox`]).
     pub sandbox: crate::sandbox::SandboxConfig,
+    /// The held-out problems `evaluate` draws from (default "": the training file's, less the
+    /// training pool).
+    pub eval_problems: String,
+    /// With `policy.kind = "uniform"`: a JSON list of programs; each rollout submits one drawn
+    /// uniformly (the floor of an ablation, and a policy whose programs sometimes pass for the
+    /// tests). Unused by a model policy.
+    pub candidates: String,
 }
 
 impl Default for CodingConfig {
@@ -41,6 +48,8 @@ impl Default for CodingConfig {
             problems: "pipelines/data/coding-seed.jsonl".into(),
             workers: 0,
             sandbox: Default::default(),
+            eval_problems: String::new(),
+            candidates: String::new(),
         }
     }
 }
@@ -208,6 +217,28 @@ impl Problem {
         }
     }
 
+    /// The policy's prompt for this problem: the reference's for stdin/stdout problems
+    /// ([`format::policy_prompt`]; `eval` adds its evaluation sentence); for a function-call
+    /// problem the same prompt asking for the function instead of a script reading stdin
+    /// (rla-pipe's extension).
+    pub fn policy_prompt(&self, eval: bool) -> String {
+        let p = format::policy_prompt(&self.question, eval);
+        match &self.tests {
+            Tests::Stdio { .. } => p,
+            Tests::Function { entry_point, .. } => p
+                .replace(
+                    "You should use input() to input and print() to output in your script.",
+                    &format!(
+                        "Your script must define the function `{entry_point}` the problem describes."
+                    ),
+                )
+                .replace(
+                    " Your code should output the results based on the input read in, rather than generating the given test example.",
+                    "",
+                ),
+        }
+    }
+
     /// The reward model's prompt for this problem: the reference's for stdin/stdout problems;
     /// for a function-call problem the same prompt asking for a call of the function and the
     /// value it returns ([`format::unit_test_prompt_for_function`], rla-pipe's extension: the
@@ -290,6 +321,97 @@ fn time_limit(
             .filter(|t| *t > 0.0 && *t <= 600.0)
             .ok_or_else(|| "field `test_time_limit`: must be seconds in (0, 600]".into()),
     }
+}
+
+/// The coding environment: its tasks are the problems of a file, drawn in a seeded order. A
+/// task is not played step by step: the coding stages generate programs and run them
+/// (`crate::stages::coding_loop`, `execute`); `reset` is refused. Adaptation rewrites problems
+/// through an environment model only (no procedural operators).
+pub struct Coding {
+    path: String,
+    problems: std::sync::OnceLock<std::result::Result<Vec<Problem>, String>>,
+}
+
+impl Coding {
+    pub fn new(path: &str) -> Coding {
+        Coding {
+            path: path.to_string(),
+            problems: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn problems(&self) -> Result<&[Problem]> {
+        self.problems
+            .get_or_init(|| load(Path::new(&self.path)).map_err(|e| e.to_string()))
+            .as_deref()
+            .map_err(|e| Error::config(e.clone()))
+    }
+}
+
+impl crate::env::Environment for Coding {
+    fn name(&self) -> &str {
+        "coding"
+    }
+    /// `count` problems in the order of a seeded shuffle (all of them when the file has fewer).
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>> {
+        let problems = self.problems()?;
+        let mut rng =
+            crate::determinism::Rng::new(crate::determinism::derive_seed(seed, &["coding"]));
+        let mut order: Vec<usize> = (0..problems.len()).collect();
+        for i in (1..order.len()).rev() {
+            let j = (rng.unit() * (i + 1) as f64) as usize;
+            order.swap(i, j.min(i));
+        }
+        Ok(order
+            .into_iter()
+            .take(count as usize)
+            .map(|i| problems[i].spec())
+            .collect())
+    }
+    fn reset(&self, _spec: &Value) -> Result<Box<dyn crate::env::Episode>> {
+        Err(Error::Environment(
+            "coding: tasks are not played step by step (the coding stages run programs)".into(),
+        ))
+    }
+    /// A candidate is a problem with at least one runnable test.
+    fn validate(&self, spec: &Value) -> Result<()> {
+        let p = Problem::parse(spec).map_err(|m| Error::Environment(format!("coding: {m}")))?;
+        if !p.ground_truth().iter().any(TestCase::is_valid) {
+            return Err(Error::Environment(
+                "coding: the problem has no runnable test (every input or output is empty)".into(),
+            ));
+        }
+        Ok(())
+    }
+    fn mutate(
+        &self,
+        _spec: &Value,
+        _direction: crate::env::Direction,
+        _critic: &crate::env::CriticSummary,
+        _seed: u64,
+    ) -> Result<Vec<Value>> {
+        Ok(Vec::new())
+    }
+    fn vocabulary(&self) -> Vec<String> {
+        Vec::new()
+    }
+}
+
+/// The programs of `env.coding.candidates` (a JSON list of strings).
+pub fn candidates(path: &str) -> Result<Vec<String>> {
+    let bad = |m: String| Error::config(format!("key `env.coding.candidates` ({path}): {m}"));
+    if path.is_empty() {
+        return Err(Error::config(
+            "key `env.coding.candidates`: policy.kind = \"uniform\" in the coding environment draws programs from this file (a JSON list of programs); set it or use a model policy",
+        ));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
+    let list: Vec<String> =
+        serde_json::from_str(&text).map_err(|e| bad(format!("not a JSON list of strings: {e}")))?;
+    if list.is_empty() {
+        return Err(bad("no programs".into()));
+    }
+    Ok(list)
 }
 
 /// Every problem of a file: JSON lines (`.jsonl`, or gzip-compressed `.jsonl.gz` as
