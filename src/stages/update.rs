@@ -53,7 +53,7 @@ async fn coding_samples(
     let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
     for b in query(&ctx.session, sql).await?.collect().await? {
         let c = Columns::new(&b, "stages/update_coding_*.sql");
-        let (ids, a) = (c.str("traj_id")?, c.f64("advantage")?);
+        let (ids, a) = (c.str("sample_key")?, c.f64("advantage")?);
         let (resp, specs) = (c.str("response")?, c.str("spec")?);
         for r in 0..b.num_rows() {
             let h = spec.hf.as_ref().ok_or_else(|| {

@@ -1,6 +1,6 @@
 -- The coding reward model's PPO samples: every included unit test it wrote (task-level samples)
 -- with its reply and its task's problem, in key order.
-SELECT a.task_id AS traj_id, a.advantage, s.response, t.spec
+SELECT a.task_id AS sample_key, a.advantage, s.response, t.spec
 FROM rm_advantages a
 JOIN rm_samples s
   ON a.task_id = s.task_id AND a.traj_id = s.traj_id AND a.step_idx = s.step_idx

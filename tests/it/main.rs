@@ -4,6 +4,7 @@ mod adapt;
 mod branch;
 mod cli;
 mod cluster;
+mod coding;
 mod commit;
 mod concurrency;
 mod fixtures;
