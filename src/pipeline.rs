@@ -42,6 +42,7 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
         dag.push(Arc::new(stages::update::Update { coding: false }));
         dag.push(Arc::new(stages::adapt::Adapt {
             deterministic: cfg.adapt.adapter.is_deterministic(),
+            coding: false,
         }));
         dag.push(Arc::new(stages::evaluate::Evaluate));
     }
@@ -62,6 +63,7 @@ fn coding_dag(cfg: &Config) -> Result<Dag> {
         Arc::new(stages::update::Update { coding: true }),
         Arc::new(stages::adapt::Adapt {
             deterministic: cfg.adapt.adapter.is_deterministic(),
+            coding: true,
         }),
         Arc::new(stages::coding_loop::CodingEvaluate),
     ];

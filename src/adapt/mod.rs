@@ -36,6 +36,9 @@ pub struct Request<'a> {
     /// Task ids a candidate must not have: the pool's tasks and the candidates judged this
     /// iteration.
     pub exclude: &'a BTreeSet<String>,
+    /// The coding setting: the root problem and the policy's pass rates per test, which an
+    /// environment model is shown (`None` elsewhere).
+    pub evidence: Option<&'a crate::env::coding::curate::Evidence>,
 }
 
 /// What an adapter proposes: the candidate's spec and, where it annotated the critic summary

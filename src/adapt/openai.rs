@@ -22,6 +22,7 @@ use serde_json::{Value, json};
 
 use super::OpenAiConfig;
 use super::{Adapter, Proposal, Request, direction_name};
+use crate::env::coding::curate;
 use crate::env::{self, CriticSummary, FailedRollout};
 use crate::error::{Error, Result};
 
@@ -249,6 +250,76 @@ pub fn extract_json(text: &str) -> std::result::Result<Value, String> {
     }
 }
 
+/// A candidate the environment accepts (valid, solvable), changed and not in the pool.
+fn admit(r: &Request<'_>, spec: Value) -> std::result::Result<Value, String> {
+    r.env.validate(&spec).map_err(|e| e.to_string())?;
+    let id = env::task_id(r.env.name(), &spec);
+    if spec == *r.spec || id == r.task_id {
+        return Err("the task is unchanged".into());
+    }
+    if r.exclude.contains(&id) {
+        return Err("that task is already in the pool".into());
+    }
+    Ok(spec)
+}
+
+impl OpenAi {
+    /// The coding setting (the reference's `sample/llm_env_rollout.py`): the environment model
+    /// gets the reference's curator prompt (root and current problem, the tests with the
+    /// policy's pass rates) and answers with a JSON problem, read as the reference reads it
+    /// ([`curate::read_rewrite`]: at least `min_tests` test pairs, time limit 4 s). Up to
+    /// `adapt.openai.attempts` requests; after an unusable answer the model is told why and
+    /// asked again (the reference draws fresh samples instead: a deliberate difference, as for
+    /// the other environments).
+    async fn propose_problem(
+        &self,
+        r: &Request<'_>,
+        ev: &curate::Evidence,
+    ) -> Result<Option<Proposal>> {
+        let Some([system, user]) =
+            curate::rewrite_messages(r.spec, direction_name(r.direction), ev)
+        else {
+            tracing::info!(
+                task = r.task_id,
+                "adapt.openai: a function-call problem is not rewritten"
+            );
+            return Ok(None);
+        };
+        let key = self.api_key()?;
+        let mut messages = vec![
+            json!({"role": "system", "content": system}),
+            json!({"role": "user", "content": user}),
+        ];
+        for attempt in 1..=self.cfg.attempts {
+            let reply = self.complete(&messages, key.as_deref()).await?;
+            let verdict = curate::read_rewrite(&reply, ev.min_tests)
+                .ok_or_else(|| {
+                    format!(
+                        "the answer holds no JSON object with a non-empty question and at least {} test_input/test_output pairs of equal length",
+                        ev.min_tests
+                    )
+                })
+                .and_then(|spec| admit(r, spec));
+            match verdict {
+                Ok(spec) => return Ok(Some(Proposal { spec, critic: None })),
+                Err(why) => {
+                    tracing::warn!(
+                        task = r.task_id,
+                        attempt,
+                        "adapt.openai: candidate rejected: {why}"
+                    );
+                    messages.push(json!({"role": "assistant", "content": reply}));
+                    messages.push(json!({
+                        "role": "user",
+                        "content": format!("That is not a valid problem: {why}. Reply with the JSON object only."),
+                    }));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
 #[async_trait]
 impl Adapter for OpenAi {
     fn name(&self) -> &'static str {
@@ -260,6 +331,9 @@ impl Adapter for OpenAi {
     }
 
     async fn propose(&self, r: &Request<'_>) -> Result<Option<Proposal>> {
+        if let Some(ev) = r.evidence {
+            return self.propose_problem(r, ev).await;
+        }
         let key = self.api_key()?;
         let mut critic = r.critic.clone();
         if self.cfg.failure_summaries {
@@ -271,17 +345,7 @@ impl Adapter for OpenAi {
         let mut messages = prompt_with(r, &critic);
         for attempt in 1..=self.cfg.attempts {
             let reply = self.complete(&messages, key.as_deref()).await?;
-            let verdict = extract_json(&reply).and_then(|spec| {
-                r.env.validate(&spec).map_err(|e| e.to_string())?;
-                let id = env::task_id(r.env.name(), &spec);
-                if spec == *r.spec || id == r.task_id {
-                    return Err("the task is unchanged".into());
-                }
-                if r.exclude.contains(&id) {
-                    return Err("that task is already in the pool".into());
-                }
-                Ok(spec)
-            });
+            let verdict = extract_json(&reply).and_then(|spec| admit(r, spec));
             match verdict {
                 Ok(spec) => {
                     let critic = self.cfg.failure_summaries.then_some(critic);

@@ -47,6 +47,43 @@ const OBSERVATION_CHARS: usize = 400;
 pub struct Adapt {
     /// Whether the configured adapter is deterministic (the procedural one is; an LLM is not).
     pub deterministic: bool,
+    /// The coding setting: the environment model is also shown the root problem and the pass
+    /// rates of each test (`executions`, `unit_tests`; `adapt_coding_rates.sql`), and the
+    /// current problem is the one rewritten (`adapt.rewrite_from` is not read: the root is the
+    /// anchor, as in the reference).
+    pub coding: bool,
+}
+
+const CODING_RATES: &str = include_str!("adapt_coding_rates.sql");
+
+/// The coding evidence of every task with executions this iteration (the root is filled in per
+/// request).
+async fn coding_evidence(
+    ctx: &StageContext,
+) -> Result<BTreeMap<String, crate::env::coding::curate::Evidence>> {
+    let mut out: BTreeMap<String, crate::env::coding::curate::Evidence> = BTreeMap::new();
+    for b in collect(&ctx.session, CODING_RATES).await? {
+        let c = Columns::new(&b, "stages/adapt_coding_rates.sql");
+        let (id, kind, idx) = (c.str("task_id")?, c.str("test_kind")?, c.u32("test_idx")?);
+        let (rate, input, output) = (c.f64("pass_rate")?, c.str("input")?, c.str("output")?);
+        for i in 0..b.num_rows() {
+            let ev = out.entry(id.value(i).to_string()).or_default();
+            if kind.value(i) == "truth" {
+                let k = idx.value(i) as usize;
+                if ev.truth_rates.len() <= k {
+                    ev.truth_rates.resize(k + 1, 0.0);
+                }
+                ev.truth_rates[k] = rate.value(i);
+            } else {
+                ev.written.push((
+                    input.value(i).to_string(),
+                    output.value(i).to_string(),
+                    rate.value(i),
+                ));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// One row of `adaptations`.
@@ -71,14 +108,27 @@ impl Stage for Adapt {
     }
     /// This iteration's pool, accuracies, decisions, rollouts, RM samples and steps.
     fn inputs(&self) -> &'static [&'static str] {
-        &[
-            "tasks",
-            "task_accuracy",
-            "judgements",
-            "trajectories",
-            "rm_samples",
-            "steps",
-        ]
+        if self.coding {
+            &[
+                "tasks",
+                "task_accuracy",
+                "judgements",
+                "trajectories",
+                "rm_samples",
+                "steps",
+                "executions",
+                "unit_tests",
+            ]
+        } else {
+            &[
+                "tasks",
+                "task_accuracy",
+                "judgements",
+                "trajectories",
+                "rm_samples",
+                "steps",
+            ]
+        }
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["adaptations"]
@@ -95,7 +145,7 @@ impl Stage for Adapt {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         super::install_assets(ctx).await?;
         let rows = if ctx.config.adapt.enabled {
-            adapt_pool(ctx).await?
+            adapt_pool(ctx, self.coding).await?
         } else {
             Vec::new()
         };
@@ -162,7 +212,7 @@ async fn judged(ctx: &StageContext) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
-async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
+async fn adapt_pool(ctx: &StageContext, coding: bool) -> Result<Vec<Row>> {
     let cfg = &ctx.config.adapt;
     let mut pool = Vec::new();
     for b in collect(&ctx.session, SLOTS).await? {
@@ -204,6 +254,11 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
         return Ok(rows);
     }
     let mut critics = critic_summaries(ctx).await?;
+    let mut evidence = if coding {
+        coding_evidence(ctx).await?
+    } else {
+        BTreeMap::new()
+    };
     let environment = env::from_config(&ctx.config.env)?;
     let adapter = adapt::from_config(cfg)?;
     // (task, direction, spec, critic, seed) of every request, in slot order.
@@ -213,8 +268,22 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
         critic.accuracy = task.acc;
         critic.rollouts = task.rollouts;
         let source = match cfg.rewrite_from {
+            _ if coding => &task.spec,
             RewriteFrom::Seed => &task.seed_spec,
             RewriteFrom::Current => &task.spec,
+        };
+        let ev = if coding {
+            let mut ev = evidence.remove(&task.task_id).unwrap_or_default();
+            ev.root = serde_json::from_str(&task.seed_spec).map_err(|e| {
+                Error::data(format!(
+                    "tasks: the seed spec of slot {} is not JSON: {e}",
+                    task.slot
+                ))
+            })?;
+            ev.min_tests = crate::env::coding::curate::MIN_TESTS;
+            Some(ev)
+        } else {
+            None
         };
         let spec: Value = serde_json::from_str(source).map_err(|e| {
             Error::data(format!(
@@ -223,7 +292,7 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
             ))
         })?;
         let seed = derive_seed(ctx.seed, &[&task.task_id]);
-        asks.push((task, direction, spec, critic, seed));
+        asks.push((task, direction, spec, critic, seed, ev));
     }
     // Requests run `adapter.concurrency()` at a time, each chunk against the pool and the
     // candidates of the chunks before it; within a chunk a candidate another slot (earlier in
@@ -232,7 +301,7 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
     for chunk in asks.chunks_mut(adapter.concurrency().max(1)) {
         let requests: Vec<Request<'_>> = chunk
             .iter()
-            .map(|(task, direction, spec, critic, seed)| Request {
+            .map(|(task, direction, spec, critic, seed, ev)| Request {
                 env: environment.as_ref(),
                 task_id: &task.task_id,
                 spec,
@@ -240,11 +309,12 @@ async fn adapt_pool(ctx: &StageContext) -> Result<Vec<Row>> {
                 critic,
                 seed: *seed,
                 exclude: &exclude,
+                evidence: ev.as_ref(),
             })
             .collect();
         let answers = futures::future::join_all(requests.iter().map(|r| adapter.propose(r))).await;
         drop(requests);
-        for ((task, direction, _, critic, _), answer) in chunk.iter_mut().zip(answers) {
+        for ((task, direction, _, critic, _, _), answer) in chunk.iter_mut().zip(answers) {
             let Some(candidate) = answer? else {
                 tracing::info!(task = %task.task_id, "adapt: no new candidate");
                 continue;
@@ -534,6 +604,7 @@ mod tests {
         input(&c, "judgements", &judgements);
         let adaptations = output(
             &Adapt {
+                coding: false,
                 deterministic: true,
             },
             &c,
@@ -785,6 +856,7 @@ mod tests {
         }
         let out = output(
             &Adapt {
+                coding: false,
                 deterministic: true,
             },
             &c,

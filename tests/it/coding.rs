@@ -2,6 +2,10 @@
 //! binary on a temporary store: programs written, run against every test in the sandbox,
 //! rewarded, trained on, evaluated on held-out problems, and every iteration replayed.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
 use crate::Fixture;
 use crate::hf::byte_model;
 
@@ -174,4 +178,147 @@ fn coding_policy_writes_programs_and_replays() {
     );
     assert_eq!(tokens, [["true"], ["true"], ["true"]]);
     replay(&f, "gen", 0);
+}
+
+/// A minimal OpenAI-compatible server acting as the environment model: the first answer of a
+/// conversation holds no problem (the adapter must ask again), the second a rewrite with 4
+/// stdin/stdout tests of the sum of two integers (a program of the candidates solves it), its
+/// question naming the current problem's first words so that each slot's is new. Every request
+/// body is kept.
+fn curator() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut length = 0usize;
+            loop {
+                let mut h = String::new();
+                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                    break;
+                }
+                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            reader.read_exact(&mut body).unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            let messages = body["messages"].as_array().unwrap().clone();
+            log.lock().unwrap().push(body);
+            let content = if messages.len() == 2 {
+                "Let me think about a harder variant first.".to_string()
+            } else {
+                let user = messages[1]["content"].as_str().unwrap();
+                let current = user
+                    .split("[CURRENT ACTIVE PROBLEM]\n")
+                    .nth(1)
+                    .unwrap()
+                    .chars()
+                    .take(24)
+                    .collect::<String>();
+                serde_json::json!({
+                    "question": format!("Read two integers a and b and print a + b. (After: {current})"),
+                    "test_method": "stdio",
+                    "test_time_limit": 4,
+                    "test_input": ["1 2\n", "5 7\n", "0 0\n", "-3 3\n"],
+                    "test_output": ["3", "12", "0", "0"],
+                })
+                .to_string()
+            };
+            let reply = serde_json::json!({
+                "id": "x", "object": "chat.completion",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+            })
+            .to_string();
+            let _ = write!(
+                stream,
+                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                reply.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+/// Adaptation in the coding setting: problems outside the accuracy band are rewritten by an
+/// environment model through the OpenAI-compatible adapter with the reference's curator prompt
+/// (the root problem, the current one, each test with the policy's pass rate), the answer read
+/// as the reference reads it, the candidate joins the pool as pending and is judged one
+/// iteration later by the same rule as elsewhere.
+#[test]
+fn coding_problems_are_rewritten_by_an_environment_model_and_judged() {
+    let f = Fixture::new();
+    let (url, seen) = curator();
+    let endpoint = format!("adapt.openai.endpoint=\"{url}\"");
+    let sets = [
+        PROBLEMS,
+        CANDIDATES,
+        "policy.kind=uniform",
+        "policy.init=",
+        "policy.action_mode=score",
+        "reward_model.enabled=false",
+        "reward_model.init=",
+        "reward_model.max_tokens=8",
+        "env.initial_tasks=6",
+        "rollout.n=4",
+        "eval.tasks=6",
+        "eval.rollouts=1",
+        "adapt.adapter=\"openai\"",
+        "adapt.openai.model=\"curator\"",
+        "adapt.openai.failure_summaries=false",
+        "adapt.openai.api_key_env=\"\"",
+        &endpoint,
+    ];
+    let r = f.run_pipeline(CODING, "adapt", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let pending = rows(
+        &f,
+        "SELECT count(*) FROM adaptations WHERE iter = 0 AND decision = 'pending' AND adapter = 'openai'",
+    );
+    let asked = rows(
+        &f,
+        "SELECT count(*) FROM task_accuracy WHERE iter = 0 AND (acc < 0.2 OR acc >= 0.8)",
+    );
+    assert_eq!(
+        pending, asked,
+        "every task outside the band got a candidate"
+    );
+    assert!(pending[0][0] != "0");
+    // The prompt is the reference's curator prompt with the pass rates; the second answer of
+    // each conversation was used.
+    let bodies = seen.lock().unwrap().clone();
+    let first = bodies
+        .iter()
+        .find(|b| b["messages"].as_array().unwrap().len() == 2)
+        .unwrap();
+    let user = first["messages"][1]["content"].as_str().unwrap();
+    for part in [
+        "[ORIGINAL ROOT PROBLEM]",
+        "[CURRENT ACTIVE PROBLEM]",
+        "\"pass_rate\"",
+        "Provide at least 4 ground-truth tests",
+    ] {
+        assert!(user.contains(part), "{part} missing from:\n{user}");
+    }
+    assert!(
+        first["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("You are a coding dataset curator.")
+    );
+    // Iteration 1 rolled the candidates out and judged each by the acceptance rule.
+    let judged = rows(
+        &f,
+        "SELECT count(*) FROM adaptations WHERE iter = 1 AND decision IN ('accepted', 'rejected')",
+    );
+    assert_eq!(judged, pending);
+    let candidate = rows(
+        &f,
+        "SELECT count(*) FROM tasks WHERE iter = 1 AND status = 'pending' AND strpos(spec, 'print a + b') > 0",
+    );
+    assert_eq!(candidate, pending);
 }

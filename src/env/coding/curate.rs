@@ -10,6 +10,8 @@ use serde_json::{Value, json};
 const MAX_TEST_CHARS: usize = 100;
 /// Each test's input and output in the prompt's JSON are cut at this many characters (`:203`).
 const MAX_JSON_CHARS: usize = 800;
+/// The fewest test pairs a rewritten problem must have (the reference's `num_unit_tests`).
+pub const MIN_TESTS: usize = 4;
 /// The time limit of a rewritten problem, seconds (the reference hard-codes it, `:922-946`).
 pub const REWRITE_TIME_LIMIT: f64 = 4.0;
 
@@ -146,6 +148,80 @@ pub fn rewrite_prompt(r: &RewriteRequest<'_>) -> String {
         gt_json = tests_json(&gi, &go, &gr),
         syn_json = tests_json(&si, &so, &sr),
     )
+}
+
+/// What the environment model is shown about a task besides its problem (built by the `adapt`
+/// stage from `tasks`, `executions` and `unit_tests`): the slot's root problem and how the
+/// policy's programs fared on each test.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Evidence {
+    /// The slot's seed problem (its spec).
+    pub root: Value,
+    /// The share of the policy's programs passing each ground-truth test of the current
+    /// problem, in test order.
+    pub truth_rates: Vec<f64>,
+    /// The reward model's readable tests of the current problem (input, output) and the share
+    /// of programs passing each.
+    pub written: Vec<(String, String, f64)>,
+    /// The fewest tests a rewrite must have (the reference's 4).
+    pub min_tests: usize,
+}
+
+/// The rewrite request as chat messages (system, user): [`rewrite_prompt`]'s two turns, for an
+/// OpenAI-compatible endpoint (the reference sends the ChatML text to its own model as one
+/// completion prompt; the wording is the same). `None` for a function-call problem, which has
+/// no stdin/stdout tests to show (the reference rewrites stdin/stdout problems only).
+pub fn rewrite_messages(current: &Value, goal: &str, ev: &Evidence) -> Option<[String; 2]> {
+    let stdio = |v: &Value| match super::Problem::parse(v).ok()?.tests {
+        super::Tests::Stdio { inputs, outputs } => Some((inputs, outputs)),
+        super::Tests::Function { .. } => None,
+    };
+    let question = |v: &Value| {
+        v.get("question")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (gi, go) = stdio(current)?;
+    let (ri, ro) = stdio(&ev.root).unwrap_or_default();
+    let (si, so, sr): (Vec<String>, Vec<String>, Vec<f64>) = ev
+        .written
+        .iter()
+        .map(|(a, b, r)| (a.clone(), b.clone(), *r))
+        .fold(Default::default(), |(mut a, mut b, mut c), (x, y, z)| {
+            a.push(x);
+            b.push(y);
+            c.push(z);
+            (a, b, c)
+        });
+    let text = rewrite_prompt(&RewriteRequest {
+        goal,
+        root_question: &question(&ev.root),
+        root_tests: RatedTests {
+            inputs: &ri,
+            outputs: &ro,
+            rates: &[],
+        },
+        question: &question(current),
+        truth: RatedTests {
+            inputs: &gi,
+            outputs: &go,
+            rates: &ev.truth_rates,
+        },
+        written: RatedTests {
+            inputs: &si,
+            outputs: &so,
+            rates: &sr,
+        },
+        min_tests: ev.min_tests,
+    });
+    let turn = |role: &str| -> Option<String> {
+        let open = format!("<|im_start|>{role}\n");
+        let at = text.find(&open)? + open.len();
+        let end = text[at..].find("<|im_end|>")? + at;
+        Some(text[at..end].trim_end().to_string())
+    };
+    Some([turn("system")?, turn("user")?])
 }
 
 /// `parse_json_obj`: code fences removed, then the LAST balanced top-level `{…}` (strings and
@@ -292,5 +368,31 @@ mod tests {
             py_list_repr(&v(&["it's", "a\"b", "t\tb\\"])),
             "[\"it's\", 'a\"b', 't\\tb\\\\']"
         );
+    }
+
+    /// The chat turns are the prompt's system and user parts with the evidence in them; a
+    /// function-call problem is not rewritten.
+    #[test]
+    fn rewrite_messages_carry_the_root_and_the_pass_rates() {
+        let current = json!({"question": "Add two.", "test_input": ["1 2", "3 4"], "test_output": ["3", "7"]});
+        let ev = Evidence {
+            root: json!({"question": "Add.", "test_input": ["0 0"], "test_output": ["0"]}),
+            truth_rates: vec![0.5, 0.25],
+            written: vec![("9 9".into(), "18".into(), 1.0)],
+            min_tests: MIN_TESTS,
+        };
+        let [system, user] = rewrite_messages(&current, "easier", &ev).unwrap();
+        assert!(
+            system.starts_with("You are a coding dataset curator.") && !system.contains("<|im")
+        );
+        assert!(
+            user.starts_with("Goal: make the new problem easier."),
+            "{user}"
+        );
+        assert!(user.contains("[ORIGINAL ROOT PROBLEM]\nAdd.\n"));
+        assert!(user.contains("[CURRENT ACTIVE PROBLEM]\nAdd two.\n"));
+        assert!(user.contains("\"pass_rate\": 0.25") && user.contains("\"test_input\": \"9 9\""));
+        let he = json!({"prompt": "def f(x):\n", "entry_point": "f", "test": "def check(candidate):\n    assert candidate(1)\n"});
+        assert!(rewrite_messages(&he, "harder", &ev).is_none());
     }
 }
