@@ -24,6 +24,7 @@ const ADAPTATION: &str = include_str!("adaptation.sql");
 const GROWTH_FIT: &str = include_str!("growth_fit.sql");
 const STAGE_TIMES: &str = include_str!("stage_times.sql");
 const UPDATE_METRICS: &str = include_str!("update_metrics.sql");
+const UNIT_TESTS: &str = include_str!("unit_tests.sql");
 
 /// A query result with its cells as text or numbers.
 #[derive(Debug, Clone, PartialEq)]
@@ -354,6 +355,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
     let fit = table(&ctx, &fit_sql).await?;
     let times = table(&ctx, &q(STAGE_TIMES)?).await?;
     let update = table(&ctx, &q(UPDATE_METRICS)?).await?;
+    let unit_tests = table(&ctx, &q(UNIT_TESTS)?).await?;
 
     let mut charts = Vec::new();
     charts.push((
@@ -566,6 +568,16 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             rm.html()
         ),
     );
+    if !unit_tests.rows.is_empty() {
+        section(
+            "unit-tests",
+            "Reward model's unit tests (coding)",
+            format!(
+                "<p>readable: written tests a test could be read from. syn_ut_acc: tests that every program passing the ground truth also passes (tasks with such a program). perfect_ut_rate: tests that those programs pass and every other program fails (tasks with both kinds).</p>\n{}",
+                unit_tests.html()
+            ),
+        );
+    }
     section(
         "adaptation",
         "Environment adaptation",
