@@ -342,7 +342,12 @@ impl Coding {
 
     fn problems(&self) -> Result<&[Problem]> {
         self.problems
-            .get_or_init(|| load(Path::new(&self.path)).map_err(|e| e.to_string()))
+            .get_or_init(|| {
+                load(Path::new(&self.path)).map_err(|e| match e {
+                    Error::Config(m) => m,
+                    other => other.to_string(),
+                })
+            })
             .as_deref()
             .map_err(|e| Error::config(e.clone()))
     }
