@@ -286,22 +286,44 @@ impl OpenAi {
             return Ok(None);
         };
         let key = self.api_key()?;
-        let mut messages = vec![
+        let messages = vec![
             json!({"role": "system", "content": system}),
             json!({"role": "user", "content": user}),
         ];
+        let min = ev.min_tests;
+        let read = |reply: &str| {
+            curate::read_rewrite(reply, min).ok_or_else(|| {
+                format!(
+                    "the answer holds no JSON object with a non-empty question and at least {min} test_input/test_output pairs of equal length"
+                )
+            })
+        };
+        let spec = self
+            .ask(
+                r,
+                messages,
+                key.as_deref(),
+                read,
+                "That is not a valid problem",
+            )
+            .await?;
+        Ok(spec.map(|spec| Proposal { spec, critic: None }))
+    }
+
+    /// Up to `adapt.openai.attempts` requests until an answer reads (`read`) as a candidate the
+    /// environment admits; after each unusable one the model is told why (`refusal: why`).
+    async fn ask(
+        &self,
+        r: &Request<'_>,
+        mut messages: Vec<Value>,
+        key: Option<&str>,
+        read: impl Fn(&str) -> std::result::Result<Value, String>,
+        refusal: &str,
+    ) -> Result<Option<Value>> {
         for attempt in 1..=self.cfg.attempts {
-            let reply = self.complete(&messages, key.as_deref()).await?;
-            let verdict = curate::read_rewrite(&reply, ev.min_tests)
-                .ok_or_else(|| {
-                    format!(
-                        "the answer holds no JSON object with a non-empty question and at least {} test_input/test_output pairs of equal length",
-                        ev.min_tests
-                    )
-                })
-                .and_then(|spec| admit(r, spec));
-            match verdict {
-                Ok(spec) => return Ok(Some(Proposal { spec, critic: None })),
+            let reply = self.complete(&messages, key).await?;
+            match read(&reply).and_then(|spec| admit(r, spec)) {
+                Ok(spec) => return Ok(Some(spec)),
                 Err(why) => {
                     tracing::warn!(
                         task = r.task_id,
@@ -311,7 +333,7 @@ impl OpenAi {
                     messages.push(json!({"role": "assistant", "content": reply}));
                     messages.push(json!({
                         "role": "user",
-                        "content": format!("That is not a valid problem: {why}. Reply with the JSON object only."),
+                        "content": format!("{refusal}: {why}. Reply with a corrected JSON object only."),
                     }));
                 }
             }
@@ -342,30 +364,18 @@ impl Adapter for OpenAi {
                 f.summary = Some(extract_boxed(&reply).chars().take(SUMMARY_CHARS).collect());
             }
         }
-        let mut messages = prompt_with(r, &critic);
-        for attempt in 1..=self.cfg.attempts {
-            let reply = self.complete(&messages, key.as_deref()).await?;
-            let verdict = extract_json(&reply).and_then(|spec| admit(r, spec));
-            match verdict {
-                Ok(spec) => {
-                    let critic = self.cfg.failure_summaries.then_some(critic);
-                    return Ok(Some(Proposal { spec, critic }));
-                }
-                Err(why) => {
-                    tracing::warn!(
-                        task = r.task_id,
-                        attempt,
-                        "adapt.openai: candidate rejected: {why}"
-                    );
-                    messages.push(json!({"role": "assistant", "content": reply}));
-                    messages.push(json!({
-                        "role": "user",
-                        "content": format!("That is not a valid task: {why}. Reply with a corrected JSON object only."),
-                    }));
-                }
-            }
-        }
-        Ok(None)
+        let messages = prompt_with(r, &critic);
+        let spec = self
+            .ask(
+                r,
+                messages,
+                key.as_deref(),
+                extract_json,
+                "That is not a valid task",
+            )
+            .await?;
+        let critic = self.cfg.failure_summaries.then_some(critic);
+        Ok(spec.map(|spec| Proposal { spec, critic }))
     }
 }
 

@@ -52,31 +52,10 @@ impl Stage for Execute {
         &["env"]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let mut problems: BTreeMap<String, Problem> = BTreeMap::new();
-        for b in collect(
-            &ctx.session,
-            "SELECT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true)",
-        )
-        .await?
-        {
-            let c = Columns::new(&b, "the execute stage's tasks");
-            let (id, spec) = (c.str("task_id")?, c.str("spec")?);
-            for i in 0..b.num_rows() {
-                let v: serde_json::Value = serde_json::from_str(spec.value(i)).map_err(|e| {
-                    Error::data(format!(
-                        "tasks: the spec of {} is not JSON: {e}",
-                        id.value(i)
-                    ))
-                })?;
-                let p = Problem::parse(&v).map_err(|m| {
-                    Error::data(format!(
-                        "tasks: the spec of {} is not a coding problem: {m}",
-                        id.value(i)
-                    ))
-                })?;
-                problems.insert(id.value(i).to_string(), p);
-            }
-        }
+        let problems: BTreeMap<String, Problem> = super::coding_loop::problems(ctx)
+            .await?
+            .into_iter()
+            .collect();
         // Written tests, per task, in sample order.
         let mut written: BTreeMap<
             String,
@@ -128,8 +107,7 @@ impl Stage for Execute {
         }
         // Every (program, test) in key order, and the runs to make: each distinct one once.
         let mut rows: Vec<(usize, &'static str, u32, Result<usize, &'static str>)> = Vec::new();
-        let mut jobs: Vec<Job> = Vec::new();
-        let mut job_of: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+        let mut jobs = Jobs::default();
         for (p, (task, _, program)) in programs.iter().enumerate() {
             let problem = problems.get(task).ok_or_else(|| {
                 Error::data(format!(
@@ -160,36 +138,22 @@ impl Stage for Execute {
                 let job = match case.filter(TestCase::is_valid) {
                     None => Err("invalid_test"),
                     Some(_) if program == NO_CODE => Err("no_program"),
-                    Some(case) => {
-                        let (source, stdin) = case.harness(program);
-                        let key = (source, stdin, problem.time_limit.to_bits());
-                        let next = jobs.len();
-                        let j = *job_of.entry(key.clone()).or_insert(next);
-                        if j == next {
-                            jobs.push(Job {
-                                source: key.0,
-                                stdin: key.1,
-                                limit: Duration::from_secs_f64(problem.time_limit),
-                                case,
-                            });
-                        }
-                        Ok(j)
-                    }
+                    Some(case) => Ok(jobs.add(problem, program, case)),
                 };
                 rows.push((p, kind, idx, job));
             }
         }
         let coding = &ctx.config.env.coding;
-        let results = if jobs.is_empty() {
+        let results = if jobs.list.is_empty() {
             Vec::new()
         } else {
             let sandbox = Sandbox::new(coding.sandbox.clone())?;
             tracing::info!(
-                runs = jobs.len(),
+                runs = jobs.list.len(),
                 isolation = %sandbox.describe(),
                 "execute: running programs"
             );
-            run_all(&sandbox, &jobs, coding.workers())?
+            run_all(&sandbox, &jobs.list, coding.workers())?
         };
         let mut out = TableBuilder::new("executions")?;
         // A program's outcome: +1 when it passes every ground-truth test.
@@ -253,6 +217,33 @@ impl Stage for Execute {
     }
 }
 
+/// The distinct runs to make, each (source, stdin, time limit) once.
+#[derive(Default)]
+struct Jobs {
+    list: Vec<Job>,
+    index: BTreeMap<(String, String, u64), usize>,
+}
+
+impl Jobs {
+    /// The index of the run of `program` against `case` (a new one unless the same source,
+    /// stdin and limit was added before).
+    fn add(&mut self, problem: &Problem, program: &str, case: TestCase) -> usize {
+        let (source, stdin) = case.harness(program);
+        let key = (source, stdin, problem.time_limit.to_bits());
+        let next = self.list.len();
+        let j = *self.index.entry(key.clone()).or_insert(next);
+        if j == next {
+            self.list.push(Job {
+                source: key.0,
+                stdin: key.1,
+                limit: Duration::from_secs_f64(problem.time_limit),
+                case,
+            });
+        }
+        j
+    }
+}
+
 /// A distinct run: the source, its stdin, its limit and the test that judges its output.
 struct Job {
     source: String,
@@ -267,8 +258,7 @@ pub(crate) fn passes_all(
     coding: &crate::env::coding::CodingConfig,
     items: &[(&Problem, &str)],
 ) -> Result<Vec<bool>> {
-    let mut jobs: Vec<Job> = Vec::new();
-    let mut job_of: BTreeMap<(String, String, u64), usize> = BTreeMap::new();
+    let mut jobs = Jobs::default();
     let mut needs: Vec<Vec<usize>> = Vec::with_capacity(items.len());
     for (problem, program) in items {
         let mut mine = Vec::new();
@@ -278,28 +268,16 @@ pub(crate) fn passes_all(
                     mine.push(usize::MAX); // an invalid test fails every program
                     continue;
                 }
-                let (source, stdin) = case.harness(program);
-                let key = (source, stdin, problem.time_limit.to_bits());
-                let next = jobs.len();
-                let j = *job_of.entry(key.clone()).or_insert(next);
-                if j == next {
-                    jobs.push(Job {
-                        source: key.0,
-                        stdin: key.1,
-                        limit: Duration::from_secs_f64(problem.time_limit),
-                        case,
-                    });
-                }
-                mine.push(j);
+                mine.push(jobs.add(problem, program, case));
             }
         }
         needs.push(mine);
     }
-    let results = if jobs.is_empty() {
+    let results = if jobs.list.is_empty() {
         Vec::new()
     } else {
         let sandbox = Sandbox::new(coding.sandbox.clone())?;
-        run_all(&sandbox, &jobs, coding.workers())?
+        run_all(&sandbox, &jobs.list, coding.workers())?
     };
     Ok(needs
         .iter()
