@@ -81,6 +81,10 @@ pub struct PretrainConfig {
     pub lr: f64,
     /// Samples per optimizer step.
     pub minibatch: u32,
+    /// Teach the reward model as many `<bad>` as `<good>` steps: every step of the rarer verdict
+    /// and as many of the other, evenly spaced over the gathered order (false: every labelled
+    /// step, whose verdicts follow the planner's and the random actions' mix).
+    pub rm_balance: bool,
 }
 
 impl Default for PretrainConfig {
@@ -95,6 +99,7 @@ impl Default for PretrainConfig {
             random_action_prob: 0.5,
             lr: 3e-3,
             minibatch: 64,
+            rm_balance: false,
         }
     }
 }

@@ -308,14 +308,22 @@ impl Stage for Pretrain {
                 spec.taught_verdict(true, max)?,
                 spec.taught_verdict(false, max)?,
             );
-            let (mut prompts, mut responses) = (vec![], vec![]);
+            let mut labelled = vec![];
             for ep in &rm_eps {
                 let t = trajectory(ep);
                 for (i, d) in ep.steps.iter().enumerate() {
                     let Some(label) = d.oracle else { continue };
-                    prompts.push(spec.rm_prompt(max, &t, i)?);
-                    responses.push(if label > 0 { good.clone() } else { bad.clone() });
+                    labelled.push((spec.rm_prompt(max, &t, i)?, label > 0));
                 }
+            }
+            if p.rm_balance {
+                let keep = balanced(&labelled.iter().map(|l| l.1).collect::<Vec<_>>());
+                labelled = keep.into_iter().map(|k| labelled[k].clone()).collect();
+            }
+            let (mut prompts, mut responses) = (vec![], vec![]);
+            for (prompt, good_step) in labelled {
+                prompts.push(prompt);
+                responses.push(if good_step { good.clone() } else { bad.clone() });
             }
             if prompts.is_empty() {
                 rm_in
@@ -359,5 +367,41 @@ fn report(model: &str, metrics: &[crate::model::ppo::StepMetrics]) {
             last_loss = last.loss,
             "pretrain: supervised warm start"
         );
+    }
+}
+
+/// `pretrain.rm_balance`: the indices of the labels kept — every label of the rarer class and
+/// as many of the other, evenly spaced over their order (deterministic), in the original order.
+pub(crate) fn balanced(good: &[bool]) -> Vec<usize> {
+    let (pos, neg): (Vec<usize>, Vec<usize>) = (0..good.len()).partition(|&i| good[i]);
+    let (rare, common) = if pos.len() <= neg.len() {
+        (pos, neg)
+    } else {
+        (neg, pos)
+    };
+    let k = rare.len();
+    let mut keep: Vec<usize> = rare;
+    keep.extend((0..k).map(|j| common[j * common.len() / k.max(1)]));
+    keep.sort_unstable();
+    keep
+}
+
+#[cfg(test)]
+mod tests {
+    use super::balanced;
+
+    /// Equal counts of each verdict, the rarer kept whole, the other spread over its order.
+    #[test]
+    fn balancing_keeps_the_rarer_verdict_and_as_many_of_the_other() {
+        let good = [true, true, false, true, true, true, false, true];
+        let keep = balanced(&good);
+        assert_eq!(keep, vec![0, 2, 4, 6]);
+        assert_eq!(keep.iter().filter(|&&i| good[i]).count(), 2);
+        assert_eq!(
+            balanced(&[true, true]),
+            Vec::<usize>::new(),
+            "no bad step: nothing"
+        );
+        assert_eq!(balanced(&[false, true]), vec![0, 1]);
     }
 }
