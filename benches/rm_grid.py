@@ -40,6 +40,17 @@ def main():
         runs[r["run_id"]][int(r["iter"])] = {
             k: float(r[k]) for k in METRICS if r.get(k) not in (None, "")}
     parents = {m.group(1): run for run in runs if (m := re.fullmatch(r"grid-s(\d+)", run))}
+    # A run still under way (fewer iterations than its parent, or its last one not yet
+    # evaluated) is left out, as is a seed whose parent is unfinished.
+    def done(run, like):
+        return run in runs and max(runs[run]) == max(runs[like]) and \
+            "held_out" in runs[run][max(runs[run])]
+    full = max((max(runs[p]) for p in parents.values()), default=0)
+    parents = {s: p for s, p in parents.items() if max(runs[p]) == full and done(p, p)}
+    for run in list(runs):
+        m = re.fullmatch(r"grid-s(\d+)-(.+)", run)
+        if m and (m.group(1) not in parents or not done(run, parents[m.group(1)])):
+            del runs[run]
     variants = sorted({m.group(2) for run in runs if (m := re.fullmatch(r"grid-s(\d+)-(.+)", run))})
     rng = random.Random(0)
 
