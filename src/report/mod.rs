@@ -554,7 +554,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "success",
         "Success",
         format!(
-            "<p>Train: mean accuracy of the active tasks' sampled rollouts (solid). Held-out: greedy success on tasks of the training distribution never trained on (dashed). OOD: the same on tasks one difficulty level harder (dotted).</p>\n<figure>{}</figure>\n{}",
+            "<p>Train: mean accuracy of the active tasks' sampled rollouts (solid). Held-out: success of the evaluation rollouts (eval.rollouts sampled at eval.temperature; one greedy rollout with eval.mode = \"greedy\") on tasks of the training distribution never trained on (dashed). OOD: the same on tasks one difficulty level harder (dotted).</p>\n<figure>{}</figure>\n{}",
             chart_of("success"),
             success.html()
         ),
