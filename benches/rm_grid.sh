@@ -51,3 +51,5 @@ done
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
 "$bin" sql --store "$store" --format csv --file pipelines/sql/rm_grid.sql >"$store/rm_grid.csv"
 python3 benches/rm_grid.py "$store/rm_grid.csv"
+echo "== what the consistency reward pays the RM for (the parents)"
+"$bin" sql --store "$store" --file pipelines/sql/rm_target.sql
