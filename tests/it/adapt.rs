@@ -1,7 +1,7 @@
 //! Environment adaptation and the full loop: pool bookkeeping over real runs, the ablation
 //! switches, the OpenAI-compatible adapter against a local server, and kill / resume.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::Read;
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
@@ -224,82 +224,42 @@ struct Seen {
     max_in_flight: usize,
 }
 
-/// A minimal OpenAI-compatible chat-completions server for gridnav tasks. The first reply of a
+/// The gridnav environment model for the tests (`crate::chat_server`). The first reply of a
 /// conversation is not a task (the adapter must ask again); the second is a valid rewrite in a
-/// fenced block: easier adds budget, harder widens the grid. A thread per connection; each reply
-/// waits 50 ms so that concurrent requests overlap.
+/// fenced block: easier adds budget, harder widens the grid. Each reply waits 50 ms so that
+/// concurrent requests overlap.
 fn chat_server() -> (String, Arc<Mutex<Seen>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Seen::default()));
     let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { continue };
-            let log = log.clone();
-            std::thread::spawn(move || serve(stream, &log));
+    let url = crate::chat_server(move |auth, body| {
+        let messages = body["messages"].as_array().unwrap().clone();
+        let user = messages[1]["content"].as_str().unwrap().to_string();
+        {
+            let mut s = log.lock().unwrap();
+            s.authorization.push(auth.to_string());
+            s.bodies.push(body.clone());
+            s.in_flight += 1;
+            s.max_in_flight = s.max_in_flight.max(s.in_flight);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        log.lock().unwrap().in_flight -= 1;
+        let system = messages[0]["content"].as_str().unwrap();
+        if system.contains("failed rollout") {
+            "The policy looped. \\boxed{It walked into the same wall again and again.}".to_string()
+        } else if messages.len() == 2 {
+            "I would make the task more interesting.".to_string()
+        } else {
+            let spec_line = user.lines().nth(1).unwrap();
+            let mut spec: serde_json::Value = serde_json::from_str(spec_line).unwrap();
+            if user.contains("Direction: easier") {
+                spec["budget"] = (spec["budget"].as_u64().unwrap() + 5).into();
+            } else {
+                spec["width"] = (spec["width"].as_u64().unwrap() + 1).into();
+            }
+            format!("Here it is:\n```json\n{spec}\n```")
         }
     });
     (url, seen)
-}
-
-fn serve(mut stream: std::net::TcpStream, log: &Mutex<Seen>) {
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let (mut length, mut auth) = (0usize, String::new());
-    let mut line = String::new();
-    let _ = reader.read_line(&mut line);
-    loop {
-        let mut h = String::new();
-        if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-            break;
-        }
-        let lower = h.to_ascii_lowercase();
-        if let Some(v) = lower.strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap();
-        }
-        if lower.starts_with("authorization:") {
-            auth = h["authorization:".len()..].trim().to_string();
-        }
-    }
-    let mut body = vec![0; length];
-    reader.read_exact(&mut body).unwrap();
-    let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    let messages = body["messages"].as_array().unwrap().clone();
-    let user = messages[1]["content"].as_str().unwrap().to_string();
-    {
-        let mut s = log.lock().unwrap();
-        s.authorization.push(auth);
-        s.bodies.push(body);
-        s.in_flight += 1;
-        s.max_in_flight = s.max_in_flight.max(s.in_flight);
-    }
-    std::thread::sleep(std::time::Duration::from_millis(50));
-    log.lock().unwrap().in_flight -= 1;
-    let system = messages[0]["content"].as_str().unwrap();
-    let content = if system.contains("failed rollout") {
-        "The policy looped. \\boxed{It walked into the same wall again and again.}".to_string()
-    } else if messages.len() == 2 {
-        "I would make the task more interesting.".to_string()
-    } else {
-        let spec_line = user.lines().nth(1).unwrap();
-        let mut spec: serde_json::Value = serde_json::from_str(spec_line).unwrap();
-        if user.contains("Direction: easier") {
-            spec["budget"] = (spec["budget"].as_u64().unwrap() + 5).into();
-        } else {
-            spec["width"] = (spec["width"].as_u64().unwrap() + 1).into();
-        }
-        format!("Here it is:\n```json\n{spec}\n```")
-    };
-    let reply = serde_json::json!({
-        "id": "x", "object": "chat.completion",
-        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
-    })
-    .to_string();
-    let _ = write!(
-        stream,
-        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-        reply.len()
-    );
 }
 
 #[test]

@@ -2,8 +2,6 @@
 //! binary on a temporary store: programs written, run against every test in the sandbox,
 //! rewarded, trained on, evaluated on held-out problems, and every iteration replayed.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use crate::Fixture;
@@ -186,60 +184,30 @@ fn coding_policy_writes_programs_and_replays() {
 /// question naming the current problem's first words so that each slot's is new. Every request
 /// body is kept.
 fn curator() -> (String, Arc<Mutex<Vec<serde_json::Value>>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/v1", listener.local_addr().unwrap());
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut reader = BufReader::new(stream.try_clone().unwrap());
-            let mut length = 0usize;
-            loop {
-                let mut h = String::new();
-                if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                    break;
-                }
-                if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                    length = v.trim().parse().unwrap();
-                }
-            }
-            let mut body = vec![0; length];
-            reader.read_exact(&mut body).unwrap();
-            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-            let messages = body["messages"].as_array().unwrap().clone();
-            log.lock().unwrap().push(body);
-            let content = if messages.len() == 2 {
-                "Let me think about a harder variant first.".to_string()
-            } else {
-                let user = messages[1]["content"].as_str().unwrap();
-                let current = user
-                    .split("[CURRENT ACTIVE PROBLEM]\n")
-                    .nth(1)
-                    .unwrap()
-                    .chars()
-                    .take(24)
-                    .collect::<String>();
-                serde_json::json!({
-                    "question": format!("Read two integers a and b and print a + b. (After: {current})"),
-                    "test_method": "stdio",
-                    "test_time_limit": 4,
-                    "test_input": ["1 2\n", "5 7\n", "0 0\n", "-3 3\n"],
-                    "test_output": ["3", "12", "0", "0"],
-                })
-                .to_string()
-            };
-            let reply = serde_json::json!({
-                "id": "x", "object": "chat.completion",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
-            })
-            .to_string();
-            let _ = write!(
-                stream,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
-                reply.len()
-            );
+    let url = crate::chat_server(move |_, body| {
+        let messages = body["messages"].as_array().unwrap().clone();
+        log.lock().unwrap().push(body.clone());
+        if messages.len() == 2 {
+            return "Let me think about a harder variant first.".to_string();
         }
+        let user = messages[1]["content"].as_str().unwrap();
+        let current = user
+            .split("[CURRENT ACTIVE PROBLEM]\n")
+            .nth(1)
+            .unwrap()
+            .chars()
+            .take(24)
+            .collect::<String>();
+        serde_json::json!({
+            "question": format!("Read two integers a and b and print a + b. (After: {current})"),
+            "test_method": "stdio",
+            "test_time_limit": 4,
+            "test_input": ["1 2\n", "5 7\n", "0 0\n", "-3 3\n"],
+            "test_output": ["3", "12", "0", "0"],
+        })
+        .to_string()
     });
     (url, seen)
 }

@@ -93,6 +93,58 @@ pub fn python_packages(import: &str, packages: &[&str]) {
     );
 }
 
+/// A minimal OpenAI-compatible chat-completions server for tests, a thread per connection:
+/// `answer` gets each request's `Authorization` header (empty when none) and JSON body and
+/// returns the reply's content. Returns the base URL (`http://127.0.0.1:PORT/v1`).
+pub fn chat_server(
+    answer: impl Fn(&str, &serde_json::Value) -> String + Send + Sync + 'static,
+) -> String {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let answer = std::sync::Arc::new(answer);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let answer = answer.clone();
+            std::thread::spawn(move || {
+                let mut reader = BufReader::new(stream.try_clone().unwrap());
+                let (mut length, mut auth) = (0usize, String::new());
+                let mut line = String::new();
+                let _ = reader.read_line(&mut line);
+                loop {
+                    let mut h = String::new();
+                    if reader.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    let lower = h.to_ascii_lowercase();
+                    if let Some(v) = lower.strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap();
+                    }
+                    if lower.starts_with("authorization:") {
+                        auth = h["authorization:".len()..].trim().to_string();
+                    }
+                }
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).unwrap();
+                let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let content = answer(&auth, &body);
+                let reply = serde_json::json!({
+                    "id": "x", "object": "chat.completion",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]
+                })
+                .to_string();
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{reply}",
+                    reply.len()
+                );
+            });
+        }
+    });
+    url
+}
+
 /// The first file of a directory (a table's iteration directory holds one committed file).
 pub fn first_file(dir: &Path) -> PathBuf {
     std::fs::read_dir(dir)
