@@ -108,27 +108,18 @@ impl Stage for Adapt {
     }
     /// This iteration's pool, accuracies, decisions, rollouts, RM samples and steps.
     fn inputs(&self) -> &'static [&'static str] {
-        if self.coding {
-            &[
-                "tasks",
-                "task_accuracy",
-                "judgements",
-                "trajectories",
-                "rm_samples",
-                "steps",
-                "executions",
-                "unit_tests",
-            ]
-        } else {
-            &[
-                "tasks",
-                "task_accuracy",
-                "judgements",
-                "trajectories",
-                "rm_samples",
-                "steps",
-            ]
-        }
+        // The coding setting also reads how each test fared (`adapt_coding_rates.sql`).
+        const ALL: [&str; 8] = [
+            "tasks",
+            "task_accuracy",
+            "judgements",
+            "trajectories",
+            "rm_samples",
+            "steps",
+            "executions",
+            "unit_tests",
+        ];
+        if self.coding { &ALL } else { &ALL[..6] }
     }
     fn outputs(&self) -> &'static [&'static str] {
         &["adaptations"]

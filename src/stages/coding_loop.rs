@@ -26,7 +26,7 @@ use crate::env::coding::{self, Problem};
 use crate::error::{Error, Result};
 use crate::model::count::halves;
 use crate::model::reward::{self, Judgement};
-use crate::model::{ModelSpec, POLICY, RM, Weights};
+use crate::model::{POLICY, RM, Weights};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
@@ -75,7 +75,7 @@ pub(crate) async fn problems(ctx: &StageContext) -> Result<Vec<(String, Problem)
 #[allow(clippy::too_many_arguments)]
 fn write_on<B: burn::tensor::backend::Backend>(
     device: &B::Device,
-    spec: &ModelSpec,
+    tok: &crate::model::hf::HfTokenizer,
     checkpoint: &Weights,
     prompts: &[Vec<u32>],
     seeds: &[u64],
@@ -83,19 +83,9 @@ fn write_on<B: burn::tensor::backend::Backend>(
     max_tokens: usize,
     temperature: f64,
 ) -> Result<Vec<Vec<Judgement>>> {
-    let h = spec.hf.as_ref().ok_or_else(|| {
-        Error::config(format!(
-            "the coding environment's {} writes text: it needs a pretrained model ({}.init = \"hf:DIR\")",
-            spec.role,
-            if spec.role == POLICY {
-                "policy"
-            } else {
-                "reward_model"
-            }
-        ))
-    })?;
     let model = checkpoint.to_model::<B>(device)?;
-    let verdicts = reward::Verdicts::Text(&h.tokenizer, "");
+    // Free text up to the end of the turn: no reply prefix, no verdict to read.
+    let verdicts = reward::Verdicts::Text(tok, "");
     let steps = vec![1; prompts.len()];
     let write = |r: std::ops::Range<usize>| {
         super::rm_score::judge_trajectories(
@@ -131,7 +121,8 @@ fn write_replies(
         .as_ref()
         .ok_or_else(|| {
             Error::config(format!(
-                "the coding environment's {role} writes text: it needs a pretrained model (hf:DIR)"
+                "the coding environment's {role} writes text: it needs a pretrained model ({}.init = \"hf:DIR\")",
+                if role == POLICY { "policy" } else { "reward_model" }
             ))
         })?
         .tokenizer;
@@ -143,10 +134,10 @@ fn write_replies(
         crate::on_backend!(
             ctx.config.run.device,
             infer,
-            write_on(&spec, &ck, &prompts, seeds, n, max_tokens, temperature)
+            write_on(tok, &ck, &prompts, seeds, n, max_tokens, temperature)
         )
     })?;
-    let v = spec.verdicts();
+    let v = reward::Verdicts::Text(tok, "");
     written
         .into_iter()
         .map(|js| {
