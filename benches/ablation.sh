@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # The paper's ablation (pipelines/ablation/<env>.toml): three settings — policy only (outcome
-# reward, static tasks), + reward model, + reward model + adaptation — over three seeds each,
+# reward, static tasks), + reward model, + reward model + adaptation — over SEEDS seeds each (5),
 # the same iteration budget, every run warm-started by `pretrain`; plus, per seed, the
 # pretrained models alone (`pre-s<seed>`: one iteration whose update takes no step, so its
-# evaluation and RM accuracy are those of the warm start). Then the table
-# (pipelines/sql/ablation.sql), the per-iteration curves and the reports (all runs; seed 0 of
-# each setting, also as SVG figures). Runs resume: rerunning continues where it stopped.
+# evaluation and RM accuracy are those of the warm start). Then the tables: per setting with
+# bootstrap 95% intervals over the seeds and the settings paired per seed
+# (pipelines/sql/ablation.sql → benches/ablation.py), the per-iteration curves, the reports (all
+# runs; seed 0 of each setting, also as SVG figures), and the fingerprint of the first
+# iteration (pipelines/sql/ablation_fingerprint.sql → REPORT_DIR/fingerprint.csv, with the
+# commit in REPORT_DIR/measured.txt) that the test `ablation_tables_are_current` recomputes: a
+# code change that moves the tables fails it. Runs resume: rerunning continues where it stopped.
 #
-#   benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
-#   benches/ablation.sh                      # household, 8 iterations, ./runs-ablation/household, docs/ablation/household
-#   benches/ablation.sh 8 ./runs-ablation/gridnav docs/ablation/gridnav gridnav
+#   [SEEDS=5] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+#   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
+#   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-8}
 env=${4:-household}
 store=${2:-./runs-ablation/$env}
-out=${3:-docs/ablation/$env}
+out=${3:-docs/src/ablation/$env}
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 if [ -n "${RLA_PIPE_BIN:-}" ]; then
@@ -27,7 +31,8 @@ fi
 pipeline=pipelines/ablation/$env.toml
 started=$(date +%s)
 runs=()
-for seed in 0 1 2; do
+seeds=${SEEDS:-5}
+for ((seed = 0; seed < seeds; seed++)); do
   echo "== pre-s$seed" >&2
   "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 \
     --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
@@ -46,12 +51,15 @@ for seed in 0 1 2; do
 done
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
 echo "== the ablation ($env, $iters iterations)"
-"$bin" sql --store "$store" --file pipelines/sql/ablation.sql
+"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation.sql >"$store/ablation.csv"
+python3 benches/ablation.py "$store/ablation.csv"
 echo "== the warm start alone (pretrain, before any update)"
 "$bin" sql --store "$store" --file pipelines/sql/pretrain_alone.sql
 echo "== held-out success and RM process accuracy per iteration"
 "$bin" sql --store "$store" --file pipelines/sql/ablation_curves.sql
 mkdir -p "$out"
+"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
+echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
 # Every run in one report; the figures (SVG) from seed 0 of each setting, readable overlaid.
 "$bin" report --store "$store" "${runs[@]}" --out "$out/report-all.html"
 "$bin" report --store "$store" abl-policy-s0 abl-rm-s0 abl-rmadapt-s0 --out "$out/report.html" --svg-dir "$out"

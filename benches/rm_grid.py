@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""The RM-question grid's test (docs/rm-question.md): from pipelines/sql/rm_grid.sql's CSV
+"""The RM-question grid's test (docs/src/rm-question.md): from pipelines/sql/rm_grid.sql's CSV
 (run_id, iter, process, balanced_outcome, base_rate, separation, held_out), each variant against
 its own seed's parent (`grid-s<seed>` vs `grid-s<seed>-<variant>`), paired per seed: the mean
 over seeds of the difference at the last iteration and of the difference of the means over
 iterations 1..last, with a bootstrap 95% interval (10,000 resamples of the per-seed differences,
 percentile). H1: the parent's last iteration against its iteration 0, the same way.
 
-Usage: python3 benches/rm_grid.py RM_GRID.csv      (standard library only)
+Usage: python3 benches/rm_grid.py RM_GRID.csv [PARENT_PREFIX]      (standard library only)
+PARENT_PREFIX (default `grid-s`): the parents' run ids are PARENT_PREFIX<seed>, e.g.
+`abl-rmadapt-s` where the ablation's full-loop runs are the parents (household).
 """
 import csv
 import random
@@ -39,7 +41,9 @@ def main():
     for r in rows:
         runs[r["run_id"]][int(r["iter"])] = {
             k: float(r[k]) for k in METRICS if r.get(k) not in (None, "")}
-    parents = {m.group(1): run for run in runs if (m := re.fullmatch(r"grid-s(\d+)", run))}
+    prefix = sys.argv[2] if len(sys.argv) > 2 else "grid-s"
+    parents = {m.group(1): run for run in runs
+               if (m := re.fullmatch(re.escape(prefix) + r"(\d+)", run))}
     # A run still under way (fewer iterations than its parent, or its last one not yet
     # evaluated) is left out, as is a seed whose parent is unfinished.
     def done(run, like):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The RM-question grid (docs/rm-question.md): per seed a parent run of the full loop, and
+# The RM-question grid (docs/src/rm-question.md): per seed a parent run of the full loop, and
 # counterfactual branches that share its first iterations and change one setting each
 # (`rla-pipe replay --from N --set ... --into ...`). Then pipelines/sql/rm_grid.sql's table and
 # the paired per-seed differences with bootstrap 95% intervals (benches/rm_grid.py).
@@ -7,6 +7,12 @@
 #
 #   benches/rm_grid.sh [SEEDS] [ITERATIONS] [STORE] [PIPELINE]
 #   benches/rm_grid.sh                       # 5 seeds, 8 iterations, ./runs-rm-grid/gridnav
+#
+# VARIANTS="lam0 m1" runs only those branches; PARENT_PREFIX=abl-rmadapt-s takes the parents
+# from runs of that name (the ablation's full-loop runs, same file and seed: benches/ablation.sh
+# makes them), so the household grid shares them:
+#   VARIANTS="lam0 m1 balanced" PARENT_PREFIX=abl-rmadapt-s \
+#     benches/rm_grid.sh 5 8 ./runs-ablation/household pipelines/ablation/household.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seeds=${1:-5}
@@ -35,21 +41,22 @@ variants=(
   "balanced|0|pretrain.rm_balance=true"
 )
 for ((seed = 0; seed < seeds; seed++)); do
-  parent="grid-s$seed"
+  parent="${PARENT_PREFIX:-grid-s}$seed"
   echo "== $parent" >&2
   "$bin" run "$pipeline" --store "$store" --run-id "$parent" --iterations "$iters" \
     --set "run.seed=$seed" -q
   for v in "${variants[@]}"; do
     IFS='|' read -r name from sets <<<"$v"
+    if [ -n "${VARIANTS:-}" ] && [[ " $VARIANTS " != *" $name "* ]]; then continue; fi
     args=()
     for s in $sets; do args+=(--set "$s"); done
-    echo "== $parent-$name (from iteration $from: $sets)" >&2
+    echo "== grid-s$seed-$name (from iteration $from: $sets)" >&2
     "$bin" replay --store "$store" --run "$parent" --from "$from" "${args[@]}" \
-      --into "$parent-$name" -q
+      --into "grid-s$seed-$name" -q
   done
 done
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
 "$bin" sql --store "$store" --format csv --file pipelines/sql/rm_grid.sql >"$store/rm_grid.csv"
-python3 benches/rm_grid.py "$store/rm_grid.csv"
+python3 benches/rm_grid.py "$store/rm_grid.csv" "${PARENT_PREFIX:-grid-s}"
 echo "== what the consistency reward pays the RM for (the parents)"
 "$bin" sql --store "$store" --file pipelines/sql/rm_target.sql

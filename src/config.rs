@@ -23,11 +23,14 @@ pub use crate::env::gridnav::GridNavConfig;
 pub use crate::env::synthetic::SyntheticConfig;
 pub use crate::env::{EnvConfig, EnvKind};
 use crate::error::{Checks, Error, Result};
+
+mod reference;
 pub use crate::model::config::{
     ActionScore, Device, LogprobTemperature, PolicyConfig, PolicyKind, RewardModelConfig,
     UpdateConfig,
 };
 pub use crate::model::ppo::Schedule;
+pub use reference::{REFERENCE_PAGE, reference_markdown};
 
 /// The whole configuration of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

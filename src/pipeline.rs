@@ -49,7 +49,7 @@ pub fn dag(cfg: &Config) -> Result<Dag> {
     Ok(Dag::new(dag, initial_checkpoints())?.with_origins(model_origins()))
 }
 
-/// The coding setting's DAG (docs/coding.md): programs and unit tests written, run in the
+/// The coding setting's DAG (docs/src/coding.md): programs and unit tests written, run in the
 /// sandbox (`execute`), rewarded from the runs; no step oracle, so no warm start.
 fn coding_dag(cfg: &Config) -> Result<Dag> {
     let dag: Vec<Arc<dyn Stage>> = vec![

@@ -1,5 +1,5 @@
--- The ablation table (benches/ablation.sh): one row per setting over its seeds, at each run's
--- last committed iteration. Runs are named abl-<setting>-s<seed>: setting `policy` (outcome
+-- The ablation (benches/ablation.sh): one row per run, at the last iteration every run
+-- reached. Runs are named abl-<setting>-s<seed>: setting `policy` (outcome
 -- reward, static tasks), `rm` (+ reward model), `rmadapt` (+ reward model + adaptation).
 -- Held-out / OOD: success after the last update (eval.mode: 3 sampled rollouts per task at
 -- T = 0.8 by default; mean ± sample std over seeds, and the range), and held-out averaged over
@@ -122,24 +122,10 @@ per_run AS (
     LEFT JOIN fit ON fit.run_id = r.run_id
     LEFT JOIN wall w ON w.run_id = r.run_id
 )
-SELECT CASE setting WHEN 'policy' THEN 'policy only' WHEN 'rm' THEN '+ reward model'
-                    WHEN 'rmadapt' THEN '+ reward model + adaptation' ELSE setting END AS setting,
-       COUNT(*) AS seeds,
-       MIN(last) + 1 AS iterations,
-       round(AVG(held_out), 3) AS held_out_mean,
-       round(stddev(held_out), 3) AS held_out_std,
-       concat(CAST(round(MIN(held_out), 3) AS VARCHAR), '–', CAST(round(MAX(held_out), 3) AS VARCHAR)) AS held_out_range,
-       round(AVG(held_out_curve), 3) AS held_out_all_iters,
-       round(AVG(ood), 3) AS ood_mean,
-       round(stddev(ood), 3) AS ood_std,
-       round(AVG(rm_process_first), 3) AS rm_process_first,
-       round(AVG(rm_process), 3) AS rm_process_acc,
-       round(AVG(rm_balanced_outcome), 3) AS rm_balanced_outcome,
-       round(AVG(CAST(accepted AS DOUBLE)), 1) AS accepted_tasks,
-       round(AVG(slope), 2) AS accepted_per_iter,
-       round(AVG(r2), 2) AS growth_r2,
-       round(CAST(SUM(harder) AS DOUBLE) / CAST(NULLIF(SUM(accepted), 0) AS DOUBLE), 2) AS harder_share,
-       round(AVG(seconds), 0) AS wall_seconds
+-- One row per run: benches/ablation.py aggregates them per setting (mean, sample std, bootstrap
+-- 95% intervals) and pairs the settings per seed.
+SELECT setting, CAST(split_part(run_id, '-s', 2) AS BIGINT) AS seed, run_id, last + 1 AS iterations,
+       held_out, ood, held_out_curve, rm_process_first, rm_process, rm_balanced_outcome,
+       accepted, harder, slope, r2, seconds
 FROM per_run
-GROUP BY per_run.setting
-ORDER BY MIN(CASE per_run.setting WHEN 'policy' THEN 0 WHEN 'rm' THEN 1 WHEN 'rmadapt' THEN 2 ELSE 3 END)
+ORDER BY CASE setting WHEN 'policy' THEN 0 WHEN 'rm' THEN 1 WHEN 'rmadapt' THEN 2 ELSE 3 END, seed

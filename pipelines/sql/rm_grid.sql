@@ -1,4 +1,4 @@
--- The RM-question grid (docs/rm-question.md): per run and iteration, the reward model's process
+-- The RM-question grid (docs/src/rm-question.md): per run and iteration, the reward model's process
 -- accuracy (majority verdict vs the step oracle), balanced outcome accuracy (mean hit rate of a
 -- trajectory's summed verdicts on successes and on failures), verdict base rate (share of
 -- parsable samples saying good), separation (mean S on oracle-good steps minus on oracle-bad

@@ -1,4 +1,4 @@
-//! Past one machine: rla-pipe on datafusion-distributed (docs/distributed.md says why this
+//! Past one machine: rla-pipe on datafusion-distributed (docs/src/distributed.md says why this
 //! engine). Workers are `rla-pipe worker` processes ([`worker::serve`]); a coordinator is any
 //! rla-pipe process whose `run.cluster` (or `--cluster`) lists them.
 //!

@@ -1,4 +1,4 @@
-//! The coding setting end to end (`env.name = "coding"`, docs/coding.md), through the real
+//! The coding setting end to end (`env.name = "coding"`, docs/src/coding.md), through the real
 //! binary on a temporary store: programs written, run against every test in the sandbox,
 //! rewarded, trained on, evaluated on held-out problems, and every iteration replayed.
 

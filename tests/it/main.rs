@@ -1,5 +1,6 @@
 //! Integration tests: drive the real `rla-pipe` binary on temporary stores.
 
+mod ablation;
 mod adapt;
 mod branch;
 mod cli;
@@ -7,6 +8,7 @@ mod cluster;
 mod coding;
 mod commit;
 mod concurrency;
+mod docs;
 mod fixtures;
 #[cfg(feature = "polars")]
 mod frames;

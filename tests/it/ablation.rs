@@ -1,0 +1,44 @@
+//! The README's ablation tables stay current: `benches/ablation.sh` writes the fingerprint of
+//! the first iteration of its full-loop run of seed 0 (`docs/src/ablation/<env>/fingerprint.csv`,
+//! from `pipelines/sql/ablation_fingerprint.sql`); this test computes it again with the current
+//! code. A change that moves what the ablation computes (sample order, kernels, masks, formulas)
+//! fails here, naming the command that re-measures the tables.
+
+use crate::Fixture;
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn check(env: &str) {
+    let f = Fixture::new();
+    let pipeline = format!("{ROOT}/pipelines/ablation/{env}.toml");
+    // The same command as benches/ablation.sh's `abl-rmadapt-s0`, one iteration.
+    f.run_pipeline(&pipeline, "abl-rmadapt-s0", 1, &["run.seed=0"])
+        .ok();
+    let sql = format!("{ROOT}/pipelines/sql/ablation_fingerprint.sql");
+    let got = f
+        .rla(&["sql", "--format", "csv", "--file", &sql])
+        .ok()
+        .stdout;
+    let path = format!("{ROOT}/docs/src/ablation/{env}/fingerprint.csv");
+    let want = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let measured = std::fs::read_to_string(format!("{ROOT}/docs/src/ablation/{env}/measured.txt"))
+        .unwrap_or_default();
+    assert!(
+        got == want,
+        "the {env} ablation tables in the README are stale: the first iteration of \
+         abl-rmadapt-s0 no longer computes what they were measured with ({}).\n\
+         Re-measure them: `benches/ablation.sh 8 ./runs-ablation/{env} docs/src/ablation/{env} {env}` \
+         (rewrites {path}), then update the README's tables.\n--- {path}\n{want}--- now\n{got}",
+        measured.trim()
+    );
+}
+
+#[test]
+fn ablation_tables_are_current_gridnav() {
+    check("gridnav");
+}
+
+#[test]
+fn ablation_tables_are_current_household() {
+    check("household");
+}

@@ -1,0 +1,247 @@
+//! The README and the book (`docs/src/`, mdBook layout) hold together: every relative link
+//! resolves to a file of the repository (and an `#anchor` into a markdown file to one of its
+//! headings), every chapter is listed in `docs/src/SUMMARY.md`, and the README stays short.
+//! (The configuration reference's equality with the code is a unit test beside its generator,
+//! `config::reference`.)
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+const ROOT: &str = env!("CARGO_MANIFEST_DIR");
+
+fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            markdown_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+}
+
+/// The text outside fenced code blocks and inline code spans.
+fn prose(text: &str) -> String {
+    let mut out = String::new();
+    let mut fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        let mut code = false;
+        for c in line.chars() {
+            if c == '`' {
+                code = !code;
+                out.push('`');
+            } else if !code {
+                out.push(c);
+            }
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// `[text](target)` and `![alt](target)` targets.
+fn links(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = text;
+    while let Some(i) = rest.find("](") {
+        let after = &rest[i + 2..];
+        if let Some(j) = after.find(')') {
+            let target = after[..j].split_whitespace().next().unwrap_or("");
+            out.push(target.to_string());
+            rest = &after[j..];
+        } else {
+            break;
+        }
+    }
+    out
+}
+
+/// mdBook's (and GitHub's) heading anchors.
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut fence = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence || !line.starts_with('#') {
+            continue;
+        }
+        let title = line.trim_start_matches('#');
+        if !title.starts_with(' ') {
+            continue;
+        }
+        let slug: String = title
+            .trim()
+            .to_lowercase()
+            .chars()
+            .filter_map(|c| match c {
+                ' ' => Some('-'),
+                c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+                _ => None,
+            })
+            .collect();
+        out.insert(slug);
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_in_readme_and_book_resolves() {
+    let root = Path::new(ROOT);
+    let mut files = vec![root.join("README.md"), root.join("ARCHITECTURE.md")];
+    markdown_files(&root.join("docs/src"), &mut files);
+    let mut bad = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for target in links(&prose(&text)) {
+            if target.is_empty() || target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            // Links that leave the repository (the design contracts beside it) are not checked.
+            let Ok(full) = resolved.canonicalize() else {
+                let outside = !normalize(&resolved).starts_with(root);
+                if !outside {
+                    bad.push(format!("{}: {target}: no such file", file.display()));
+                }
+                continue;
+            };
+            if !full.starts_with(root) {
+                continue;
+            }
+            checked += 1;
+            if let Some(a) = anchor {
+                if full.extension().is_some_and(|x| x == "md") {
+                    let have = anchors(&std::fs::read_to_string(&full).unwrap());
+                    if !have.contains(a) {
+                        bad.push(format!(
+                            "{}: {target}: no heading with anchor #{a} in {}",
+                            file.display(),
+                            full.display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked > 100, "only {checked} links found");
+    assert!(bad.is_empty(), "broken links:\n{}", bad.join("\n"));
+}
+
+fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in p.components() {
+        match c {
+            std::path::Component::ParentDir => {
+                out.pop();
+            }
+            std::path::Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
+#[test]
+fn every_chapter_is_in_the_summary() {
+    let src = Path::new(ROOT).join("docs/src");
+    let summary = std::fs::read_to_string(src.join("SUMMARY.md")).unwrap();
+    let listed: BTreeSet<String> = links(&summary).into_iter().collect();
+    let mut files = Vec::new();
+    markdown_files(&src, &mut files);
+    for f in files {
+        let rel = f
+            .strip_prefix(&src)
+            .unwrap()
+            .to_string_lossy()
+            .replace('\\', "/");
+        if rel == "SUMMARY.md" {
+            continue;
+        }
+        assert!(listed.contains(&rel), "docs/src/{rel} is not in SUMMARY.md");
+    }
+    for l in &listed {
+        assert!(
+            src.join(l).is_file(),
+            "SUMMARY.md lists {l}, which is not there"
+        );
+    }
+}
+
+#[test]
+fn readme_stays_short() {
+    let lines = std::fs::read_to_string(Path::new(ROOT).join("README.md"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines: put the detail in a chapter of docs/src/"
+    );
+}
+
+#[test]
+fn link_and_anchor_helpers() {
+    let text = "see [a](x.md#b-c) and ![i](img.svg) `[no](code.md)`\n```\n[no](fence.md)\n```\n";
+    assert_eq!(links(&prose(text)), vec!["x.md#b-c", "img.svg"]);
+    let a = anchors("# The GPU path\n## `rla-pipe sql`: SQL, and more!\n```\n# not\n```\n");
+    assert!(
+        a.contains("the-gpu-path") && a.contains("rla-pipe-sql-sql-and-more"),
+        "{a:?}"
+    );
+    assert!(!a.contains("not"));
+}
+
+/// An iteration summary line with its wall time masked (the only part that varies).
+fn summary_masked(line: &str) -> Option<String> {
+    let line = line.trim_end();
+    let (head, rest) = line.split_once("committed in ")?;
+    if !head.trim_start().starts_with("iter ") {
+        return None;
+    }
+    let (_, tail) = rest.split_once(' ')?;
+    Some(format!("{head}committed in _ {tail}"))
+}
+
+/// The README's quick-start output is what the main job prints on this build: every
+/// iteration's summary line (timings masked). Runs the README's first command on a temporary
+/// store (about 3.5 minutes on 2 cores).
+#[test]
+fn readme_quick_start_output_is_what_the_build_prints() {
+    let readme = std::fs::read_to_string(Path::new(ROOT).join("README.md")).unwrap();
+    let want: Vec<String> = readme.lines().filter_map(summary_masked).collect();
+    assert_eq!(
+        want.len(),
+        10,
+        "the README's quick start shows 10 iteration summaries"
+    );
+    let f = crate::Fixture::new();
+    let pipeline = format!("{ROOT}/pipelines/gridnav.toml");
+    let store = f.store_arg();
+    let run = f.rla(&["run", &pipeline, "--store", &store]).ok();
+    let got: Vec<String> = run.stderr.lines().filter_map(summary_masked).collect();
+    assert!(
+        got == want,
+        "the README's quick-start output is stale: this build prints\n{}\nRe-run `cargo run -- \
+         run pipelines/gridnav.toml` on an empty store and paste its summary lines.",
+        got.join("\n")
+    );
+}
