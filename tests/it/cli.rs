@@ -392,6 +392,63 @@ fn sql_formats_out_and_read_only() {
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
 
+/// The files a user asks for (`sql --out`, `report --out`, `report --svg-dir`) get the mode any
+/// new file gets, 0666 less the umask (0644 under umask 022), not a temp file's 0600; the
+/// directory `--svg-dir` creates, 0777 less the umask.
+#[cfg(unix)]
+#[test]
+fn written_files_get_the_usual_mode() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    // rla-pipe under umask 022, whatever the test runner's umask is.
+    let under_umask_022 = |args: &[&str]| {
+        let output = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(r#"umask 022 && exec "$0" "$@""#)
+            .arg(env!("CARGO_BIN_EXE_rla-pipe"))
+            .args(args)
+            .current_dir(f.dir.path())
+            .env_remove("RUST_LOG")
+            .env("RLA_PIPE_STORE", f.store())
+            .output()
+            .expect("spawn sh");
+        crate::Run::from(output).ok()
+    };
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    let parquet = f.dir.path().join("acc.parquet");
+    let html = f.dir.path().join("report.html");
+    let svg = f.dir.path().join("charts");
+    for _ in 0..2 {
+        // The second time over the files of the first: replaced ones get the same mode.
+        under_umask_022(&[
+            "sql",
+            "--out",
+            parquet.to_str().unwrap(),
+            "SELECT task_id, acc FROM task_accuracy",
+        ]);
+        under_umask_022(&[
+            "report",
+            "small",
+            "--out",
+            html.to_str().unwrap(),
+            "--svg-dir",
+            svg.to_str().unwrap(),
+        ]);
+        assert_eq!(mode(&parquet), 0o644, "sql --out: {:o}", mode(&parquet));
+        assert_eq!(mode(&html), 0o644, "report --out: {:o}", mode(&html));
+        assert_eq!(mode(&svg), 0o755, "report --svg-dir: {:o}", mode(&svg));
+        let charts: Vec<_> = std::fs::read_dir(&svg)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert!(!charts.is_empty());
+        for c in &charts {
+            assert_eq!(mode(c), 0o644, "{}: {:o}", c.display(), mode(c));
+        }
+    }
+}
+
 #[test]
 fn runs_and_show() {
     let f = Fixture::new();

@@ -1,0 +1,501 @@
+//! The command line: clap definitions and thin dispatch onto the library. `anyhow` lives here only.
+//!
+//! One file per command (`run.rs`, `sql.rs`, ...), holding the function that does it; the flags
+//! several commands share, and the value types of flags, in `args.rs`; printing and writing
+//! results in `output.rs`. This file: the clap definitions, `main` and the dispatch.
+
+mod args;
+mod bench_env;
+mod branch;
+mod export;
+mod files;
+mod gc;
+mod init;
+mod model;
+mod output;
+mod replay;
+mod report;
+mod run;
+mod runs;
+mod schema;
+mod show;
+mod sql;
+mod worker;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+
+use crate::error::Error;
+use args::{ClusterArgs, DeviceArg, Format, ModelRole, SchemaFormat, StoreArgs, TextOrJson};
+use run::RunOverrides;
+use sql::SqlCluster;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "rla-pipe",
+    version,
+    about = "RLAnything-style RL as a staged dataflow: every stage committed as Parquet, queryable with SQL, replayable.",
+    after_help = "Exit codes: 0 success, 1 failure, 2 usage error, 130 interrupted.\nLogs: -v, or RUST_LOG=rla_pipe=debug."
+)]
+pub struct Cli {
+    /// Log stage events (tracing) to stderr.
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    /// Print nothing but results and errors.
+    #[arg(short, long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run (or resume) a pipeline: every committed stage is skipped, the first missing one runs.
+    Run {
+        /// The iteration config (TOML), e.g. pipelines/synthetic.toml.
+        pipeline: PathBuf,
+        /// Store URL (a path, file://, memory://, s3://, gs://, az://); defaults to the
+        /// config's run.store.
+        #[arg(long)]
+        store: Option<String>,
+        /// Run id; defaults to the config's run.name.
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Bring the run to this many iterations (overrides run.iterations).
+        #[arg(long)]
+        iterations: Option<u32>,
+        /// Override a config key, validated like the file: --set reward.lambda=0.5 (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Stop after this stage (of the last iteration reached).
+        #[arg(long, value_name = "STAGE")]
+        until: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+    },
+    /// Query every committed table of a store with SQL (read-only).
+    #[command(
+        after_help = "Tables: tasks, trajectories, steps, rm_samples, step_rewards, policy_advantages, \
+rm_advantages, update_metrics, task_accuracy, judgements, adaptations, evaluations (every committed iteration \
+of every run; columns in schemas/*.md), and stage_runs (one row per committed stage manifest).\n\
+Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter\""
+    )]
+    Sql {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only this run's tables (default: all runs of the store).
+        #[arg(long)]
+        run: Option<String>,
+        #[arg(long, value_enum, default_value_t = Format::Table)]
+        format: Format,
+        /// Write the result as Parquet to this file instead of printing it.
+        #[arg(long, value_name = "FILE.parquet")]
+        out: Option<PathBuf>,
+        /// Read the query from this file (e.g. pipelines/sql/accepted_growth.sql) instead.
+        #[arg(long, short = 'f', value_name = "FILE.sql", conflicts_with = "query")]
+        file: Option<PathBuf>,
+        /// The query, e.g. "SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter ORDER BY iter".
+        #[arg(required_unless_present = "file")]
+        query: Option<String>,
+        #[command(flatten)]
+        cluster: ClusterArgs,
+        /// With --cluster: MiB of Parquet each distributed scan task reads (smaller: more tasks;
+        /// a query over less than one task's worth runs in this process).
+        #[arg(long, value_name = "MIB", default_value_t = 16.0, requires = "cluster")]
+        split_mib: f64,
+    },
+    /// Serve a worker of a cluster: shards of the rollouts and RM scoring and the relational
+    /// stages' task ranges of `rla-pipe run --cluster`, and the queries of `rla-pipe sql
+    /// --cluster`, run here, reading the store directly (give it the same store URL and
+    /// credentials as the coordinator).
+    #[command(after_help = "A 3-worker cluster on one machine:\n  \
+rla-pipe worker --listen 127.0.0.1:7001 --store ./runs &\n  \
+rla-pipe worker --listen 127.0.0.1:7002 --store ./runs &\n  \
+rla-pipe worker --listen 127.0.0.1:7003 --store ./runs &\n  \
+rla-pipe run pipelines/gridnav.toml --cluster 127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003")]
+    Worker {
+        /// Address to listen on (host:port; port 0 picks a free one, printed on stdout).
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: std::net::SocketAddr,
+        /// Store URL the worker reads: the coordinator's store (a path, file://, s3://, gs://, az://).
+        #[arg(long = "store", env = "RLA_PIPE_STORE", default_value = "./runs")]
+        store: String,
+        /// Memory budget of the worker's queries in MiB (operators spill to disk beyond it).
+        #[arg(long, value_name = "MIB", default_value_t = 1024)]
+        memory_limit_mib: u64,
+    },
+    /// Audit a committed iteration (`--iter N --verify`: re-execute it from its committed inputs
+    /// and compare digests), or ask a counterfactual (`--from N --set k=v --into NEW`: a branch
+    /// run that shares iterations < N with this one and re-executes from N with the changed config).
+    #[command(
+        after_help = "Examples:\n  rla-pipe replay --run gridnav --iter 1 --verify\n  \
+rla-pipe replay --run gridnav --from 2 --set reward.lambda=0.5 --into gridnav-lambda05\n  \
+rla-pipe report gridnav gridnav-lambda05 --out compare.html"
+    )]
+    Replay {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// The run to audit, or the parent of the branch.
+        #[arg(long)]
+        run: String,
+        /// The iteration to verify.
+        #[arg(long, requires = "verify", conflicts_with_all = ["from", "into"])]
+        iter: Option<u32>,
+        /// Only this stage (with --verify).
+        #[arg(long, requires = "verify")]
+        stage: Option<String>,
+        /// Verify: exit 1 naming the stage and table that differ.
+        #[arg(long, requires = "iter")]
+        verify: bool,
+        /// Branch: share iterations before this one with --run and execute from it.
+        #[arg(long, value_name = "N", requires = "into")]
+        from: Option<u32>,
+        /// Branch: the new run's id.
+        #[arg(long, value_name = "NEW_ID", requires = "from")]
+        into: Option<String>,
+        /// Branch: override a key of the parent's config (repeatable), e.g. --set reward.lambda=0.5.
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into")]
+        sets: Vec<String>,
+        /// Branch: bring it to this many iterations (default: the parent's run.iterations, or
+        /// the value --set gives).
+        #[arg(long, requires = "into")]
+        iterations: Option<u32>,
+    },
+    /// List a run's committed data files (URL, table, iteration, rows, bytes, blake3): exactly
+    /// the files `sql` reads, for Polars, DuckDB or pyarrow. Uncommitted attempts never appear.
+    #[command(
+        after_help = "Text: one file per line, tab-separated: url table iter rows bytes blake3 \
+(`cut -f1` gives the URLs). JSON: [{url, path, run, table, iter, stage, rows, bytes, blake3, written_by}].\n\
+Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-pipe\", \"files\", \"--run\", \"gridnav\", \"--table\", \"steps\", \"--format\", \"json\"]))]\n\
+        polars.scan_parquet(files) / duckdb.read_parquet(files) / pyarrow.dataset.dataset(files)"
+    )]
+    Files {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long)]
+        run: String,
+        /// Only this table (default: every table).
+        #[arg(long)]
+        table: Option<String>,
+        /// Only this iteration.
+        #[arg(long, conflicts_with = "iters")]
+        iter: Option<u32>,
+        /// Only these iterations: A..B (B excluded) or A..=B.
+        #[arg(long, value_name = "A..B")]
+        iters: Option<String>,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+    /// Print the schema of every table (or one) from this build's code: columns, Arrow types,
+    /// nullability, meanings, row order (the key) and the schema fingerprint manifests record.
+    Schema {
+        /// Only this table.
+        table: Option<String>,
+        #[arg(long, value_enum, default_value_t = SchemaFormat::Md)]
+        format: SchemaFormat,
+    },
+    /// List the runs of a store.
+    Runs {
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Show a run: config, iterations and stages (or one iteration's files with --iter).
+    Show {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Run id.
+        id: String,
+        #[arg(long)]
+        iter: Option<u32>,
+    },
+    /// Delete data files no committed manifest names (interrupted attempts, lost races).
+    Gc {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Only this run.
+        #[arg(long)]
+        run: Option<String>,
+        /// List what would be deleted.
+        #[arg(long)]
+        dry_run: bool,
+        /// Keep unreferenced files younger than this many seconds (a writer may still commit them).
+        #[arg(long, default_value_t = 3600)]
+        grace_secs: u64,
+    },
+    /// Measure an environment alone: uniform random play on one core, steps per second.
+    BenchEnv {
+        /// A pipeline whose [env] section names the environment and its difficulty.
+        pipeline: PathBuf,
+        /// Steps to take.
+        #[arg(long, default_value_t = 1_000_000)]
+        steps: u64,
+        /// Override a config key (repeatable).
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+    },
+    /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
+    /// reward-model accuracy, adaptation (with the accepted-task growth fit), stage times, and
+    /// update metrics. Several runs overlay their curves.
+    Report {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Run ids (at least one).
+        #[arg(required = true, value_name = "RUN")]
+        runs: Vec<String>,
+        /// The HTML file to write.
+        #[arg(long, value_name = "FILE.html", default_value = "report.html")]
+        out: PathBuf,
+        /// Also write every chart as a standalone SVG file into this directory.
+        #[arg(long, value_name = "DIR")]
+        svg_dir: Option<PathBuf>,
+    },
+    /// Write a trained model of a run as a Hugging Face directory (config.json, tokenizer files,
+    /// model.safetensors) that `transformers` loads as it is; the run must have started from a
+    /// pretrained model (`policy.init` / `reward_model.init = "hf:DIR"`). A run that trained
+    /// low-rank adapters (`*.lora`) exports a PEFT adapter directory (adapter_config.json,
+    /// adapter_model.safetensors), or with `--merge` the model with the adapters folded in.
+    Export {
+        #[command(flatten)]
+        store: StoreArgs,
+        #[arg(long)]
+        run: String,
+        /// The model as it stood at the end of this iteration.
+        #[arg(long)]
+        iter: u32,
+        #[arg(long, value_enum, default_value_t = ModelRole::Policy)]
+        model: ModelRole,
+        /// The directory to write (must not exist or be empty).
+        #[arg(long)]
+        out: PathBuf,
+        /// Adapters: write the base model with them merged into its weights (a Hugging Face
+        /// model directory) instead of the PEFT adapter directory.
+        #[arg(long)]
+        merge: bool,
+    },
+    /// Pretrained Hugging Face models (Llama, Qwen2, Qwen3): inspect a model directory, or
+    /// generate text with it.
+    #[command(subcommand)]
+    Model(ModelCommand),
+    /// Write a commented iteration.toml with every key at its default.
+    Init {
+        /// Directory to write iteration.toml into.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCommand {
+    /// Architecture, parameters, dtypes, vocabulary and weights digest of a model directory
+    /// (config.json + model.safetensors[.index.json] + tokenizer.json); every tensor is checked
+    /// against config.json, none is loaded.
+    Inspect {
+        /// The model directory.
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+    /// Continue a prompt: greedy at --temperature 0, else sampled (top-p) with --seed. Stops at
+    /// the tokenizer's EOS or --max-tokens.
+    Generate {
+        /// The model directory.
+        dir: PathBuf,
+        /// The prompt; repeat it to generate several prompts as one batch (with the KV cache:
+        /// one forward per token for all of them).
+        #[arg(long, required = true)]
+        prompt: Vec<String>,
+        /// Apply the tokenizer's chat template (the prompt is the user message).
+        #[arg(long)]
+        chat: bool,
+        /// A system message (with --chat).
+        #[arg(long, requires = "chat")]
+        system: Option<String>,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the model runs.
+        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+        device: DeviceArg,
+        /// json: an object with prompt_ids, generated_ids and text (and the digest, timings);
+        /// an array of them for several prompts.
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+}
+
+/// Entry point of the binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let result = runtime.block_on(async {
+        tokio::select! {
+            r = dispatch(cli) => r,
+            _ = tokio::signal::ctrl_c() => Err(Error::Interrupted(
+                "stopped before the current stage committed; nothing partial is visible. Run the same command to resume.".into(),
+            ).into()),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", message(&e));
+            let interrupted = matches!(e.downcast_ref::<Error>(), Some(Error::Interrupted(_)));
+            ExitCode::from(if interrupted { 130 } else { 1 })
+        }
+    }
+}
+
+fn init_tracing(verbose: bool) {
+    let default = if verbose { "rla_pipe=info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colours on a terminal only: a log redirected to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .try_init();
+}
+
+/// The error's message: the CLI's own context, then the library error, whose message already
+/// includes the text of its sources (so they are not repeated).
+fn message(e: &anyhow::Error) -> String {
+    let mut parts = Vec::new();
+    for cause in e.chain() {
+        parts.push(cause.to_string());
+        if cause.is::<Error>() {
+            break;
+        }
+    }
+    parts.join(": ")
+}
+
+async fn dispatch(cli: Cli) -> Result<ExitCode> {
+    let quiet = cli.quiet;
+    match cli.command {
+        Command::Run {
+            pipeline,
+            store,
+            run_id,
+            iterations,
+            sets,
+            until,
+            cluster,
+        } => {
+            let overrides = RunOverrides {
+                store,
+                iterations,
+                cluster: cluster.addresses(),
+            };
+            run::run(&pipeline, run_id, &sets, overrides, until.as_deref(), quiet).await?
+        }
+        Command::Sql {
+            store,
+            run,
+            format,
+            out,
+            file,
+            query,
+            cluster,
+            split_mib,
+        } => {
+            let on = SqlCluster {
+                cluster: cluster.addresses(),
+                split_mib,
+            };
+            let query = sql::query_text(query, file)?;
+            sql::sql(&store, run.as_deref(), format, out, &query, &on, quiet).await?
+        }
+        Command::Worker {
+            listen,
+            store,
+            memory_limit_mib,
+        } => worker::worker(listen, &store, memory_limit_mib).await?,
+        Command::Replay {
+            store,
+            run,
+            iter,
+            stage,
+            verify,
+            from,
+            into,
+            sets,
+            iterations,
+        } => match (iter, from, into) {
+            (Some(iter), _, _) if verify => {
+                replay::replay_verify(&store, &run, iter, stage.as_deref()).await?
+            }
+            (_, Some(from), Some(into)) => {
+                branch::branch(&store, &run, from, &into, sets, iterations, quiet).await?
+            }
+            _ => bail!(
+                "give --iter N --verify (audit an iteration), or --from N --into NEW_ID [--set KEY=VALUE ...] (a branch run)"
+            ),
+        },
+        Command::Report {
+            store,
+            runs,
+            out,
+            svg_dir,
+        } => report::report(&store, &runs, &out, svg_dir, quiet).await?,
+        Command::Runs { store } => runs::list_runs(&store).await?,
+        Command::Schema { table, format } => schema::print_schema(table.as_deref(), format)?,
+        Command::Files {
+            store,
+            run,
+            table,
+            iter,
+            iters,
+            format,
+        } => {
+            let range = match (iter, iters) {
+                (Some(i), _) => i..=i,
+                (None, Some(r)) => files::parse_iters(&r)?,
+                (None, None) => 0..=u32::MAX,
+            };
+            files::files(&store, &run, table.as_deref(), range, format).await?
+        }
+        Command::Show { store, id, iter } => show::show(&store, &id, iter).await?,
+        Command::Gc {
+            store,
+            run,
+            dry_run,
+            grace_secs,
+        } => gc::collect_garbage(&store, run.as_deref(), dry_run, grace_secs).await?,
+        Command::BenchEnv {
+            pipeline,
+            steps,
+            sets,
+        } => bench_env::bench_env(&pipeline, steps, &sets)?,
+        Command::Model(command) => model::model(command)?,
+        Command::Export {
+            store,
+            run,
+            iter,
+            model,
+            out,
+            merge,
+        } => export::export(&store, &run, iter, model, &out, merge).await?,
+        Command::Init { dir } => init::init(&dir)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,104 @@
+//! `rla-pipe model inspect` and `rla-pipe model generate`: pretrained Hugging Face models.
+
+use anyhow::{Result, bail};
+
+use super::ModelCommand;
+use super::args::TextOrJson;
+use crate::model::Device;
+use crate::model::hf::{self, generate_text};
+
+pub(super) fn model(command: ModelCommand) -> Result<()> {
+    match command {
+        ModelCommand::Inspect { dir, format } => {
+            let i = hf::inspect(&dir)?;
+            match format {
+                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&i)?),
+                TextOrJson::Text => {
+                    let dtypes: Vec<String> =
+                        i.dtypes.iter().map(|(d, n)| format!("{d} ×{n}")).collect();
+                    println!("model         {}", i.dir);
+                    println!("architecture  {}", i.architecture);
+                    println!(
+                        "parameters    {} ({:.1} M)",
+                        i.parameters,
+                        i.parameters as f64 / 1e6
+                    );
+                    println!("dtype         {}", dtypes.join(", "));
+                    println!(
+                        "shape         {} layers, hidden {}, {} query / {} key-value heads of {}, mlp {}",
+                        i.layers, i.hidden, i.heads, i.kv_heads, i.head_dim, i.intermediate
+                    );
+                    println!(
+                        "vocabulary    {} (tokenizer {}), tied embeddings: {}",
+                        i.vocab, i.tokenizer_vocab, i.tied_embeddings
+                    );
+                    if let Some(p) = i.max_positions {
+                        println!("context       {p} positions");
+                    }
+                    println!(
+                        "chat template {}, EOS ids {:?}",
+                        if i.chat_template { "yes" } else { "no" },
+                        i.eos_ids
+                    );
+                    println!(
+                        "weights       {} ({:.1} MB)",
+                        i.weight_files.join(", "),
+                        i.weight_bytes as f64 / 1e6
+                    );
+                    println!("digest        blake3:{}", i.digest);
+                }
+            }
+        }
+        ModelCommand::Generate {
+            dir,
+            prompt,
+            chat,
+            system,
+            max_tokens,
+            temperature,
+            top_p,
+            seed,
+            device,
+            format,
+        } => {
+            if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 || temperature < 0.0 {
+                bail!("--top-p must be in (0, 1] and --temperature ≥ 0");
+            }
+            let request = hf::GenerateRequest {
+                prompts: prompt,
+                chat,
+                system,
+                sampling: hf::Sampling {
+                    temperature,
+                    top_p,
+                    max_tokens,
+                    seed,
+                },
+            };
+            let device = Device::from(device);
+            let replies = crate::on_backend!(device, infer, generate_text(&dir, &request))?;
+            match format {
+                TextOrJson::Json if replies.len() == 1 => {
+                    println!("{}", serde_json::to_string_pretty(&replies[0])?)
+                }
+                TextOrJson::Json => println!("{}", serde_json::to_string_pretty(&replies)?),
+                TextOrJson::Text => {
+                    for (i, g) in replies.iter().enumerate() {
+                        if replies.len() > 1 {
+                            println!("--- prompt {}", i + 1);
+                        }
+                        println!("{}", g.text);
+                    }
+                    let g = &replies[0];
+                    let prompt: usize = replies.iter().map(|g| g.prompt_ids.len()).sum();
+                    let generated: usize = replies.iter().map(|g| g.generated_ids.len()).sum();
+                    eprintln!(
+                        "({} prompt + {} generated tokens, {:.1} tokens/s, loaded in {:.1} s)",
+                        prompt, generated, g.tokens_per_second, g.load_seconds
+                    );
+                }
+            }
+        }
+    }
+    Ok(())
+}
