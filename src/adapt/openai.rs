@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 
 use super::OpenAiConfig;
-use super::{Adapter, Proposal, Request, direction_name};
+use super::adapter::{Adapter, Proposal, Request, direction_name};
 use crate::env::coding::curate;
 use crate::env::{self, CriticSummary, FailedRollout};
 use crate::error::{Error, Result};

@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 use serde_json::Value;
 
-use super::{Adapter, Proposal, Request};
+use super::adapter::{Adapter, Proposal, Request};
 use crate::env;
 use crate::error::Result;
 

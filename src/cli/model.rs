@@ -2,10 +2,57 @@
 
 use anyhow::{Result, bail};
 
-use super::ModelCommand;
-use super::args::TextOrJson;
+use std::path::PathBuf;
+
+use clap::Subcommand;
+
+use super::args::{DeviceArg, TextOrJson};
 use crate::model::Device;
 use crate::model::hf::{self, generate_text};
+
+#[derive(Subcommand, Debug)]
+pub(super) enum ModelCommand {
+    /// Architecture, parameters, dtypes, vocabulary and weights digest of a model directory
+    /// (config.json + model.safetensors[.index.json] + tokenizer.json); every tensor is checked
+    /// against config.json, none is loaded.
+    Inspect {
+        /// The model directory.
+        dir: PathBuf,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+    /// Continue a prompt: greedy at --temperature 0, else sampled (top-p) with --seed. Stops at
+    /// the tokenizer's EOS or --max-tokens.
+    Generate {
+        /// The model directory.
+        dir: PathBuf,
+        /// The prompt; repeat it to generate several prompts as one batch (with the KV cache:
+        /// one forward per token for all of them).
+        #[arg(long, required = true)]
+        prompt: Vec<String>,
+        /// Apply the tokenizer's chat template (the prompt is the user message).
+        #[arg(long)]
+        chat: bool,
+        /// A system message (with --chat).
+        #[arg(long, requires = "chat")]
+        system: Option<String>,
+        #[arg(long, default_value_t = 128)]
+        max_tokens: usize,
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f64,
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f64,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Where the model runs.
+        #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+        device: DeviceArg,
+        /// json: an object with prompt_ids, generated_ids and text (and the digest, timings);
+        /// an array of them for several prompts.
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
+}
 
 pub(super) fn model(command: ModelCommand) -> Result<()> {
     match command {

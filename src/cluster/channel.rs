@@ -21,6 +21,11 @@ use futures::{StreamExt, TryStreamExt};
 use http::HeaderMap;
 use url::Url;
 
+/// A worker's URL as users write it (no trailing `/`).
+pub fn show(url: &Url) -> &str {
+    url.as_str().trim_end_matches('/')
+}
+
 /// Connecting to a worker gives up after this long.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// HTTP/2 pings on every channel, idle or not (both ways: the worker's server too) ...
@@ -88,7 +93,7 @@ impl ChannelResolver for NamedChannels {
 /// `error` with the worker it came from: one of our cluster errors (which survives the trip
 /// through DataFusion, [`crate::error::Error`]'s `From`), on one line, the worker first.
 fn named(url: &Url, error: DataFusionError) -> DataFusionError {
-    let worker = format!("worker {}", super::show(url));
+    let worker = format!("worker {}", show(url));
     let mut text = error.to_string();
     if text.contains(&worker) {
         return error;

@@ -42,7 +42,7 @@ use url::Url;
 use crate::error::{Error, Result};
 use crate::store::Store;
 
-pub use channel::NamedChannels;
+pub use channel::{NamedChannels, show};
 
 /// How long [`Cluster::check`] waits for each worker (connecting included).
 pub const CHECK_TIMEOUT: Duration = Duration::from_secs(4);
@@ -248,11 +248,6 @@ fn one_task(plan: Arc<dyn ExecutionPlan>) -> Result<Arc<dyn ExecutionPlan>> {
     Ok(Arc::new(
         DistributedExec::new(boundary).with_metrics_collection(false),
     ))
-}
-
-/// A worker's URL as users write it (no trailing `/`).
-pub fn show(url: &Url) -> &str {
-    url.as_str().trim_end_matches('/')
 }
 
 /// The fixed worker list.

@@ -6,6 +6,7 @@
 pub mod assets;
 pub mod branch;
 pub mod checkpoints;
+pub mod compute;
 pub mod dag;
 pub mod exec;
 pub mod replay;

@@ -28,7 +28,7 @@ use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
 use super::checkpoints::read_checked;
-use super::exec::{
+use super::compute::{
     Range, SortBy, into_sorted_stream, range_session, run_outputs, split_ranges, to_storage,
 };
 use crate::config::Config;

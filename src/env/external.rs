@@ -28,7 +28,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::error::{Checks, Error, Result};
 
 /// `[env.external]`: an environment served by a subprocess speaking JSON lines.

@@ -11,7 +11,7 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Checks, Error, Result};
 

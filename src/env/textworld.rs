@@ -39,8 +39,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use super::external::{ExternalConfig, Process, Shown};
-use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{canonical, derive_seed};
 use crate::error::{Checks, Error, Result};
 

@@ -2,13 +2,70 @@
 //! ([`Lm`]): a causal forward over right-padded batches with an explicit mask and a key/value
 //! cache. Prompt encoding and continuation scoring are written once on top of it, for every
 //! model family: rla-pipe's small [`Transformer`](super::Transformer) and the pretrained
-//! Hugging Face decoders ([`CausalLm`](super::hf::CausalLm)).
+//! Hugging Face decoders ([`CausalLm`](super::hf::CausalLm)), both built on this file (which
+//! names neither: [`AnyLm`](super::AnyLm) holds either). With it, what every family speaks in:
+//! the key/value cache and tensors from host values.
 
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 
-use super::transformer::{KvCache, bool_tensor, int_tensor};
+/// Keys and values of every layer for the positions seen so far: `[batch, heads, len, head_dim]`.
+#[derive(Debug, Clone)]
+pub struct KvCache<B: Backend> {
+    pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+}
+
+impl<B: Backend> KvCache<B> {
+    /// The cache with its batch rows reordered / repeated: row r of the result is row
+    /// `rows[r]` of this cache.
+    pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
+        let idx = int_tensor::<B, 1>(
+            rows.iter().map(|r| *r as i64).collect(),
+            [rows.len()],
+            device,
+        );
+        KvCache {
+            layers: self
+                .layers
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.clone().select(0, idx.clone()),
+                        v.clone().select(0, idx.clone()),
+                    )
+                })
+                .collect(),
+        }
+    }
+}
+
+/// An Int tensor from host values.
+pub fn int_tensor<B: Backend, const D: usize>(
+    values: Vec<i64>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Int> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A Bool tensor from host values.
+pub fn bool_tensor<B: Backend, const D: usize>(
+    values: Vec<bool>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D, Bool> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
+
+/// A Float tensor from host values.
+pub fn float_tensor<B: Backend, const D: usize>(
+    values: Vec<f32>,
+    shape: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(values, shape), device)
+}
 
 /// Tokens, positions and the causal mask (`true` = hidden) of right-padded sequences, row-major:
 /// `(tokens [b·t], positions [b·t], mask [b·t·t], b, t)`. Position `i` of a row sees positions
@@ -198,59 +255,5 @@ pub trait Lm<B: Backend> {
         let all = Tensor::cat(parts, 1);
         let mask = bool_tensor::<B, 2>(valid.iter().map(|v| !v).collect(), [n, lmax], device);
         (all.mask_fill(mask, 0.0), valid)
-    }
-}
-
-/// Either model family, as the stages hold it (one per stage: the size of the enum is
-/// immaterial next to the weights behind it).
-#[allow(clippy::large_enum_variant)]
-#[derive(burn::module::Module, Debug)]
-pub enum AnyLm<B: Backend> {
-    /// rla-pipe's small transformer.
-    Small(super::Transformer<B>),
-    /// A pretrained Hugging Face decoder.
-    Hf(super::hf::CausalLm<B>),
-}
-
-impl<B: Backend> Lm<B> for AnyLm<B> {
-    fn hidden(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        positions: Tensor<B, 2, Int>,
-        mask: Tensor<B, 3, Bool>,
-        cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
-        match self {
-            AnyLm::Small(m) => Lm::hidden(m, tokens, positions, mask, cache),
-            AnyLm::Hf(m) => Lm::hidden(m, tokens, positions, mask, cache),
-        }
-    }
-
-    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        match self {
-            AnyLm::Small(m) => Lm::head(m, hidden),
-            AnyLm::Hf(m) => Lm::head(m, hidden),
-        }
-    }
-
-    fn vocab(&self) -> usize {
-        match self {
-            AnyLm::Small(m) => Lm::vocab(m),
-            AnyLm::Hf(m) => Lm::vocab(m),
-        }
-    }
-
-    fn context(&self) -> usize {
-        match self {
-            AnyLm::Small(m) => Lm::context(m),
-            AnyLm::Hf(m) => Lm::context(m),
-        }
-    }
-
-    fn packs_prefixes(&self) -> bool {
-        match self {
-            AnyLm::Small(m) => Lm::packs_prefixes(m),
-            AnyLm::Hf(m) => Lm::packs_prefixes(m),
-        }
     }
 }

@@ -14,6 +14,8 @@
 //! are bytes with a fixed layout, so equal weights give equal bytes and the engine can store
 //! them content-addressed and verify their digests.
 
+pub mod any_lm;
+pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod count;
@@ -29,67 +31,19 @@ pub mod transformer;
 pub mod tree;
 
 use crate::error::{Error, Result};
+pub use any_lm::AnyLm;
+pub use backend::{Cpu, CpuTrain, unavailable};
+#[cfg(feature = "cuda")]
+pub use backend::{Gpu, GpuTrain};
 pub use checkpoint::Checkpoint;
 pub use config::{
     ActionMode, ActionScore, CheckpointDtype, Device, Init, LogprobTemperature, LoraConfig,
     PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
 };
-pub use lm::{AnyLm, Lm};
+pub use lm::Lm;
 pub use prompt::{StepRow, Trajectory};
 pub use tokenizer::Tokenizer;
 pub use transformer::{ModelConfig, Transformer};
-
-/// The CPU backend.
-pub type Cpu = burn::backend::Flex;
-/// The CPU backend with autodiff (training).
-pub type CpuTrain = burn::backend::Autodiff<Cpu>;
-/// The CUDA backend.
-#[cfg(feature = "cuda")]
-pub type Gpu = burn::backend::Cuda;
-/// The CUDA backend with autodiff (training).
-#[cfg(feature = "cuda")]
-pub type GpuTrain = burn::backend::Autodiff<Gpu>;
-
-/// Call a backend-generic function on the backend a [`Device`] names:
-/// `on_backend!(device, infer | train, function(args...))`, where the function's first
-/// argument is the burn device.
-#[macro_export]
-macro_rules! on_backend {
-    ($device:expr, infer, $f:ident ( $($arg:expr),* $(,)? )) => {
-        match $device {
-            #[cfg(feature = "cuda")]
-            $crate::model::Device::Cuda => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
-            #[cfg(feature = "ndarray")]
-            $crate::model::Device::Ndarray => $f::<burn::backend::NdArray>(&Default::default(), $($arg),*),
-            $crate::model::Device::Cpu => $f::<$crate::model::Cpu>(&Default::default(), $($arg),*),
-            #[allow(unreachable_patterns)]
-            other => Err($crate::model::unavailable(other)),
-        }
-    };
-    ($device:expr, train, $f:ident ( $($arg:expr),* $(,)? )) => {
-        match $device {
-            #[cfg(feature = "cuda")]
-            $crate::model::Device::Cuda => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
-            #[cfg(feature = "ndarray")]
-            $crate::model::Device::Ndarray => $f::<burn::backend::Autodiff<burn::backend::NdArray>>(&Default::default(), $($arg),*),
-            $crate::model::Device::Cpu => $f::<$crate::model::CpuTrain>(&Default::default(), $($arg),*),
-            #[allow(unreachable_patterns)]
-            other => Err($crate::model::unavailable(other)),
-        }
-    };
-}
-
-/// The error for a device this build has no backend for.
-pub fn unavailable(device: Device) -> Error {
-    Error::Config(format!(
-        "key `run.device`: {device:?} is not available in this build (cpu{})",
-        if cfg!(feature = "cuda") {
-            ", cuda"
-        } else {
-            "; rebuild with --features cuda for cuda"
-        }
-    ))
-}
 
 /// The two model roles.
 pub const POLICY: &str = "policy";

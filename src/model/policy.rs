@@ -8,8 +8,7 @@ use burn::tensor::Tensor;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 
-use super::lm::Lm;
-use super::transformer::{bool_tensor, int_tensor};
+use super::lm::{KvCache, Lm, bool_tensor, float_tensor, int_tensor};
 use super::tree::{TreeRow, tree_logprobs};
 
 /// One decision: a prompt and the token ids of its admissible actions.
@@ -69,7 +68,7 @@ pub fn log_probs<B: Backend, M: Lm<B>>(
 fn log_probs_encoded<B: Backend, M: Lm<B>>(
     model: &M,
     decisions: &[Decision],
-    encoded: (&Tensor<B, 2>, &super::transformer::KvCache<B>, &[usize]),
+    encoded: (&Tensor<B, 2>, &KvCache<B>, &[usize]),
     temperature: f64,
     mean: bool,
     device: &B::Device,
@@ -132,7 +131,7 @@ fn normalize<B: Backend>(
             .iter()
             .flat_map(|d| d.actions.iter().map(|a| a.len() as f32))
             .collect();
-        ll = ll.div(super::transformer::float_tensor::<B, 1>(lens, [n], device));
+        ll = ll.div(float_tensor::<B, 1>(lens, [n], device));
     }
     let amax = decisions
         .iter()

@@ -8,10 +8,10 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::AutodiffBackend;
 
+use super::lm::bool_tensor;
 use super::policy::{self, Decision};
 use super::ppo::{self, PpoSettings, StepMetrics};
 use super::reward::response_log_probs;
-use super::transformer::bool_tensor;
 use super::{ModelSpec, Weights};
 use crate::error::Result;
 

@@ -9,10 +9,9 @@ use burn::tensor::backend::Backend;
 
 use super::hf::HfTokenizer;
 use super::hf::prompt::parse_verdict;
-use super::lm::Lm;
+use super::lm::{Lm, bool_tensor, float_tensor, int_tensor};
 use super::policy::to_host;
 use super::tokenizer::{BAD, GOOD, PAD, Tokenizer};
-use super::transformer::{bool_tensor, float_tensor, int_tensor};
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 use crate::error::Result;
@@ -371,7 +370,7 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
     model: &M,
     verdicts: Verdicts<'_>,
     last: Tensor<B, 2>,
-    mut cache: super::transformer::KvCache<B>,
+    mut cache: super::lm::KvCache<B>,
     lens: &[usize],
     seeds: &[u64],
     m: usize,

@@ -13,8 +13,11 @@
 use burn::module::{Module, Param};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor, TensorData};
+use burn::tensor::{Bool, Int, Tensor};
 use serde::{Deserialize, Serialize};
+
+use super::lm::Lm;
+pub use super::lm::{KvCache, bool_tensor, float_tensor, int_tensor};
 
 /// Shape of a transformer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,63 +92,6 @@ pub struct Transformer<B: Backend> {
     norm_f: Param<Tensor<B, 2>>,
     head: Param<Tensor<B, 2>>,
     heads: usize,
-}
-
-/// Keys and values of every layer for the positions seen so far: `[batch, heads, len, head_dim]`.
-#[derive(Debug, Clone)]
-pub struct KvCache<B: Backend> {
-    pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
-}
-
-impl<B: Backend> KvCache<B> {
-    /// The cache with its batch rows reordered / repeated: row r of the result is row
-    /// `rows[r]` of this cache.
-    pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {
-        let idx = int_tensor::<B, 1>(
-            rows.iter().map(|r| *r as i64).collect(),
-            [rows.len()],
-            device,
-        );
-        KvCache {
-            layers: self
-                .layers
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone().select(0, idx.clone()),
-                        v.clone().select(0, idx.clone()),
-                    )
-                })
-                .collect(),
-        }
-    }
-}
-
-/// An Int tensor from host values.
-pub fn int_tensor<B: Backend, const D: usize>(
-    values: Vec<i64>,
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D, Int> {
-    Tensor::from_data(TensorData::new(values, shape), device)
-}
-
-/// A Bool tensor from host values.
-pub fn bool_tensor<B: Backend, const D: usize>(
-    values: Vec<bool>,
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D, Bool> {
-    Tensor::from_data(TensorData::new(values, shape), device)
-}
-
-/// A Float tensor from host values.
-pub fn float_tensor<B: Backend, const D: usize>(
-    values: Vec<f32>,
-    shape: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(values, shape), device)
 }
 
 /// The additive attention bias of a mask (`true` = hidden): 0, or −∞ where hidden. Every query
@@ -289,7 +235,7 @@ impl<B: Backend> Transformer<B> {
     }
 }
 
-impl<B: Backend> super::lm::Lm<B> for Transformer<B> {
+impl<B: Backend> Lm<B> for Transformer<B> {
     fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,

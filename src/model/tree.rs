@@ -22,8 +22,7 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 
 use super::count::record;
-use super::lm::Lm;
-use super::transformer::{bool_tensor, int_tensor};
+use super::lm::{KvCache, Lm, bool_tensor, int_tensor};
 
 /// One stem and its leaves. A leaf is `(tokens, scored_from)`: its tokens continue the stem,
 /// and `tokens[scored_from..]` are scored (at least one token).
@@ -340,12 +339,7 @@ pub fn encode_reusing<B: Backend, M: Lm<B>>(
     prompts: &[Vec<u32>],
     past: &[Option<&SeqCache<B>>],
     device: &B::Device,
-) -> (
-    Tensor<B, 2>,
-    super::transformer::KvCache<B>,
-    Vec<usize>,
-    Vec<SeqCache<B>>,
-) {
+) -> (Tensor<B, 2>, KvCache<B>, Vec<usize>, Vec<SeqCache<B>>) {
     let none: Vec<Vec<Vec<u32>>> = vec![Vec::new(); prompts.len()];
     let (src, unique) = dedupe(prompts, &none, past);
     let u_prompts: Vec<Vec<u32>> = unique.iter().map(|&r| prompts[r].clone()).collect();
@@ -453,7 +447,7 @@ struct Reused<B: Backend> {
     /// Next-token logits after each prompt, `[rows, vocab]`.
     last: Tensor<B, 2>,
     /// The prompts' keys/values in [`Lm::encode`]'s layout (when asked for).
-    batch: Option<super::transformer::KvCache<B>>,
+    batch: Option<KvCache<B>>,
     /// Each prompt's own keys/values.
     own: Vec<SeqCache<B>>,
     /// The leaves' per-token log-probabilities and validity (when there are leaves).
@@ -470,7 +464,6 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
     want_batch: bool,
     device: &B::Device,
 ) -> Reused<B> {
-    use super::transformer::KvCache;
     let b = prompts.len();
     assert!(prompts.iter().all(|p| !p.is_empty()), "empty prompt");
     assert!(leaves.iter().flatten().all(|l| !l.is_empty()), "empty leaf");
@@ -627,13 +620,10 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
 
 /// Sequences' own caches side by side in [`Lm::encode`]'s layout: row `r` holds `own[r]`'s
 /// keys at `0 .. len_r`, right-padded with zeros to the longest.
-pub fn batch_cache<B: Backend>(
-    own: &[&SeqCache<B>],
-    device: &B::Device,
-) -> super::transformer::KvCache<B> {
+pub fn batch_cache<B: Backend>(own: &[&SeqCache<B>], device: &B::Device) -> KvCache<B> {
     let tmax = own.iter().map(|o| o.tokens.len()).max().unwrap_or(1);
     let n_layers = own.first().map_or(0, |o| o.layers.len());
-    let mut batch = super::transformer::KvCache { layers: Vec::new() };
+    let mut batch = KvCache { layers: Vec::new() };
     for l in 0..n_layers {
         let pad = |t: &Tensor<B, 4>| {
             let [_, kv, len, hd] = t.dims();

@@ -1,6 +1,7 @@
 //! `rla-pipe report`: one self-contained HTML file (inline SVG charts drawn with plotters) for
 //! one or more runs of a store. Every number comes from the SQL files next to this module, run
-//! over the committed tables; several runs overlay their curves (one colour per run).
+//! over the committed tables; several runs overlay their curves. Every line of a chart has its
+//! own colour (a fixed colour-blind-safe palette) and a dash style by what it measures.
 //!
 //! Sections: success (train, held-out, OOD), reward-model accuracy (process, outcome),
 //! adaptation (accepted / rejected / pending, cumulative accepted with its linear fit), stage
@@ -178,29 +179,35 @@ fn batch_rows(b: &RecordBatch) -> Result<Vec<Vec<Cell>>> {
 /// One line of a chart.
 struct Line {
     label: String,
-    /// Index of the run (its colour).
+    /// Index of the run.
     run: usize,
     /// 0 solid, 1 dashed, 2 dotted-ish (short dashes).
     style: usize,
     points: Vec<(f64, f64)>,
 }
 
-/// Line colours by run (the "tab10" palette: distinct and readable on white).
+/// Line colours, the `i`-th line of a chart taking the `i`-th: Okabe and Ito's palette, told
+/// apart with every common colour-vision deficiency (its yellow, the hardest to see on white,
+/// last).
 fn colour(i: usize) -> RGBColor {
-    const TAB10: [(u8, u8, u8); 10] = [
-        (31, 119, 180),
-        (214, 39, 40),
-        (44, 160, 44),
-        (255, 127, 14),
-        (148, 103, 189),
-        (140, 86, 75),
-        (227, 119, 194),
-        (127, 127, 127),
-        (188, 189, 34),
-        (23, 190, 207),
+    const OKABE_ITO: [(u8, u8, u8); 8] = [
+        (0x00, 0x72, 0xB2), // blue
+        (0xD5, 0x5E, 0x00), // vermillion
+        (0x00, 0x9E, 0x73), // bluish green
+        (0xCC, 0x79, 0xA7), // reddish purple
+        (0xE6, 0x9F, 0x00), // orange
+        (0x56, 0xB4, 0xE9), // sky blue
+        (0x00, 0x00, 0x00), // black
+        (0xF0, 0xE4, 0x42), // yellow
     ];
-    let (r, g, b) = TAB10[i % TAB10.len()];
+    let (r, g, b) = OKABE_ITO[i % OKABE_ITO.len()];
     RGBColor(r, g, b)
+}
+
+/// The font size to ask plotters for text `px` pixels high: its SVG backend takes whole sizes and
+/// writes `font-size` as the size / 1.24 (13 → 16 → 12.9 px, 14 → 17 → 13.7, 18 → 22 → 17.7).
+fn font_px(px: f64) -> f64 {
+    (px * 1.24).round()
 }
 
 /// A chart: title, y axis label and lines, rendered as an SVG string.
@@ -236,10 +243,10 @@ fn chart(
             (y0, y1 + (y1 - y0) * 0.05)
         };
         let mut c = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 18))
+            .caption(title, ("sans-serif", font_px(18.0)))
             .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(56)
+            .x_label_area_size(46)
+            .y_label_area_size(66)
             .build_cartesian_2d(x0..x1, y0..y1)
             .map_err(|e| draw_err(e.to_string()))?;
         // Counts (every value of the solid lines whole, a range of a few units) get whole-number
@@ -253,6 +260,8 @@ fn chart(
         let mut mesh = c.configure_mesh();
         mesh.x_desc("iteration")
             .y_desc(y_label)
+            .label_style(("sans-serif", font_px(13.0)))
+            .axis_desc_style(("sans-serif", font_px(14.0)))
             .x_labels(((x1 - x0) as usize + 1).min(12))
             .x_label_formatter(&whole)
             .light_line_style(WHITE.mix(0.0));
@@ -260,8 +269,8 @@ fn chart(
             mesh.y_label_formatter(&whole);
         }
         mesh.draw().map_err(|e| draw_err(e.to_string()))?;
-        for l in lines {
-            let color = colour(l.run).to_rgba();
+        for (i, l) in lines.iter().enumerate() {
+            let color = colour(i).to_rgba();
             let style = ShapeStyle {
                 color,
                 filled: true,
@@ -284,7 +293,7 @@ fn chart(
                     .label(l.label.clone())
                     .legend(move |(x, y)| {
                         plotters::element::DashedPathElement::new(
-                            vec![(x, y), (x + 18, y)].into_iter(),
+                            vec![(x, y), (x + 18, y)],
                             dash,
                             gap,
                             style,
@@ -296,6 +305,7 @@ fn chart(
         }
         if !lines.is_empty() {
             c.configure_series_labels()
+                .label_font(("sans-serif", font_px(14.0)))
                 .background_style(WHITE.mix(0.85))
                 .border_style(BLACK.mix(0.3))
                 .position(SeriesLabelPosition::UpperLeft)
@@ -313,7 +323,7 @@ pub struct Report {
     pub charts: Vec<(String, String)>,
 }
 
-/// Lines of `columns` per run of a table (colour per run, style per column).
+/// Lines of `columns` per run of a table (a dash style per column).
 fn lines_of(t: &Table, runs: &[String], columns: &[(&str, &str)]) -> Vec<Line> {
     let mut out = Vec::new();
     for (k, (col, label)) in columns.iter().enumerate() {
@@ -441,8 +451,8 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             Some((0.0, 1.0)),
         )?,
     ));
-    // Stage times: the iteration total and the (at most 4) stages that take ≥ 5% of the time,
-    // colour per stage for one run, colour per run and dash per stage for several.
+    // Stage times: the iteration total (solid) and the (at most 4) stages that take ≥ 5% of the
+    // time (dashed; for several runs, dashes alternating by stage).
     let mut totals: std::collections::BTreeMap<String, f64> = Default::default();
     let mut per_iter: std::collections::BTreeMap<(String, i64), f64> = Default::default();
     for r in &times.rows {
@@ -482,7 +492,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             let run = runs.iter().position(|r| *r == name).unwrap_or(0);
             time_lines.push(Line {
                 label: format!("{name} · {stage}"),
-                run: if runs.len() > 1 { run } else { k + 1 },
+                run,
                 style: if runs.len() > 1 { 1 + k % 2 } else { 1 },
                 points,
             });
@@ -644,5 +654,50 @@ mod tests {
         assert!(svg.contains("iteration") && svg.contains("run"));
         // No data at all still renders an (empty) chart.
         assert!(chart("empty", "y", &[], None).unwrap().contains("</svg>"));
+    }
+
+    #[test]
+    fn every_line_has_its_own_colour_and_text_is_legible() {
+        let line = |label: &str, style: usize, y: f64| Line {
+            label: label.into(),
+            run: 0,
+            style,
+            points: vec![(0.0, y), (1.0, y + 0.2), (2.0, y + 0.3)],
+        };
+        let lines = [
+            line("train", 0, 0.1),
+            line("held-out", 1, 0.2),
+            line("OOD", 2, 0.3),
+        ];
+        let svg = chart(
+            "Success per iteration",
+            "success rate",
+            &lines,
+            Some((0.0, 1.0)),
+        )
+        .unwrap();
+        // One run, three series: three Okabe–Ito colours (line, markers and legend swatch each),
+        // the dash styles kept beside them.
+        for c in ["#0072B2", "#D55E00", "#009E73"] {
+            assert!(svg.contains(&format!("stroke=\"{c}\"")), "{c} missing");
+        }
+        assert!(!svg.contains("#CC79A7"), "a fourth colour for three lines");
+        // Tick labels 12.9 px, axis descriptions and the legend 13.7 px, the title 17.7 px.
+        let size = |px: &str| svg.matches(&format!("font-size=\"{px}")).count();
+        assert!(size("12.9") >= 3, "tick labels");
+        assert_eq!(size("13.7"), 5, "axis descriptions (2) and legend (3)");
+        assert_eq!(size("17.7"), 1, "title");
+        assert!(
+            !svg.contains("font-size=\"9."),
+            "text at plotters' small default"
+        );
+        // Same input, same bytes.
+        let again = chart(
+            "Success per iteration",
+            "success rate",
+            &lines,
+            Some((0.0, 1.0)),
+        );
+        assert_eq!(svg, again.unwrap());
     }
 }

@@ -1,5 +1,7 @@
 -- Success per iteration: training (mean acc of the active tasks' sampled rollouts), held-out
--- and out-of-distribution (greedy, after the update; NULL where a run has no such set).
+-- and out-of-distribution (the evaluation rollouts after the update: eval.rollouts sampled at
+-- eval.temperature, or one greedy rollout with eval.mode = "greedy"; NULL where a run has no
+-- such set).
 WITH train AS (
     SELECT ta.run_id, ta.iter, AVG(ta.acc) AS train
     FROM task_accuracy ta

@@ -20,6 +20,7 @@
 
 use async_trait::async_trait;
 
+use super::execute::{self, problems};
 use crate::determinism::{Rng, derive_seed};
 use crate::env::coding::format::{extract_program, extract_test};
 use crate::env::coding::{self, Problem};
@@ -38,36 +39,6 @@ pub(crate) struct Reply {
     pub response: String,
     pub text: String,
     pub logprob: f64,
-}
-
-/// The problems of this iteration's rolled-out tasks, by task id (sorted).
-pub(crate) async fn problems(ctx: &StageContext) -> Result<Vec<(String, Problem)>> {
-    let mut out: Vec<(String, Problem)> = Vec::new();
-    for b in collect(
-        &ctx.session,
-        "SELECT DISTINCT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true) ORDER BY task_id",
-    )
-    .await?
-    {
-        let c = Columns::new(&b, "the coding stage's tasks");
-        let (id, spec) = (c.str("task_id")?, c.str("spec")?);
-        for i in 0..b.num_rows() {
-            let v: serde_json::Value = serde_json::from_str(spec.value(i)).map_err(|e| {
-                Error::data(format!(
-                    "tasks: the spec of {} is not JSON: {e}",
-                    id.value(i)
-                ))
-            })?;
-            let p = Problem::parse(&v).map_err(|m| {
-                Error::data(format!(
-                    "tasks: the spec of {} is not a coding problem: {m}",
-                    id.value(i)
-                ))
-            })?;
-            out.push((id.value(i).to_string(), p));
-        }
-    }
-    Ok(out)
 }
 
 /// `n` replies to each prompt from a pretrained model; prompt `p`'s replies draw from
@@ -389,7 +360,7 @@ impl Stage for CodingEvaluate {
             .zip(&programs)
             .flat_map(|((_, p), ps)| ps.iter().map(move |x| (p, x.as_str())))
             .collect();
-        let passed = super::execute::passes_all(&cfg.env.coding, &items)?;
+        let passed = execute::passes_all(&cfg.env.coding, &items)?;
         let mut out = TableBuilder::new("evaluations")?;
         for (t, (task_id, _)) in held.iter().enumerate() {
             let n = per_task as usize;

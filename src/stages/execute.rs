@@ -52,10 +52,7 @@ impl Stage for Execute {
         &["env"]
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let problems: BTreeMap<String, Problem> = super::coding_loop::problems(ctx)
-            .await?
-            .into_iter()
-            .collect();
+        let problems: BTreeMap<String, Problem> = problems(ctx).await?.into_iter().collect();
         // Written tests, per task, in sample order.
         let mut written: BTreeMap<
             String,
@@ -250,6 +247,36 @@ struct Job {
     stdin: String,
     limit: Duration,
     case: TestCase,
+}
+
+/// The problems of this iteration's rolled-out tasks, by task id (sorted).
+pub(crate) async fn problems(ctx: &StageContext) -> Result<Vec<(String, Problem)>> {
+    let mut out: Vec<(String, Problem)> = Vec::new();
+    for b in collect(
+        &ctx.session,
+        "SELECT DISTINCT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true) ORDER BY task_id",
+    )
+    .await?
+    {
+        let c = Columns::new(&b, "the coding stage's tasks");
+        let (id, spec) = (c.str("task_id")?, c.str("spec")?);
+        for i in 0..b.num_rows() {
+            let v: serde_json::Value = serde_json::from_str(spec.value(i)).map_err(|e| {
+                Error::data(format!(
+                    "tasks: the spec of {} is not JSON: {e}",
+                    id.value(i)
+                ))
+            })?;
+            let p = Problem::parse(&v).map_err(|m| {
+                Error::data(format!(
+                    "tasks: the spec of {} is not a coding problem: {m}",
+                    id.value(i)
+                ))
+            })?;
+            out.push((id.value(i).to_string(), p));
+        }
+    }
+    Ok(out)
 }
 
 /// Whether each program passes every ground-truth test of its problem (a program that is

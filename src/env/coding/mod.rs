@@ -353,7 +353,7 @@ impl Coding {
     }
 }
 
-impl crate::env::Environment for Coding {
+impl crate::env::contract::Environment for Coding {
     fn name(&self) -> &str {
         "coding"
     }
@@ -373,7 +373,7 @@ impl crate::env::Environment for Coding {
             .map(|i| problems[i].spec())
             .collect())
     }
-    fn reset(&self, _spec: &Value) -> Result<Box<dyn crate::env::Episode>> {
+    fn reset(&self, _spec: &Value) -> Result<Box<dyn crate::env::contract::Episode>> {
         Err(Error::Environment(
             "coding: tasks are not played step by step (the coding stages run programs)".into(),
         ))
@@ -391,8 +391,8 @@ impl crate::env::Environment for Coding {
     fn mutate(
         &self,
         _spec: &Value,
-        _direction: crate::env::Direction,
-        _critic: &crate::env::CriticSummary,
+        _direction: crate::env::contract::Direction,
+        _critic: &crate::env::contract::CriticSummary,
         _seed: u64,
     ) -> Result<Vec<Value>> {
         Ok(Vec::new())

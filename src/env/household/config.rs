@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::err;
+use super::world::err;
 use super::world::{GoalType, MAX_OBJECTS, MAX_RECEPTACLES, default_goal_types};
 use crate::error::Result;
 

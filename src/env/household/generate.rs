@@ -4,7 +4,8 @@ use super::world::{
     Goal, GoalType, LAMP_HOLDERS, MAX_NUMBER, MAX_RECEPTACLES, OBJECTS, RECEPTACLES, Spec, kind_of,
     rec_kind,
 };
-use super::{Household, Task, err, pick};
+use super::world::{err, pick};
+use super::{Household, Task};
 use crate::determinism::Rng;
 use crate::error::Result;
 

@@ -45,24 +45,17 @@ mod world;
 
 use serde_json::Value;
 
-use super::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
 use crate::determinism::{Rng, derive_seed};
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 pub use config::HouseholdConfig;
 pub use task::{State, Task};
 pub use world::{Goal, GoalType, MAX_NUMBER, MAX_OBJECTS, MAX_RECEPTACLES, Placed, Spec};
 
-use planner::INF;
 use task::Action;
-
-fn err(msg: impl std::fmt::Display) -> Error {
-    Error::Environment(format!("household: {msg}"))
-}
-
-fn pick<'a, T>(rng: &mut Rng, v: &'a [T]) -> Option<&'a T> {
-    (!v.is_empty()).then(|| &v[(rng.next_u64() % v.len() as u64) as usize])
-}
+use world::INF;
+use world::err;
 
 /// The household environment with its difficulty distribution.
 pub struct Household {

@@ -5,10 +5,11 @@
 
 use serde_json::Value;
 
+use super::world::pick;
 use super::world::{
     CONTAINERS, GoalType, LAMP_HOLDERS, OBJECTS, Spec, kind_of, next_name, obj_kind,
 };
-use super::{CriticSummary, Direction, Household, Task, pick};
+use super::{CriticSummary, Direction, Household, Task};
 use crate::determinism::{Rng, derive_seed};
 use crate::error::Result;
 

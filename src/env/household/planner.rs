@@ -2,10 +2,7 @@
 //! closed form (moves cost one step whatever the distance), and the optimal next command.
 
 use super::task::{HELD, NOTHING, State, Task};
-use super::world::GoalType;
-
-/// "Infinitely many steps" in the planner (summing a few of them cannot overflow).
-pub(super) const INF: u32 = u32::MAX / 8;
+use super::world::{GoalType, INF};
 
 fn mv(from: u8, to: u8) -> u32 {
     u32::from(from != to)
@@ -205,7 +202,8 @@ mod tests {
     use super::*;
     use crate::determinism::Rng;
     use crate::env::household::tests::env;
-    use crate::env::household::{Household, HouseholdConfig, pick};
+    use crate::env::household::world::pick;
+    use crate::env::household::{Household, HouseholdConfig};
     use crate::env::{Environment, Episode};
 
     /// Exact shortest plan by breadth-first search over the real transitions.

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::task::{Action, NOTHING, NOWHERE, State, Task};
-use super::world::{CLEAN, COOL, HOT, MAX_NUMBER, OBJECTS, RECEPTACLES};
+use super::world::{CLEAN, COOL, HOT, MAX_NUMBER, OBJECTS, RECEPTACLES, list};
 
 /// The words of every observation and command template (besides kind names and numbers).
 const WORDS: &[&str] = &[
@@ -200,21 +200,6 @@ impl Task {
     }
 }
 
-/// AlfWorld's listing: `nothing`, `a x`, `a x, and a y`, `a x, a y, and a z`.
-pub(super) fn list<'a>(items: impl Iterator<Item = &'a str> + Clone, out: &mut String) {
-    let n = items.clone().count();
-    if n == 0 {
-        out.push_str("nothing");
-    }
-    for (i, it) in items.enumerate() {
-        if i > 0 {
-            out.push_str(if i + 1 == n { ", and " } else { ", " });
-        }
-        out.push_str("a ");
-        out.push_str(it);
-    }
-}
-
 /// Every word of the observations and commands (`Environment::vocabulary`).
 pub(super) fn vocabulary() -> Vec<String> {
     let mut v: Vec<String> = WORDS.iter().map(|w| w.to_string()).collect();
@@ -232,8 +217,8 @@ mod tests {
     use std::collections::HashSet;
 
     use crate::determinism::Rng;
-    use crate::env::household::pick;
     use crate::env::household::tests::env;
+    use crate::env::household::world::pick;
     use crate::env::{Environment, Episode};
 
     #[test]

@@ -3,13 +3,11 @@
 
 use serde_json::Value;
 
-use super::err;
-use super::planner::INF;
-use super::render::list;
 use super::world::{
-    CLEAN, COOL, GoalType, HOT, MAX_NUMBER, MAX_OBJECTS, MAX_RECEPTACLES, Spec, default_goal_types,
-    kind_of, obj_kind, rec_kind, split_name,
+    CLEAN, COOL, GoalType, HOT, INF, MAX_NUMBER, MAX_OBJECTS, MAX_RECEPTACLES, Spec,
+    default_goal_types, kind_of, obj_kind, rec_kind, split_name,
 };
+use super::world::{err, list};
 use crate::error::Result;
 
 /// `State::loc` before the first `go to`.

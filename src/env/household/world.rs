@@ -4,6 +4,27 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::determinism::Rng;
+use crate::error::Error;
+
+/// AlfWorld's listing: `nothing`, `a x`, `a x, and a y`, `a x, a y, and a z`.
+pub(super) fn list<'a>(items: impl Iterator<Item = &'a str> + Clone, out: &mut String) {
+    let n = items.clone().count();
+    if n == 0 {
+        out.push_str("nothing");
+    }
+    for (i, it) in items.enumerate() {
+        if i > 0 {
+            out.push_str(if i + 1 == n { ", and " } else { ", " });
+        }
+        out.push_str("a ");
+        out.push_str(it);
+    }
+}
+
+/// "Infinitely many steps" in the planner (summing a few of them cannot overflow).
+pub(super) const INF: u32 = u32::MAX / 8;
+
 /// Largest instance number of a receptacle or object kind (`cabinet 20`).
 pub const MAX_NUMBER: u32 = 20;
 /// Most receptacles in a home (the open state is a 64-bit mask).
@@ -311,4 +332,12 @@ impl Spec {
         self.receptacles.push(name.clone());
         Some(name)
     }
+}
+
+pub(super) fn err(msg: impl std::fmt::Display) -> Error {
+    Error::Environment(format!("household: {msg}"))
+}
+
+pub(super) fn pick<'a, T>(rng: &mut Rng, v: &'a [T]) -> Option<&'a T> {
+    (!v.is_empty()).then(|| &v[(rng.next_u64() % v.len() as u64) as usize])
 }

@@ -15,11 +15,10 @@
 //!   `kv_heads` (query head `h` reads key/value head `h / g`, as Hugging Face's `repeat_kv`);
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
 
+use super::adapter::{LayerLora, LoraSpec};
 use super::config::HfArch;
-use super::lora::{LayerLora, LoraSpec, delta};
-use crate::model::lm::{Lm, padded_inputs};
-pub use crate::model::transformer::KvCache;
-use crate::model::transformer::{bool_tensor, float_tensor, int_tensor};
+pub use crate::model::lm::KvCache;
+use crate::model::lm::{Lm, bool_tensor, float_tensor, int_tensor, padded_inputs};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::activation::{silu, softmax};
@@ -102,6 +101,17 @@ fn apply<B: Backend>(x: Tensor<B, 3>, l: &Linear<B>) -> Tensor<B, 3> {
         None => y,
     };
     y.reshape([b, t, out])
+}
+
+/// The adapter `(x·A)·B·scale` of a layer's target, if it has one.
+pub fn delta<B: Backend>(
+    layer: &DecoderLayer<B>,
+    target: &str,
+    x: Tensor<B, 2>,
+    scale: f32,
+) -> Option<Tensor<B, 2>> {
+    let l = layer.lora.as_ref()?.get(target)?;
+    Some(x.matmul(l.a.val()).matmul(l.b.val()).mul_scalar(scale))
 }
 
 /// [`apply`] plus the layer's adapter on `target`, if any.

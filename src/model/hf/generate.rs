@@ -5,8 +5,7 @@
 
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
-use crate::model::lm::Lm;
-use crate::model::transformer::{bool_tensor, int_tensor};
+use crate::model::lm::{KvCache, Lm, bool_tensor, int_tensor};
 use burn::tensor::backend::Backend;
 
 /// How tokens are picked.
@@ -111,10 +110,7 @@ pub fn sample<B: Backend, M: Lm<B>>(
 pub fn sample_encoded<B: Backend, M: Lm<B>>(
     model: &M,
     prompts: &[Vec<u32>],
-    encoded: Option<(
-        burn::tensor::Tensor<B, 2>,
-        crate::model::transformer::KvCache<B>,
-    )>,
+    encoded: Option<(burn::tensor::Tensor<B, 2>, KvCache<B>)>,
     seeds: &[u64],
     eos: &[u32],
     s: &Sampling,

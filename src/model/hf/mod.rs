@@ -11,6 +11,7 @@
 //! - [`generate`]: batched sampling with the cache;
 //! - [`lora`]: low-rank adapters, PEFT's adapter files.
 
+pub mod adapter;
 pub mod arch;
 pub mod config;
 pub mod generate;
