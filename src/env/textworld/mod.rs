@@ -31,353 +31,35 @@
 //! one knob of a task (harder: a longer quest, more objects or rooms, more ingredients or
 //! skills; easier: the opposite) and regenerates the game.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
-use super::external::{ExternalConfig, Process, Shown};
-use crate::determinism::{canonical, derive_seed};
-use crate::error::{Checks, Error, Result};
+use super::external::{ExternalConfig, Shown};
+use crate::determinism::derive_seed;
+use crate::error::{Error, Result};
 
 /// The bridge's source, written next to the game cache at first use.
-const BRIDGE: &str = include_str!("textworld_bridge.py");
+const BRIDGE: &str = include_str!("../textworld_bridge.py");
 /// The small transformer's words: every word of TextWorld 1.7.0's grammars and cooking data plus
 /// its command verbs (the bridge's `vocabulary` op wrote this file; fixed, so a model's shape
 /// does not depend on the installed TextWorld).
-const VOCABULARY: &str = include_str!("textworld_vocab.txt");
-/// TextWorld's generators take seeds below this.
-const SEED_RANGE: u64 = 1 << 31;
-/// Seeds tried per task before giving up (a quest cannot always be generated).
-const SEED_TRIES: u64 = 8;
+const VOCABULARY: &str = include_str!("../textworld_vocab.txt");
 
 /// Game families.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Family {
-    /// `tw-make custom`: rooms, objects and a quest of a given length.
-    Custom,
-    /// `tw-make tw-cooking` (First TextWorld Problems): gather ingredients, prepare, eat.
-    Cooking,
-}
+mod bridge;
+mod config;
+mod games;
+mod spec;
 
-/// Difficulty levels, each a preset of the family's generator knobs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Level {
-    /// custom 2 rooms / 4 objects / quest 2; cooking recipe 1, take 1, 1 room (2–5 steps).
-    Easy,
-    /// custom 6 / 10 / 6; cooking recipe 2, take 2, 6 rooms, open and cook (4–13 steps).
-    Medium,
-    /// custom 10 / 20 / 10; cooking recipe 3, take 3, 9 rooms, open, cook, cut, drop (≤ ~46).
-    Hard,
-}
-
-impl Level {
-    fn shifted(self, by: i32) -> Level {
-        let all = [Level::Easy, Level::Medium, Level::Hard];
-        let i = all.iter().position(|l| *l == self).unwrap_or(0) as i32 + by;
-        all[i.clamp(0, 2) as usize]
-    }
-}
-
-/// `[env.textworld]`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
-pub struct TextWorldConfig {
-    /// `custom` or `cooking`.
-    pub family: Family,
-    /// `easy`, `medium` or `hard`: the knobs' presets.
-    pub level: Level,
-    /// Knob overrides (0: the level's preset). custom: rooms, objects, quest length.
-    pub world_size: u32,
-    pub nb_objects: u32,
-    pub quest_length: u32,
-    /// cooking: ingredients in the recipe, ingredients to find, rooms (1, 6, 9 or 12).
-    pub recipe: u32,
-    pub take: u32,
-    pub go: u32,
-    /// Step budget = ceil(budget_factor × the walkthrough's length) (capped by `env.max_steps`).
-    pub budget_factor: f64,
-    /// Bridge processes: games generated at once, and the processes a stage's episodes are
-    /// spread over (each serves many episodes).
-    pub generation_workers: u32,
-    /// The Python that has TextWorld (`pip install textworld==1.7.0`).
-    pub python: String,
-    /// Where games are kept ("": `$RLA_PIPE_TEXTWORLD_CACHE`, else `~/.cache/rla-pipe/textworld`).
-    pub cache_dir: String,
-    /// Seconds a bridge call may take (generating a hard game takes several).
-    pub timeout_secs: f64,
-}
-
-impl Default for TextWorldConfig {
-    fn default() -> Self {
-        TextWorldConfig {
-            family: Family::Custom,
-            level: Level::Easy,
-            world_size: 0,
-            nb_objects: 0,
-            quest_length: 0,
-            recipe: 0,
-            take: 0,
-            go: 0,
-            budget_factor: 2.0,
-            generation_workers: 2,
-            python: "python3".into(),
-            cache_dir: String::new(),
-            timeout_secs: 120.0,
-        }
-    }
-}
-
-impl TextWorldConfig {
-    /// The section's checks (keys `env.textworld.*`).
-    pub fn validate(&self, c: &mut Checks) {
-        c.check(
-            self.budget_factor >= 1.0 && self.budget_factor <= 100.0,
-            "env.textworld.budget_factor",
-            "must be in [1, 100]",
-        );
-        c.check(
-            (1..=64).contains(&self.generation_workers),
-            "env.textworld.generation_workers",
-            "must be in [1, 64]",
-        );
-        c.check(
-            !self.python.trim().is_empty(),
-            "env.textworld.python",
-            "must name a Python interpreter",
-        );
-        c.check(
-            self.timeout_secs > 0.0 && self.timeout_secs <= 3600.0,
-            "env.textworld.timeout_secs",
-            "must be in (0, 3600]",
-        );
-        c.check(
-            self.go == 0 || [1, 6, 9, 12].contains(&self.go),
-            "env.textworld.go",
-            "must be 1, 6, 9 or 12 (TextWorld's cooking maps)",
-        );
-        c.check(
-            self.take <= self.recipe.max(self.preset_knob("recipe")),
-            "env.textworld.take",
-            "must not exceed the recipe's ingredients",
-        );
-    }
-
-    /// One level harder (the OOD evaluation set); knob overrides stay.
-    pub fn harder(&self) -> TextWorldConfig {
-        TextWorldConfig {
-            level: self.level.shifted(1),
-            ..self.clone()
-        }
-    }
-
-    /// One level easier (where `pretrain` draws its demonstrations).
-    pub fn easier(&self) -> TextWorldConfig {
-        TextWorldConfig {
-            level: self.level.shifted(-1),
-            ..self.clone()
-        }
-    }
-
-    fn preset_knob(&self, knob: &str) -> u32 {
-        let l = self.level as usize;
-        match knob {
-            "world_size" => [2, 6, 10][l],
-            "nb_objects" => [4, 10, 20][l],
-            "quest_length" => [2, 6, 10][l],
-            "recipe" => [1, 2, 3][l],
-            "take" => [1, 2, 3][l],
-            "go" => [1, 6, 9][l],
-            _ => 0,
-        }
-    }
-
-    fn knob(&self, knob: &str, set: u32) -> u32 {
-        if set > 0 { set } else { self.preset_knob(knob) }
-    }
-
-    /// The spec of a game of this level with `seed`.
-    fn spec(&self, seed: u64) -> Value {
-        match self.family {
-            Family::Custom => json!({
-                "family": "custom",
-                "world_size": self.knob("world_size", self.world_size),
-                "nb_objects": self.knob("nb_objects", self.nb_objects),
-                "quest_length": self.knob("quest_length", self.quest_length),
-                "seed": seed,
-                "budget_factor": self.budget_factor,
-            }),
-            Family::Cooking => {
-                let l = self.level;
-                json!({
-                    "family": "cooking",
-                    "recipe": self.knob("recipe", self.recipe),
-                    "take": self.knob("take", self.take),
-                    "go": self.knob("go", self.go),
-                    "open": l >= Level::Medium,
-                    "cook": l >= Level::Medium,
-                    "cut": l >= Level::Hard,
-                    "drop": l >= Level::Hard,
-                    "seed": seed,
-                    "budget_factor": self.budget_factor,
-                })
-            }
-        }
-    }
-
-    fn cache(&self) -> PathBuf {
-        if !self.cache_dir.is_empty() {
-            return PathBuf::from(&self.cache_dir);
-        }
-        if let Some(dir) = std::env::var_os("RLA_PIPE_TEXTWORLD_CACHE") {
-            return PathBuf::from(dir);
-        }
-        let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
-        home.join(".cache").join("rla-pipe").join("textworld")
-    }
-}
-
-/// A checked game spec.
-#[derive(Debug, Clone, PartialEq)]
-struct GameSpec(Value);
-
-impl GameSpec {
-    fn parse(v: &Value) -> Result<GameSpec> {
-        let bad = |m: String| Error::Environment(format!("textworld task {v}: {m}"));
-        let o = v
-            .as_object()
-            .ok_or_else(|| bad("not a JSON object".into()))?;
-        let uint = |k: &str, lo: u64, hi: u64| -> Result<u64> {
-            o.get(k)
-                .and_then(Value::as_u64)
-                .filter(|n| (lo..=hi).contains(n))
-                .ok_or_else(|| bad(format!("`{k}` must be an integer in [{lo}, {hi}]")))
-        };
-        let flag = |k: &str| -> Result<bool> {
-            o.get(k)
-                .and_then(Value::as_bool)
-                .ok_or_else(|| bad(format!("`{k}` must be true or false")))
-        };
-        let factor = o
-            .get("budget_factor")
-            .and_then(Value::as_f64)
-            .filter(|f| (1.0..=100.0).contains(f))
-            .ok_or_else(|| bad("`budget_factor` must be a number in [1, 100]".into()))?;
-        let seed = uint("seed", 0, SEED_RANGE - 1)?;
-        let family = o.get("family").and_then(Value::as_str).unwrap_or("");
-        let spec = match family {
-            "custom" => json!({
-                "family": "custom",
-                "world_size": uint("world_size", 1, 20)?,
-                "nb_objects": uint("nb_objects", 0, 60)?,
-                "quest_length": uint("quest_length", 1, 30)?,
-                "seed": seed,
-                "budget_factor": factor,
-            }),
-            "cooking" => {
-                let recipe = uint("recipe", 1, 5)?;
-                let take = uint("take", 0, recipe)?;
-                let go = uint("go", 1, 12)?;
-                if ![1, 6, 9, 12].contains(&go) {
-                    return Err(bad("`go` must be 1, 6, 9 or 12".into()));
-                }
-                json!({
-                    "family": "cooking", "recipe": recipe, "take": take, "go": go,
-                    "open": flag("open")?, "cook": flag("cook")?, "cut": flag("cut")?,
-                    "drop": flag("drop")?, "seed": seed, "budget_factor": factor,
-                })
-            }
-            _ => return Err(bad("`family` must be \"custom\" or \"cooking\"".into())),
-        };
-        let mut spec = spec;
-        if let Some(g) = o.get("game") {
-            let ok = g
-                .as_str()
-                .filter(|d| d.len() == 64 && d.bytes().all(|b| b.is_ascii_hexdigit()));
-            let d = ok.ok_or_else(|| {
-                bad("`game` must be the game files' blake3 (64 hex digits)".into())
-            })?;
-            spec["game"] = json!(d);
-        }
-        let known = spec.as_object().map_or(0, |s| s.len());
-        if o.len() != known {
-            return Err(bad(format!(
-                "unknown keys (a {family} spec has exactly {known})"
-            )));
-        }
-        Ok(GameSpec(spec))
-    }
-
-    /// What decides the game's files (the spec less its budget factor and digest): the cache
-    /// key.
-    fn key(&self) -> String {
-        let mut game = self.0.clone();
-        if let Some(o) = game.as_object_mut() {
-            o.remove("budget_factor");
-            o.remove("game");
-        }
-        blake3::hash(canonical(&game).as_bytes()).to_hex()[..16].to_string()
-    }
-
-    fn with(&self, knob: &str, value: Value, seed: u64) -> GameSpec {
-        let mut v = self.0.clone();
-        v[knob] = value;
-        v["seed"] = json!(seed);
-        if let Some(o) = v.as_object_mut() {
-            o.remove("game");
-        }
-        GameSpec(v)
-    }
-}
-
-/// The bridge processes, started on demand; episode and generation calls are spread over them.
-struct Bridges {
-    cfg: ExternalConfig,
-    timeout: Duration,
-    slots: Vec<Mutex<Option<Process>>>,
-}
-
-impl Bridges {
-    /// A call on bridge `k` (started if it is not running). A bridge that died or broke the
-    /// protocol is dropped (the next call starts another); an error reply leaves it serving.
-    fn call(&self, k: usize, request: &Value) -> Result<Value> {
-        self.send(k, request, true)
-            .expect("a bridge is started for it")
-    }
-
-    /// Tell a running bridge to forget an episode (one that is not running forgot it already).
-    fn close(&self, k: usize, episode: u64) {
-        let _ = self.send(k, &json!({"op": "close", "episode": episode}), false);
-    }
-
-    /// `request` on bridge `k`, starting it if `start`; `None`: not running and not started.
-    fn send(&self, k: usize, request: &Value, start: bool) -> Option<Result<Value>> {
-        let mut slot = self.slots[k % self.slots.len()]
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if slot.is_none() {
-            if !start {
-                return None;
-            }
-            match Process::spawn(&self.cfg) {
-                Ok(p) => *slot = Some(p),
-                Err(e) => return Some(Err(hint(e))),
-            }
-        }
-        let p = slot.as_mut()?;
-        let reply = p.call(request, self.timeout);
-        if reply.is_err() && !p.alive() {
-            *slot = None;
-        }
-        Some(reply.map_err(hint))
-    }
-}
+use bridge::Bridges;
+pub use config::{Family, Level, TextWorldConfig};
+use games::{bundle, bundle_digest, cached_digest, place, read_game, unbundle};
+use spec::{GameSpec, SEED_RANGE, SEED_TRIES};
 
 /// The environment.
 pub struct TextWorld {
@@ -551,114 +233,6 @@ impl TextWorld {
 }
 
 /// The first line of a game asset (before its spec and files; the whole zstd-compressed).
-const ASSET_MAGIC: &str = "rla-pipe textworld game 1\n";
-/// The files of a game, in the order they are hashed and bundled.
-const GAME_FILES: [&str; 2] = ["game.json", "game.z8"];
-/// The largest game asset accepted (decompressed): TextWorld's games are ~0.4 MB.
-const ASSET_MAX_BYTES: usize = 64 << 20;
-
-/// A game's asset: the magic line, its spec (canonical JSON, naming the game's digest) and its
-/// two files (name, newline, u64 little-endian length, bytes), zstd-compressed at a fixed level
-/// (so the same game is the same bytes).
-fn bundle(spec: &GameSpec, files: &GameFiles) -> std::io::Result<Vec<u8>> {
-    let mut raw = Vec::new();
-    raw.extend_from_slice(ASSET_MAGIC.as_bytes());
-    raw.extend_from_slice(canonical(&spec.0).as_bytes());
-    raw.push(b'\n');
-    for (name, bytes) in files {
-        raw.extend_from_slice(name.as_bytes());
-        raw.push(b'\n');
-        raw.extend_from_slice(&(bytes.len() as u64).to_le_bytes());
-        raw.extend_from_slice(bytes);
-    }
-    zstd::bulk::compress(&raw, 12)
-}
-
-/// A game's files by name.
-type GameFiles = Vec<(&'static str, Vec<u8>)>;
-
-/// The spec and files of a game asset ([`bundle`]); an error says what is wrong with it.
-fn unbundle(bytes: &[u8]) -> std::result::Result<(Value, GameFiles), String> {
-    let raw = zstd::bulk::decompress(bytes, ASSET_MAX_BYTES)
-        .map_err(|e| format!("not a zstd frame of at most {ASSET_MAX_BYTES} bytes: {e}"))?;
-    let rest = raw
-        .strip_prefix(ASSET_MAGIC.as_bytes())
-        .ok_or("it does not start with the game asset header")?;
-    let nl = rest
-        .iter()
-        .position(|b| *b == b'\n')
-        .ok_or("no spec line")?;
-    let spec: Value = serde_json::from_slice(&rest[..nl]).map_err(|e| format!("spec: {e}"))?;
-    let mut rest = &rest[nl + 1..];
-    let mut files = Vec::new();
-    for name in GAME_FILES {
-        let head = format!("{name}\n");
-        rest = rest
-            .strip_prefix(head.as_bytes())
-            .ok_or_else(|| format!("{name} is not where it should be"))?;
-        let (len, body) = rest
-            .split_first_chunk::<8>()
-            .ok_or_else(|| format!("{name}: truncated length"))?;
-        let len = u64::from_le_bytes(*len) as usize;
-        if body.len() < len {
-            return Err(format!("{name}: {} of {len} bytes", body.len()));
-        }
-        files.push((name, body[..len].to_vec()));
-        rest = &body[len..];
-    }
-    if !rest.is_empty() {
-        return Err(format!("{} bytes after the files", rest.len()));
-    }
-    Ok((spec, files))
-}
-
-/// The digest recorded with a cached game, if its directory is complete.
-fn cached_digest(dir: &Path) -> Option<String> {
-    std::fs::read_to_string(dir.join("digest")).ok()
-}
-
-/// A game directory's two files and their blake3 (over name, length, bytes; in name order).
-fn read_game(dir: &Path) -> std::io::Result<(GameFiles, String)> {
-    let mut h = blake3::Hasher::new();
-    let mut files = Vec::new();
-    for name in GAME_FILES {
-        let bytes = std::fs::read(dir.join(name))?;
-        h.update(name.as_bytes());
-        h.update(&(bytes.len() as u64).to_le_bytes());
-        h.update(&bytes);
-        files.push((name, bytes));
-    }
-    Ok((files, h.finalize().to_hex().to_string()))
-}
-
-/// The blake3 of a game directory's files ([`read_game`]).
-fn bundle_digest(dir: &Path) -> std::io::Result<String> {
-    read_game(dir).map(|(_, digest)| digest)
-}
-
-/// Put the complete game directory `tmp` (its files checked to hash to `digest`) in place as
-/// `dir`, with its digest file. When another thread or process placed one there meanwhile,
-/// theirs stays and `tmp` goes. The digest of the game now at `dir`, if any.
-fn place(tmp: &Path, dir: &Path, digest: &str) -> std::io::Result<Option<String>> {
-    std::fs::write(tmp.join("digest"), digest)?;
-    if std::fs::rename(tmp, dir).is_err() {
-        let _ = std::fs::remove_dir_all(tmp);
-        return Ok(cached_digest(dir));
-    }
-    Ok(Some(digest.to_string()))
-}
-
-/// Adds the set-up step to a bridge that could not import TextWorld.
-fn hint(e: Error) -> Error {
-    let msg = e.to_string();
-    if msg.contains("No module named") {
-        Error::Environment(format!(
-            "{msg} — TextWorld is not installed for env.textworld.python: pip install textworld==1.7.0"
-        ))
-    } else {
-        e
-    }
-}
 
 impl Environment for TextWorld {
     fn name(&self) -> &str {
@@ -892,6 +466,7 @@ impl Episode for TextWorldEpisode {
 
 #[cfg(test)]
 mod tests {
+    use super::games::ASSET_MAX_BYTES;
     use super::*;
 
     #[test]
