@@ -89,7 +89,7 @@ pub struct EnvConfig {
     pub external: external::ExternalConfig,
     /// Difficulty distribution of the `household` environment.
     pub household: household::HouseholdConfig,
-    /// TextWorld's games: family, level, knobs, the bridge (src/env/textworld.rs).
+    /// TextWorld's games: family, level, knobs, the bridge (src/env/textworld/).
     pub textworld: textworld::TextWorldConfig,
     /// The coding setting's problems and sandbox (src/env/coding/).
     pub coding: coding::CodingConfig,
