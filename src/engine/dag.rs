@@ -97,6 +97,11 @@ impl Dag {
         (self.initial)(config, name)
     }
 
+    /// The function building initial checkpoints (to build one later, apart from the DAG).
+    pub fn initial_fn(&self) -> InitialCheckpoint {
+        self.initial.clone()
+    }
+
     pub fn stages(&self) -> &[Arc<dyn Stage>] {
         &self.stages
     }

@@ -239,7 +239,12 @@ async fn verify_run(
         for input in &m.inputs {
             if input.kind != InputKind::Manifest {
                 let name = input.tables.first().cloned().unwrap_or_default();
-                checkpoints.insert(name, load_checkpoint(store, &dag, &config, input).await?);
+                checkpoints.insert(
+                    name,
+                    crate::stage::CheckpointInput::Bytes(
+                        load_checkpoint(store, &dag, &config, input).await?,
+                    ),
+                );
                 continue;
             }
             let bytes = store.get(&Path::from(input.path.as_str())).await?;

@@ -16,7 +16,7 @@ use crate::config::Config;
 use crate::determinism::derive_seed;
 use crate::error::{Error, Result};
 use crate::schema;
-use crate::stage::{InputFiles, Stage, StageContext};
+use crate::stage::{CheckpointInput, InputFiles, Stage, StageContext};
 use crate::store::catalog::{self, Committed};
 use crate::store::manifest::{
     self, InputKind, InputRef, IterationManifest, RunManifest, StageDigest, StageManifest,
@@ -342,7 +342,13 @@ impl Engine {
             InputOrder::Checked,
         )
         .await?;
-        let (checkpoints, refs) = self.checkpoints_of(iter, stage.as_ref(), done).await?;
+        // Sharded stages hand their checkpoints to workers: those are loaded (and an initial one
+        // stored) before the stage; every other stage loads each when it asks for it.
+        let eager = self.cluster.is_some()
+            && (stage.partition_column().is_some()
+                || stage.shard_column(&self.config).is_some());
+        let (checkpoints, refs, pending) =
+            self.checkpoints_of(iter, stage.as_ref(), done, eager).await?;
         if stage.assets_in(&self.config) {
             let assets =
                 super::assets::committed(&self.store, &self.run_id, &self.dag, iter, stage.name())
@@ -353,6 +359,7 @@ impl Engine {
             .on_cluster(iter, stage.as_ref(), &refs, &checkpoints)
             .await?;
         ctx.checkpoints = checkpoints;
+        let first_ref = input_refs.len();
         input_refs.extend(refs);
         let attempt = layout::new_attempt();
         info!(run = %self.run_id, iter, stage = stage.name(), attempt = %attempt, "stage started");
@@ -373,6 +380,18 @@ impl Engine {
         let artifacts = store_artifacts(&self.store, &self.run_id, iter, &ctx).await?;
         let store_seconds = writing + t_artifacts.elapsed().as_secs_f64();
         crash_point("after-artifacts");
+        // An initial checkpoint built when the stage asked for it has its digest now; one the
+        // stage did not ask for is built here.
+        for (i, digest) in pending {
+            let r = &mut input_refs[first_ref + i];
+            r.digest = match digest.get() {
+                Some(d) => d.clone(),
+                None => {
+                    let name = r.tables.first().map(String::as_str).unwrap_or("?");
+                    manifest::digest(&self.dag.initial_checkpoint(&self.config, name)?)
+                }
+            };
+        }
         let m = StageManifest {
             format: manifest::FORMAT,
             run_id: self.run_id.clone(),
@@ -435,7 +454,7 @@ impl Engine {
         iter: u32,
         stage: &dyn Stage,
         refs: &[InputRef],
-        checkpoints: &BTreeMap<String, bytes::Bytes>,
+        checkpoints: &BTreeMap<String, CheckpointInput>,
     ) -> Result<Option<exec::OnCluster<'_>>> {
         let Some(cluster) = &self.cluster else {
             return Ok(None);
@@ -449,12 +468,12 @@ impl Engine {
             // One input record per checkpoint, named by its first table (`checkpoints_of`).
             for r in refs {
                 let name = r.tables.first().map(String::as_str).unwrap_or("?");
-                let bytes = checkpoints.get(name).ok_or_else(|| {
-                    Error::data(format!(
+                let Some(CheckpointInput::Bytes(bytes)) = checkpoints.get(name) else {
+                    return Err(Error::data(format!(
                         "checkpoint {name} of stage {} was not loaded",
                         stage.name()
-                    ))
-                })?;
+                    )));
+                };
                 stored.push(
                     ShardCheckpoint::stored(&self.store, &self.run_id, iter, r, bytes).await?,
                 );
@@ -467,13 +486,23 @@ impl Engine {
     }
 
     /// Resolve the checkpoints a stage reads: the artifact a committed producer wrote (digest
-    /// verified), or the seeded initial checkpoint where no earlier one exists.
+    /// verified), or the seeded initial checkpoint where no earlier one exists. `eager`: load
+    /// them now; otherwise each is loaded when the stage asks for it, and an initial one's
+    /// digest is known only then (`pending`: the index of its input record and where its digest
+    /// will be).
+    #[allow(clippy::type_complexity)]
     async fn checkpoints_of(
         &self,
         iter: u32,
         stage: &dyn Stage,
         done: &mut BTreeMap<(u32, String), Committed>,
-    ) -> Result<(BTreeMap<String, bytes::Bytes>, Vec<InputRef>)> {
+        eager: bool,
+    ) -> Result<(
+        BTreeMap<String, CheckpointInput>,
+        Vec<InputRef>,
+        Vec<(usize, Arc<std::sync::OnceLock<String>>)>,
+    )> {
+        let mut pending = Vec::new();
         let mut out = BTreeMap::new();
         let mut refs = Vec::new();
         for (name, from) in self.dag.checkpoint_sources(stage.name(), iter) {
@@ -508,27 +537,57 @@ impl Engine {
                         // started from (an adapter needs them): their directory and blake3.
                         source: self.models.get(name).cloned(),
                     };
-                    (
-                        load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,
-                        r,
-                    )
+                    let input = if eager {
+                        CheckpointInput::Bytes(
+                            load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,
+                        )
+                    } else {
+                        let (store, name, path, digest) =
+                            (self.store.clone(), name.to_string(), r.path.clone(), r.digest.clone());
+                        CheckpointInput::Deferred(Arc::new(move || {
+                            let (store, name, path, digest) =
+                                (store.clone(), name.clone(), path.clone(), digest.clone());
+                            Box::pin(async move {
+                                read_checked(&store, &name, &path, &digest, "its manifest recorded")
+                                    .await
+                            })
+                        }))
+                    };
+                    (input, r)
                 }
                 None => {
-                    let bytes = self.dag.initial_checkpoint(&self.config, name)?;
-                    let r = InputRef {
+                    let mut r = InputRef {
                         kind: InputKind::Init,
                         tables: vec![name.to_string()],
                         path: String::new(),
-                        digest: manifest::digest(&bytes),
+                        digest: String::new(),
                         source: self.models.get(name).cloned(),
                     };
-                    (bytes, r)
+                    let input = if eager {
+                        let bytes = self.dag.initial_checkpoint(&self.config, name)?;
+                        r.digest = manifest::digest(&bytes);
+                        CheckpointInput::Bytes(bytes)
+                    } else {
+                        let cell = Arc::new(std::sync::OnceLock::new());
+                        pending.push((refs.len(), cell.clone()));
+                        let (build, config, name) =
+                            (self.dag.initial_fn(), self.config.clone(), name.to_string());
+                        CheckpointInput::Deferred(Arc::new(move || {
+                            let bytes = build(&config, &name);
+                            if let Ok(b) = &bytes {
+                                // Built from the config alone: every build is the same bytes.
+                                let _ = cell.set(manifest::digest(b));
+                            }
+                            Box::pin(std::future::ready(bytes))
+                        }))
+                    };
+                    (input, r)
                 }
             };
             out.insert(name.to_string(), bytes);
             refs.push(r);
         }
-        Ok((out, refs))
+        Ok((out, refs, pending))
     }
 
     fn progress_bar(&self, iter: u32, stage: &str) -> ProgressBar {

@@ -284,7 +284,10 @@ async fn run_shard(
     let mut ctx =
         StageContext::detached(task.run_id.clone(), task.iter, task.seed, config, session);
     for c in &task.checkpoints {
-        ctx.checkpoints.insert(c.name.clone(), c.read(store).await?);
+        ctx.checkpoints.insert(
+            c.name.clone(),
+            crate::stage::CheckpointInput::Bytes(c.read(store).await?),
+        );
     }
     if !task.assets.is_empty() {
         ctx.assets = Some(Arc::new(crate::stage::Assets {

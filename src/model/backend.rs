@@ -7,8 +7,15 @@ use crate::error::Error;
 
 /// The CPU backend.
 pub type Cpu = burn::backend::Flex;
-/// The CPU backend with autodiff (training).
-pub type CpuTrain = burn::backend::Autodiff<Cpu>;
+/// The CPU backend with autodiff (training). Balanced checkpointing: the backward pass
+/// recomputes what memory-bound operations (element-wise, normalisation) produced instead of
+/// keeping it from the forward pass, with the same kernels, so the gradients are the same to
+/// the last bit and a pretrained model's autodiff graph holds mostly matrix products' inputs
+/// (docs/src/real-models.md#memory).
+pub type CpuTrain = burn::backend::Autodiff<
+    Cpu,
+    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+>;
 /// The CUDA backend.
 #[cfg(feature = "cuda")]
 pub type Gpu = burn::backend::Cuda;

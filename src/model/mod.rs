@@ -99,14 +99,15 @@ pub enum Weights {
     /// f32 (or bf16) safetensors in the Hugging Face key layout.
     Hf {
         arch: hf::HfArch,
-        bytes: Vec<u8>,
+        /// Shared with the store's bytes it was loaded from (no copy).
+        bytes: bytes::Bytes,
     },
     /// Low-rank adapters (a PEFT adapter file) over the pretrained model in `dir`.
     Lora {
         arch: hf::HfArch,
         dir: std::path::PathBuf,
         spec: hf::lora::LoraSpec,
-        adapter: Vec<u8>,
+        adapter: bytes::Bytes,
     },
 }
 
@@ -157,8 +158,8 @@ impl Weights {
     pub fn encode(&self) -> bytes::Bytes {
         match self {
             Weights::Small(ck) => ck.encode(),
-            Weights::Hf { bytes, .. } => bytes::Bytes::from(bytes.clone()),
-            Weights::Lora { adapter, .. } => bytes::Bytes::from(adapter.clone()),
+            Weights::Hf { bytes, .. } => bytes.clone(),
+            Weights::Lora { adapter, .. } => adapter.clone(),
         }
     }
 }
@@ -408,7 +409,7 @@ impl ModelSpec {
     }
 
     /// Load a checkpoint of this spec (its shape must match the config).
-    pub fn load(&self, bytes: &[u8]) -> Result<Weights> {
+    pub fn load(&self, bytes: &bytes::Bytes) -> Result<Weights> {
         if let Some(h) = &self.hf {
             if bytes.starts_with(b"RLAPIPE-CKPT") {
                 return Err(Error::Model(format!(
@@ -438,7 +439,7 @@ impl ModelSpec {
                     arch: h.arch.clone(),
                     dir: h.dir.clone(),
                     spec: spec.clone(),
-                    adapter: bytes.to_vec(),
+                    adapter: bytes.clone(),
                 });
             }
             let mut headers = std::collections::BTreeMap::new();
@@ -446,7 +447,7 @@ impl ModelSpec {
             hf::weights::check_tensors(&h.arch, &headers)?;
             return Ok(Weights::Hf {
                 arch: h.arch.clone(),
-                bytes: bytes.to_vec(),
+                bytes: bytes.clone(),
             });
         }
         let ck = Checkpoint::decode(bytes)?;
@@ -472,7 +473,7 @@ impl ModelSpec {
                 arch: m.arch.clone(),
                 dir: h.dir.clone(),
                 spec: m.lora.clone().expect("checked"),
-                adapter: hf::lora::to_bytes(m, &h.digest)?,
+                adapter: hf::lora::to_bytes(m, &h.digest)?.into(),
             },
             (AnyLm::Hf(m), _) => Weights::Hf {
                 arch: m.arch.clone(),
@@ -481,7 +482,8 @@ impl ModelSpec {
                     CheckpointDtype::Bf16 => {
                         hf::weights::to_bf16(&hf::weights::to_safetensors(m)?)?
                     }
-                },
+                }
+                .into(),
             },
         })
     }

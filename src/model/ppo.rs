@@ -163,8 +163,22 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
                 let w = batch.len() as f64 / total as f64;
                 micro_batch(m, batch, (micro.len() > 1).then_some(w), &loss_of)
             };
-            let done: Vec<MicroResult> = if group.len() == 1 {
-                vec![one(&model, &group[0])]
+            // Each result is added to the sum as soon as it is there (in micro-batch order), so
+            // at most one micro-batch's gradients wait beside the sum.
+            let mut absorb = |batch: &[usize], r: MicroResult| {
+                let w = batch.len() as f64 / total as f64;
+                loss_v += w * r.loss;
+                kl_v += w * r.kl;
+                clip_v += w * r.clip;
+                tokens += r.tokens;
+                model.visit(&mut Accumulate::<B> {
+                    grads: r.grads,
+                    into: &mut summed,
+                    _b: std::marker::PhantomData,
+                });
+            };
+            if group.len() == 1 {
+                absorb(&group[0], one(&model, &group[0]));
             } else {
                 // Each other thread differentiates a fork of the parameters: fresh autodiff
                 // leaves with the same ids and values, so the graphs stay apart.
@@ -180,26 +194,13 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
                             sc.spawn(move || counting(|| one(&mine, batch)))
                         })
                         .collect();
-                    let mut done = vec![one(&model, &group[0])];
-                    for h in others {
+                    absorb(&group[0], one(&model, &group[0]));
+                    for (h, batch) in others.into_iter().zip(&group[1..]) {
                         let (r, counted) = h.join().expect("an update thread panicked");
                         record(counted.computed as usize, counted.reused as usize);
-                        done.push(r);
+                        absorb(batch, r);
                     }
-                    done
                 })
-            };
-            for (batch, r) in group.iter().zip(done) {
-                let w = batch.len() as f64 / total as f64;
-                loss_v += w * r.loss;
-                kl_v += w * r.kl;
-                clip_v += w * r.clip;
-                tokens += r.tokens;
-                model.visit(&mut Accumulate::<B> {
-                    grads: r.grads,
-                    into: &mut summed,
-                    _b: std::marker::PhantomData,
-                });
             }
         }
         let mut norm = SquaredNorm {
@@ -547,3 +548,4 @@ mod tests {
         assert!((f64::from(loss.into_scalar()) - want).abs() < 1e-5);
     }
 }
+

@@ -34,8 +34,9 @@ pub struct StageContext {
     /// The committed files behind the session's tables (`None` when a test registers batches).
     /// The engine uses them to run a partitioned stage range by range.
     pub inputs: Option<Arc<InputFiles>>,
-    /// Model checkpoints the stage reads ([`Stage::checkpoints_in`]), by name, digests verified.
-    pub checkpoints: std::collections::BTreeMap<String, bytes::Bytes>,
+    /// Model checkpoints the stage reads ([`Stage::checkpoints_in`]), by name, digests verified
+    /// when they are loaded ([`StageContext::checkpoint`]).
+    pub checkpoints: std::collections::BTreeMap<String, CheckpointInput>,
     /// Artifacts (checkpoints) the stage writes: the engine stores them content-addressed
     /// before the manifest that names them.
     pub artifacts: std::sync::Mutex<Vec<(String, bytes::Bytes)>>,
@@ -45,6 +46,19 @@ pub struct StageContext {
     /// The environment assets the run has committed ([`Stage::assets_in`]; `None` otherwise).
     pub assets: Option<Arc<Assets>>,
 }
+
+/// A checkpoint a stage reads: in memory already, or loaded (its digest checked) when the stage
+/// asks for it, so that a stage holds only the models it is working on — a pretrained model's
+/// update does not keep the reward model's bytes while it trains the policy.
+#[derive(Clone)]
+pub enum CheckpointInput {
+    Bytes(bytes::Bytes),
+    Deferred(DeferredCheckpoint),
+}
+
+/// Loads a deferred checkpoint (the engine's: it reads the store or rebuilds an initial one).
+pub type DeferredCheckpoint =
+    Arc<dyn Fn() -> futures::future::BoxFuture<'static, Result<bytes::Bytes>> + Send + Sync>;
 
 /// The prefix of an environment asset's artifact name: `asset-<id>`.
 pub const ASSET_PREFIX: &str = "asset-";
@@ -131,13 +145,16 @@ impl StageContext {
         c.reused += reused;
     }
 
-    /// The bytes of an input checkpoint.
-    pub fn checkpoint(&self, name: &str) -> Result<&bytes::Bytes> {
-        self.checkpoints.get(name).ok_or_else(|| {
-            Error::Model(format!(
+    /// The bytes of an input checkpoint, loaded now if the engine deferred them (each call
+    /// loads again: keep the bytes only as long as they are needed).
+    pub async fn checkpoint(&self, name: &str) -> Result<bytes::Bytes> {
+        match self.checkpoints.get(name) {
+            Some(CheckpointInput::Bytes(b)) => Ok(b.clone()),
+            Some(CheckpointInput::Deferred(load)) => load().await,
+            None => Err(Error::Model(format!(
                 "stage input checkpoint {name:?} was not provided by the engine"
-            ))
-        })
+            ))),
+        }
     }
 
     /// Whether asset `id` is to be handed to the engine: not committed before this stage, not

@@ -76,7 +76,7 @@ fn write_on<B: burn::tensor::backend::Backend>(
 
 /// `n` replies per prompt text from the model `role` of a config, at `temperature`.
 #[allow(clippy::too_many_arguments)]
-fn write_replies(
+async fn write_replies(
     ctx: &StageContext,
     role: &str,
     texts: &[String],
@@ -86,7 +86,7 @@ fn write_replies(
     temperature: f64,
 ) -> Result<Vec<Vec<Reply>>> {
     let spec = super::model_spec(&ctx.config, role)?;
-    let ck = spec.load(ctx.checkpoint(role)?)?;
+    let ck = spec.load(&ctx.checkpoint(role).await?)?;
     let tok = &spec
         .hf
         .as_ref()
@@ -127,7 +127,7 @@ fn write_replies(
 
 /// `n` programs for each problem from the config's policy (`eval`: the reference's evaluation
 /// prompt), rollout r of problem p drawing from `derive_seed(seed, [task id, r])`.
-pub(crate) fn write_programs(
+pub(crate) async fn write_programs(
     ctx: &StageContext,
     problems: &[(String, Problem)],
     n: u32,
@@ -183,6 +183,7 @@ pub(crate) fn write_programs(
         max_tokens,
         temperature,
     )
+    .await
 }
 
 /// `rollout` of the coding setting.
@@ -214,7 +215,8 @@ impl Stage for CodingRollout {
             ctx.config.policy.temperature,
             ctx.seed,
             false,
-        )?;
+        )
+        .await?;
         let mut steps = TableBuilder::new("steps")?;
         for ((task_id, problem), replies) in problems.iter().zip(replies) {
             for (r, reply) in replies.into_iter().enumerate() {
@@ -277,7 +279,8 @@ impl Stage for CodingRm {
                 rm.samples as usize,
                 rm.max_tokens,
                 rm.temperature,
-            )?;
+            )
+            .await?;
             for ((task_id, _), tests) in problems.iter().zip(written) {
                 for (j, t) in tests.into_iter().enumerate() {
                     let read = extract_test(&t.text).is_some();
@@ -350,7 +353,7 @@ impl Stage for CodingEvaluate {
         }
         held.sort_by(|a, b| a.0.cmp(&b.0));
         let (per_task, temperature) = (cfg.eval.rollouts, cfg.eval.temperature);
-        let replies = write_programs(ctx, &held, per_task, temperature, ctx.seed, true)?;
+        let replies = write_programs(ctx, &held, per_task, temperature, ctx.seed, true).await?;
         let programs: Vec<Vec<String>> = replies
             .iter()
             .map(|rs| rs.iter().map(|r| extract_program(&r.text)).collect())

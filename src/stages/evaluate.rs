@@ -104,10 +104,11 @@ impl Stage for Evaluate {
             crate::config::EvalMode::Greedy => (1, None),
         };
         let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
-            &[][..]
+            bytes::Bytes::new()
         } else {
-            &ctx.checkpoint(crate::model::POLICY)?[..]
+            ctx.checkpoint(crate::model::POLICY).await?
         };
+        let policy_ck = &policy_ck;
         let mut out = TableBuilder::new("evaluations")?;
         for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
             tasks.retain(|(id, _)| !training.contains(id));

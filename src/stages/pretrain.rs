@@ -238,7 +238,7 @@ impl Stage for Pretrain {
         let device = cfg.run.device;
 
         // Policy: behaviour cloning on the planner's steps.
-        let policy_in = ctx.checkpoint(POLICY)?.clone();
+        let policy_in = ctx.checkpoint(POLICY).await?;
         let policy_out = if cfg.policy.kind == PolicyKind::Uniform || policy_eps.is_empty() {
             policy_in
         } else {
@@ -297,7 +297,7 @@ impl Stage for Pretrain {
         };
 
         // Reward model: the oracle's verdict on every labelled step.
-        let rm_in = ctx.checkpoint(RM)?.clone();
+        let rm_in = ctx.checkpoint(RM).await?;
         let rm_out = if !cfg.reward_model.enabled || rm_eps.is_empty() {
             rm_in
         } else {

@@ -240,7 +240,7 @@ impl Stage for RmScore {
         }
         let trajs = trajectories::load(ctx).await?;
         let spec = super::model_spec(&ctx.config, RM)?;
-        let ck = spec.load(ctx.checkpoint(RM)?)?;
+        let ck = spec.load(&ctx.checkpoint(RM).await?)?;
         let list: Vec<&Trajectory> = trajs.values().collect();
         let prompts = prompts(&spec, rm.max_tokens, &list)?;
         let seeds: Vec<u64> = list

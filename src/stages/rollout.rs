@@ -378,7 +378,7 @@ fn encode_chunk<B: burn::tensor::backend::Backend>(
 /// the name of the benchmark dump its model calls are written to (see [`super::bench`]).
 pub(crate) fn play_policy(
     config: &crate::config::Config,
-    checkpoint: &[u8],
+    checkpoint: &bytes::Bytes,
     environment: &Arc<dyn Environment>,
     jobs: &[Job<'_>],
     temperature: Option<f64>,
@@ -505,10 +505,11 @@ impl Stage for Rollout {
             .map(|(t, r, seed)| (pool[*t].0.as_str(), &pool[*t].1, *r, *seed))
             .collect();
         let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
-            &[][..]
+            bytes::Bytes::new()
         } else {
-            &ctx.checkpoint(crate::model::POLICY)?[..]
+            ctx.checkpoint(crate::model::POLICY).await?
         };
+        let policy_ck = &policy_ck;
         let rolled = super::counted(ctx, || {
             play_policy(
                 &ctx.config,

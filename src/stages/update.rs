@@ -114,7 +114,7 @@ fn traj<'a>(
 fn train_policy<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Weights,
+    ck: Weights,
     decisions: &[Decision],
     chosen: &[usize],
     adv: &[f64],
@@ -123,6 +123,8 @@ fn train_policy<B: AutodiffBackend>(
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_trainable::<B>(device)?;
+    // The weights' bytes are kept only for a benchmark dump.
+    let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);
     let mut old = Vec::with_capacity(decisions.len());
@@ -148,6 +150,9 @@ fn train_policy<B: AutodiffBackend>(
             old.extend(chosen_lp(0..d.len()));
         }
     }
+    // The snapshot shares the parameters' storage; once the first step replaces them it would
+    // keep a second copy of the weights alive.
+    drop(snap);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
@@ -171,7 +176,7 @@ fn train_policy<B: AutodiffBackend>(
     let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
     let run = Run {
         spec,
-        ck,
+        ck: ck.as_ref(),
         s,
         seed,
         metrics: &metrics,
@@ -194,7 +199,8 @@ fn train_policy<B: AutodiffBackend>(
 /// A model's update, as [`bench_dump`] records it for either kind of samples.
 struct Run<'a> {
     spec: &'a ModelSpec,
-    ck: &'a Weights,
+    /// The weights the update started from (kept only when dumping).
+    ck: Option<&'a Weights>,
     s: &'a PpoSettings,
     seed: u64,
     metrics: &'a [StepMetrics],
@@ -220,9 +226,9 @@ fn bench_dump(run: Run<'_>, data: impl FnOnce() -> serde_json::Value) -> Result<
         temperature,
         seconds,
     } = run;
-    if !super::bench::enabled(super::bench::UPDATE) {
+    let (true, Some(ck)) = (super::bench::enabled(super::bench::UPDATE), ck) else {
         return Ok(());
-    }
+    };
     let mut data = data();
     data["role"] = spec.role.into();
     data["hf_dir"] = spec.hf.as_ref().map(|h| h.dir.display().to_string()).into();
@@ -259,7 +265,7 @@ fn bench_dump(run: Run<'_>, data: impl FnOnce() -> serde_json::Value) -> Result<
 fn train_responses<B: AutodiffBackend>(
     device: &B::Device,
     spec: &ModelSpec,
-    ck: &Weights,
+    ck: Weights,
     prompts: &[Vec<u32>],
     responses: &[Vec<u32>],
     adv: &[f64],
@@ -268,6 +274,8 @@ fn train_responses<B: AutodiffBackend>(
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
     let model = ck.to_trainable::<B>(device)?;
+    // The weights' bytes are kept only for a benchmark dump.
+    let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let vocab = spec.config.vocab;
     let t0 = std::time::Instant::now();
     let snap = ppo::snapshot(&model);
@@ -302,6 +310,9 @@ fn train_responses<B: AutodiffBackend>(
         }
     }
     let bias = spec.verdicts().bias::<B>(vocab, device);
+    // The snapshot shares the parameters' storage; once the first step replaces them it would
+    // keep a second copy of the weights alive.
+    drop(snap);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let sizes = ppo::sample_tokens(prompts, responses);
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
@@ -330,7 +341,7 @@ fn train_responses<B: AutodiffBackend>(
     let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
     let run = Run {
         spec,
-        ck,
+        ck: ck.as_ref(),
         s,
         seed,
         metrics: &metrics,
@@ -387,12 +398,10 @@ impl Stage for Update {
         let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
 
         // Policy.
-        let policy_in = ctx.checkpoint(POLICY)?.clone();
         let policy_out = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
-            policy_in
+            ctx.checkpoint(POLICY).await?
         } else {
             let spec = super::model_spec(cfg, POLICY)?;
-            let ck = spec.load(&policy_in)?;
             let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
             // `generate` mode: the replies, token by token.
             let (mut prompts, mut responses) = (Vec::new(), Vec::new());
@@ -446,9 +455,14 @@ impl Stage for Update {
                     chosen.push(k);
                 }
             }
+            // Loaded only now, and held by nothing but the model it becomes while it trains.
+            let policy_in = ctx.checkpoint(POLICY).await?;
             if adv.is_empty() {
+                spec.load(&policy_in)?;
                 policy_in
             } else {
+                let ck = spec.load(&policy_in)?;
+                drop(policy_in);
                 let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
                 let seed = derive_seed(ctx.seed, &[POLICY]);
                 let t = cfg
@@ -460,13 +474,13 @@ impl Stage for Update {
                         crate::on_backend!(
                             device,
                             train,
-                            train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                            train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
                         )
                     } else {
                         crate::on_backend!(
                             device,
                             train,
-                            train_policy(&spec, &ck, &decisions, &chosen, &adv, &s, seed, t)
+                            train_policy(&spec, ck, &decisions, &chosen, &adv, &s, seed, t)
                         )
                     }
                 })?;
@@ -476,12 +490,10 @@ impl Stage for Update {
         };
 
         // Reward model.
-        let rm_in = ctx.checkpoint(RM)?.clone();
         let rm_out = if !cfg.reward_model.enabled {
-            rm_in
+            ctx.checkpoint(RM).await?
         } else {
             let spec = super::model_spec(cfg, RM)?;
-            let ck = spec.load(&rm_in)?;
             let (mut prompts, mut responses, mut adv) = if self.coding {
                 coding_samples(ctx, &spec, CODING_RM_SQL).await?
             } else {
@@ -520,9 +532,13 @@ impl Stage for Update {
                     adv.push(a.value(r));
                 }
             }
+            let rm_in = ctx.checkpoint(RM).await?;
             if prompts.is_empty() {
+                spec.load(&rm_in)?;
                 rm_in
             } else {
+                let ck = spec.load(&rm_in)?;
+                drop(rm_in);
                 let s = settings(cfg, cfg.update.rm_lr, cfg.update.rm_steps);
                 let seed = derive_seed(ctx.seed, &[RM]);
                 let t = cfg
@@ -533,7 +549,7 @@ impl Stage for Update {
                     crate::on_backend!(
                         device,
                         train,
-                        train_responses(&spec, &ck, &prompts, &responses, &adv, &s, seed, t)
+                        train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
                     )
                 })?;
                 rows.extend(metrics.into_iter().map(|m| (RM, m)));
