@@ -265,3 +265,36 @@ pub trait Stage: Send + Sync {
     /// Compute the outputs.
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>>;
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn deferred_checkpoints_load_when_asked_and_each_time() {
+        let loads = Arc::new(AtomicUsize::new(0));
+        let cfg = Config::from_toml("[run]\nname='t'\n", "t").unwrap();
+        let mut ctx =
+            StageContext::detached("r".into(), 0, 1, Arc::new(cfg), SessionContext::new());
+        let counter = loads.clone();
+        ctx.checkpoints.insert(
+            "policy".into(),
+            CheckpointInput::Deferred(Arc::new(move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+                Box::pin(std::future::ready(Ok(bytes::Bytes::from_static(b"weights"))))
+            })),
+        );
+        ctx.checkpoints.insert(
+            "rm".into(),
+            CheckpointInput::Bytes(bytes::Bytes::from_static(b"rm")),
+        );
+        assert_eq!(loads.load(Ordering::SeqCst), 0, "nothing is loaded before it is asked for");
+        assert_eq!(&ctx.checkpoint("policy").await.unwrap()[..], b"weights");
+        assert_eq!(&ctx.checkpoint("policy").await.unwrap()[..], b"weights");
+        assert_eq!(loads.load(Ordering::SeqCst), 2, "no copy is kept between calls");
+        assert_eq!(&ctx.checkpoint("rm").await.unwrap()[..], b"rm");
+        let err = ctx.checkpoint("critic").await.unwrap_err().to_string();
+        assert!(err.contains("\"critic\""), "{err}");
+    }
+}
