@@ -197,7 +197,9 @@ impl<B: Backend> CausalLm<B> {
         let half = f.len();
         let freq = float_tensor::<B, 3>(f, [1, 1, half], &device);
         let angles = positions.float().unsqueeze_dim::<3>(2) * freq;
-        let angles = Tensor::cat(vec![angles.clone(), angles], 2).unsqueeze_dim::<4>(1);
+        // `[b, t, 1, head_dim]`: applied to `[b, t, heads, head_dim]` before the heads move
+        // to dimension 1, so rotating touches contiguous memory.
+        let angles = Tensor::cat(vec![angles.clone(), angles], 2).unsqueeze_dim::<4>(2);
         (angles.clone().cos(), angles.sin())
     }
 
@@ -269,21 +271,23 @@ impl<B: Backend> CausalLm<B> {
         for (l, layer) in self.model.layers.iter().enumerate() {
             let att = &layer.self_attn;
             let normed = layer.input_layernorm.forward(x.clone());
-            let split = |y: Tensor<B, 3>, n: usize, norm: &Option<RmsNorm<B>>| {
+            // `[b, t, n·hd]` → `[b, n, t, hd]`, normed and rotated (RoPE) while still
+            // `[b, t, n, hd]`: the same values, element by element, in contiguous memory.
+            let split = |y: Tensor<B, 3>, n: usize, norm: &Option<RmsNorm<B>>, rotate: bool| {
                 let y = y.reshape([b, t, n, hd]);
                 let y = match norm {
                     Some(norm) => norm.forward(y),
                     None => y,
                 };
+                let y = if rotate { rope(y, &cos, &sin) } else { y };
                 y.swap_dims(1, 2)
             };
             let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
                 proj(x, lin, layer, target, scale_lora)
             };
-            let q = split(p(normed.clone(), &att.q_proj, "q_proj"), h, &att.q_norm);
-            let k = split(p(normed.clone(), &att.k_proj, "k_proj"), kv, &att.k_norm);
-            let v = split(p(normed, &att.v_proj, "v_proj"), kv, &None);
-            let (q, mut k, mut v) = (rope(q, &cos, &sin), rope(k, &cos, &sin), v);
+            let q = split(p(normed.clone(), &att.q_proj, "q_proj"), h, &att.q_norm, true);
+            let mut k = split(p(normed.clone(), &att.k_proj, "k_proj"), kv, &att.k_norm, true);
+            let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
             if let Some(layers) = &old {
                 let (ck, cv) = &layers[l];
                 k = Tensor::cat(vec![ck.clone(), k], 2);
