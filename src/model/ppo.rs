@@ -129,6 +129,59 @@ pub fn ppo_loss<B: Backend>(
     (loss, token_mean(k3), token_mean(clipped))
 }
 
+/// Whether the first optimizer step of [`plan`] holds every one of the `n` samples (a minibatch
+/// at least as large as the samples: the usual case). Then the model of step 0 is the
+/// snapshot, and a pretrained model's old log-probabilities can be taken from step 0's own
+/// forward pass, detached, instead of a separate pass over every sample before training (as
+/// TRL's GRPO does with one iteration): ratio 1 at step 0, the same values to the last bits
+/// but for the order of float sums in later steps.
+pub fn first_step_covers_all(n: usize, s: &PpoSettings, seed: u64) -> bool {
+    let plan = plan(n, s, seed);
+    let Some(first) = plan.first() else {
+        return false;
+    };
+    let mut seen = vec![false; n];
+    for &i in first.iter().flatten() {
+        seen[i] = true;
+    }
+    seen.iter().all(|&x| x)
+}
+
+/// The old (snapshot) log-probabilities of every sample (`T`: a sample's values): computed
+/// before training, or — when the first step holds every sample ([`first_step_covers_all`]) —
+/// taken from step 0's own forward pass as each micro-batch reaches it. Shared by the threads
+/// of [`train`]'s micro-batches.
+pub struct OldLogprobs<T>(std::sync::Mutex<Vec<Option<T>>>);
+
+impl<T: Clone> OldLogprobs<T> {
+    /// Old values from a pass before training (`None`: to be taken at step 0).
+    pub fn new(values: Vec<Option<T>>) -> Self {
+        OldLogprobs(std::sync::Mutex::new(values))
+    }
+
+    /// The old values of the samples `idx`; if any is not known yet (step 0 of a reusing
+    /// update, whose model is the snapshot), they are `fresh()`: the micro-batch's own values,
+    /// one per sample in `idx`'s order.
+    pub fn get_or_fill(&self, idx: &[usize], fresh: impl FnOnce() -> Vec<T>) -> Vec<T> {
+        let mut old = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if idx.iter().any(|i| old[*i].is_none()) {
+            for (i, v) in idx.iter().zip(fresh()) {
+                old[*i].get_or_insert(v);
+            }
+        }
+        idx.iter()
+            .map(|i| old[*i].clone().expect("filled above"))
+            .collect()
+    }
+
+    /// Every sample's old values (`None` for a sample no step reached).
+    pub fn into_vec(self) -> Vec<Option<T>> {
+        self.0
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
 /// Run the optimizer steps [`plan`] lays out over the samples (`sizes[i]`: sample `i`'s tokens),
 /// each micro-batch split further to at most `s.micro_tokens` tokens ([`split_by_tokens`]).
 /// `loss_of(model, indices)` returns a micro-batch's (loss, kl, clip_frac, tokens); a step's
@@ -484,6 +537,72 @@ mod tests {
         );
         assert_eq!(run(2), one);
         assert_eq!(run(3), one);
+    }
+
+    /// Old log-probabilities taken from step 0's forward pass give the update a pass before
+    /// training gives (here to the last bit: each row's values do not depend on its batch),
+    /// and `first_step_covers_all` says when that holds.
+    #[test]
+    fn old_logprobs_from_the_first_step_equal_a_snapshot_pass() {
+        use burn::nn::{Linear, LinearConfig};
+        let dev = Default::default();
+        let xs: Vec<f32> = (0..40)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let mut s = settings();
+        s.steps = 3;
+        s.minibatch = 10;
+        s.micro_tokens = 3;
+        assert!(first_step_covers_all(10, &s, 7));
+        let mut fewer = s.clone();
+        fewer.minibatch = 6;
+        assert!(!first_step_covers_all(10, &fewer, 7));
+        assert!(!first_step_covers_all(0, &s, 7));
+        let lin0 = || {
+            let mut lin: Linear<CpuTrain> = LinearConfig::new(4, 3).init(&dev);
+            let w0: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
+            lin.bias = None;
+            lin.weight = Param::from_tensor(float_tensor(w0, [4, 3], &dev));
+            lin
+        };
+        let lp_of = |m: &Linear<CpuTrain>, idx: &[usize]| {
+            let x: Vec<f32> = idx
+                .iter()
+                .flat_map(|i| xs[i * 4..i * 4 + 4].to_vec())
+                .collect();
+            let x = float_tensor::<CpuTrain, 2>(x, [idx.len(), 4], &dev);
+            burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1)
+        };
+        let run = |old: OldLogprobs<f32>| {
+            let (lin, m) = train(lin0(), &[1; 10], &s, 7, |m: &Linear<CpuTrain>, idx| {
+                let b = idx.len();
+                let lp = lp_of(m, idx);
+                let fresh = || lp.clone().into_data().into_vec::<f32>().unwrap();
+                let old_t = float_tensor::<CpuTrain, 2>(old.get_or_fill(idx, fresh), [b, 1], &dev);
+                let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
+                let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
+                let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
+                let (l, k, c) = ppo_loss(lp, old_t.clone(), old_t, adv, valid, &s);
+                (l, k, c, b as u64)
+            });
+            let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
+            let losses: Vec<f64> = m.iter().map(|m| m.loss).collect();
+            (w, losses, old.into_vec())
+        };
+        let all: Vec<usize> = (0..10).collect();
+        let snapshot: Vec<Option<f32>> = lp_of(&lin0(), &all)
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap()
+            .into_iter()
+            .map(Some)
+            .collect();
+        let (w_snap, l_snap, o_snap) = run(OldLogprobs::new(snapshot));
+        let (w_reuse, l_reuse, o_reuse) = run(OldLogprobs::new(vec![None; 10]));
+        assert_eq!(o_reuse, o_snap, "step 0 saw the snapshot's values");
+        assert_eq!(l_reuse, l_snap);
+        assert_eq!(w_reuse, w_snap);
+        assert!(w_snap.iter().enumerate().any(|(i, w)| *w != (i as f32 - 5.5) / 10.0));
     }
 
     /// One token, hand-computed: old = ref = ln 0.5, new = ln 0.6, A = +1.

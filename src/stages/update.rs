@@ -126,33 +126,44 @@ fn train_policy<B: AutodiffBackend>(
     // The weights' bytes are kept only for a benchmark dump.
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let t0 = std::time::Instant::now();
-    let snap = ppo::snapshot(&model);
-    let mut old = Vec::with_capacity(decisions.len());
-    for (d, c) in decisions
-        .chunks(SNAPSHOT_BATCH)
-        .zip(chosen.chunks(SNAPSHOT_BATCH))
-    {
-        let chosen_lp = |r: std::ops::Range<usize>| -> Vec<f32> {
-            let lp = policy::to_host(policy::log_probs(
-                &snap,
-                &d[r.clone()],
-                temperature,
-                spec.action_mean,
-                device,
-            ));
-            lp.iter().zip(&c[r]).map(|(row, k)| row[*k]).collect()
-        };
-        // A pretrained model's snapshot in two fixed halves on two threads (as scoring); the
-        // small transformer's numbers stay as committed.
-        if snap.packs_prefixes() {
-            old.extend(halves(d.len(), chosen_lp).into_iter().flatten());
-        } else {
-            old.extend(chosen_lp(0..d.len()));
+    // A pretrained model whose first step holds every sample takes the old log-probabilities
+    // from that step's forward pass (`ppo::first_step_covers_all`); otherwise a snapshot pass
+    // computes them first. The small transformer keeps the computation its committed numbers
+    // were made with.
+    let reuse = model.packs_prefixes() && ppo::first_step_covers_all(decisions.len(), s, seed);
+    let mut old: Vec<Option<f32>> = vec![None; decisions.len()];
+    if !reuse {
+        let snap = ppo::snapshot(&model);
+        let mut at = 0;
+        for (d, c) in decisions
+            .chunks(SNAPSHOT_BATCH)
+            .zip(chosen.chunks(SNAPSHOT_BATCH))
+        {
+            let chosen_lp = |r: std::ops::Range<usize>| -> Vec<f32> {
+                let lp = policy::to_host(policy::log_probs(
+                    &snap,
+                    &d[r.clone()],
+                    temperature,
+                    spec.action_mean,
+                    device,
+                ));
+                lp.iter().zip(&c[r]).map(|(row, k)| row[*k]).collect()
+            };
+            // A pretrained model's snapshot in two fixed halves on two threads (as scoring).
+            let lp: Vec<f32> = if snap.packs_prefixes() {
+                halves(d.len(), chosen_lp).into_iter().flatten().collect()
+            } else {
+                chosen_lp(0..d.len())
+            };
+            for v in lp {
+                old[at] = Some(v);
+                at += 1;
+            }
         }
+        // The snapshot ends here: it shares the parameters' storage, and once the first step
+        // replaced them it would keep a second copy of the weights alive.
     }
-    // The snapshot shares the parameters' storage; once the first step replaces them it would
-    // keep a second copy of the weights alive.
-    drop(snap);
+    let old = ppo::OldLogprobs::new(old);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
@@ -166,13 +177,19 @@ fn train_policy<B: AutodiffBackend>(
             spec.action_mean,
             device,
         );
-        let old_t = float_tensor::<B, 2>(idx.iter().map(|i| old[*i]).collect(), [b, 1], device);
+        let fresh = || policy::to_host(new.clone()).into_iter().map(|r| r[0]).collect();
+        let old_t = float_tensor::<B, 2>(old.get_or_fill(idx, fresh), [b, 1], device);
         let adv_t =
             float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);
         let valid = float_tensor::<B, 2>(vec![1.0; b], [b, 1], device);
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid, s);
         (loss, kl, clip, tokens)
     });
+    let old: Vec<f32> = old
+        .into_vec()
+        .into_iter()
+        .map(|v| v.unwrap_or(f32::NAN))
+        .collect();
     let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
     let run = Run {
         spec,
@@ -278,41 +295,50 @@ fn train_responses<B: AutodiffBackend>(
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let vocab = spec.config.vocab;
     let t0 = std::time::Instant::now();
-    let snap = ppo::snapshot(&model);
-    let bias_inner = spec.verdicts().bias::<B::InnerBackend>(vocab, device);
-    let mut old: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
-    for (p, r) in prompts
-        .chunks(SNAPSHOT_BATCH)
-        .zip(responses.chunks(SNAPSHOT_BATCH))
-    {
-        let p: Vec<&[u32]> = p.iter().map(Vec::as_slice).collect();
-        let r: Vec<&[u32]> = r.iter().map(Vec::as_slice).collect();
-        let half = |k: std::ops::Range<usize>| -> Vec<Vec<f32>> {
-            let (lp, _) = packed_response_log_probs(
-                &snap,
-                &p[k.clone()],
-                &r[k.clone()],
-                bias_inner.as_ref(),
-                temperature,
-                device,
-            );
-            policy::to_host(lp)
-                .into_iter()
-                .zip(&r[k])
-                .map(|(row, resp)| row[..resp.len()].to_vec())
-                .collect()
-        };
-        // As the policy's snapshot: two halves for a pretrained model.
-        if snap.packs_prefixes() {
-            old.extend(halves(p.len(), half).into_iter().flatten());
-        } else {
-            old.extend(half(0..p.len()));
+    // As the policy's: a pretrained model whose first step holds every sample takes the old
+    // log-probabilities from that step's forward pass.
+    let reuse = model.packs_prefixes() && ppo::first_step_covers_all(prompts.len(), s, seed);
+    let mut old: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
+    if !reuse {
+        let snap = ppo::snapshot(&model);
+        let bias_inner = spec.verdicts().bias::<B::InnerBackend>(vocab, device);
+        let mut at = 0;
+        for (p, r) in prompts
+            .chunks(SNAPSHOT_BATCH)
+            .zip(responses.chunks(SNAPSHOT_BATCH))
+        {
+            let p: Vec<&[u32]> = p.iter().map(Vec::as_slice).collect();
+            let r: Vec<&[u32]> = r.iter().map(Vec::as_slice).collect();
+            let half = |k: std::ops::Range<usize>| -> Vec<Vec<f32>> {
+                let (lp, _) = packed_response_log_probs(
+                    &snap,
+                    &p[k.clone()],
+                    &r[k.clone()],
+                    bias_inner.as_ref(),
+                    temperature,
+                    device,
+                );
+                policy::to_host(lp)
+                    .into_iter()
+                    .zip(&r[k])
+                    .map(|(row, resp)| row[..resp.len()].to_vec())
+                    .collect()
+            };
+            // As the policy's snapshot: two halves for a pretrained model.
+            let lp: Vec<Vec<f32>> = if snap.packs_prefixes() {
+                halves(p.len(), half).into_iter().flatten().collect()
+            } else {
+                half(0..p.len())
+            };
+            for v in lp {
+                old[at] = Some(v);
+                at += 1;
+            }
         }
+        // The snapshot ends here (it would keep the first step's weights alive).
     }
+    let old = ppo::OldLogprobs::new(old);
     let bias = spec.verdicts().bias::<B>(vocab, device);
-    // The snapshot shares the parameters' storage; once the first step replaces them it would
-    // keep a second copy of the weights alive.
-    drop(snap);
     let (snapshot_seconds, t0) = (t0.elapsed().as_secs_f64(), std::time::Instant::now());
     let sizes = ppo::sample_tokens(prompts, responses);
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
@@ -328,8 +354,15 @@ fn train_responses<B: AutodiffBackend>(
         );
         let l = valid.len() / b;
         let mut old_v = vec![0f32; b * l];
-        for (k, i) in idx.iter().enumerate() {
-            old_v[k * l..k * l + old[*i].len()].copy_from_slice(&old[*i]);
+        let fresh = || {
+            let rows = policy::to_host(new.clone());
+            idx.iter()
+                .zip(rows)
+                .map(|(i, row)| row[..responses[*i].len()].to_vec())
+                .collect()
+        };
+        for (k, o) in old.get_or_fill(idx, fresh).iter().enumerate() {
+            old_v[k * l..k * l + o.len()].copy_from_slice(o);
         }
         let old_t = float_tensor::<B, 2>(old_v, [b, l], device);
         let valid_t = bool_tensor::<B, 2>(valid, [b, l], device).float();
@@ -338,6 +371,11 @@ fn train_responses<B: AutodiffBackend>(
         let (loss, kl, clip) = ppo::ppo_loss(new, old_t.clone(), old_t, adv_t, valid_t, s);
         (loss, kl, clip, tokens)
     });
+    let old: Vec<Vec<f32>> = old
+        .into_vec()
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect();
     let seconds = [snapshot_seconds, t0.elapsed().as_secs_f64()];
     let run = Run {
         spec,
