@@ -345,10 +345,10 @@ impl Engine {
         // Sharded stages hand their checkpoints to workers: those are loaded (and an initial one
         // stored) before the stage; every other stage loads each when it asks for it.
         let eager = self.cluster.is_some()
-            && (stage.partition_column().is_some()
-                || stage.shard_column(&self.config).is_some());
-        let (checkpoints, refs, pending) =
-            self.checkpoints_of(iter, stage.as_ref(), done, eager).await?;
+            && (stage.partition_column().is_some() || stage.shard_column(&self.config).is_some());
+        let (checkpoints, refs, pending) = self
+            .checkpoints_of(iter, stage.as_ref(), done, eager)
+            .await?;
         if stage.assets_in(&self.config) {
             let assets =
                 super::assets::committed(&self.store, &self.run_id, &self.dag, iter, stage.name())
@@ -542,8 +542,12 @@ impl Engine {
                             load_checkpoint(&self.store, &self.dag, &self.config, &r).await?,
                         )
                     } else {
-                        let (store, name, path, digest) =
-                            (self.store.clone(), name.to_string(), r.path.clone(), r.digest.clone());
+                        let (store, name, path, digest) = (
+                            self.store.clone(),
+                            name.to_string(),
+                            r.path.clone(),
+                            r.digest.clone(),
+                        );
                         CheckpointInput::Deferred(Arc::new(move || {
                             let (store, name, path, digest) =
                                 (store.clone(), name.clone(), path.clone(), digest.clone());

@@ -163,7 +163,10 @@ impl<T: Clone> OldLogprobs<T> {
     /// update, whose model is the snapshot), they are `fresh()`: the micro-batch's own values,
     /// one per sample in `idx`'s order.
     pub fn get_or_fill(&self, idx: &[usize], fresh: impl FnOnce() -> Vec<T>) -> Vec<T> {
-        let mut old = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut old = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if idx.iter().any(|i| old[*i].is_none()) {
             for (i, v) in idx.iter().zip(fresh()) {
                 old[*i].get_or_insert(v);
@@ -602,7 +605,12 @@ mod tests {
         assert_eq!(o_reuse, o_snap, "step 0 saw the snapshot's values");
         assert_eq!(l_reuse, l_snap);
         assert_eq!(w_reuse, w_snap);
-        assert!(w_snap.iter().enumerate().any(|(i, w)| *w != (i as f32 - 5.5) / 10.0));
+        assert!(
+            w_snap
+                .iter()
+                .enumerate()
+                .any(|(i, w)| *w != (i as f32 - 5.5) / 10.0)
+        );
     }
 
     /// One token, hand-computed: old = ref = ln 0.5, new = ln 0.6, A = +1.
@@ -667,4 +675,3 @@ mod tests {
         assert!((f64::from(loss.into_scalar()) - want).abs() < 1e-5);
     }
 }
-

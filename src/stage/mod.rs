@@ -282,17 +282,27 @@ mod tests {
             "policy".into(),
             CheckpointInput::Deferred(Arc::new(move || {
                 counter.fetch_add(1, Ordering::SeqCst);
-                Box::pin(std::future::ready(Ok(bytes::Bytes::from_static(b"weights"))))
+                Box::pin(std::future::ready(Ok(bytes::Bytes::from_static(
+                    b"weights",
+                ))))
             })),
         );
         ctx.checkpoints.insert(
             "rm".into(),
             CheckpointInput::Bytes(bytes::Bytes::from_static(b"rm")),
         );
-        assert_eq!(loads.load(Ordering::SeqCst), 0, "nothing is loaded before it is asked for");
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            0,
+            "nothing is loaded before it is asked for"
+        );
         assert_eq!(&ctx.checkpoint("policy").await.unwrap()[..], b"weights");
         assert_eq!(&ctx.checkpoint("policy").await.unwrap()[..], b"weights");
-        assert_eq!(loads.load(Ordering::SeqCst), 2, "no copy is kept between calls");
+        assert_eq!(
+            loads.load(Ordering::SeqCst),
+            2,
+            "no copy is kept between calls"
+        );
         assert_eq!(&ctx.checkpoint("rm").await.unwrap()[..], b"rm");
         let err = ctx.checkpoint("critic").await.unwrap_err().to_string();
         assert!(err.contains("\"critic\""), "{err}");

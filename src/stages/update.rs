@@ -177,7 +177,12 @@ fn train_policy<B: AutodiffBackend>(
             spec.action_mean,
             device,
         );
-        let fresh = || policy::to_host(new.clone()).into_iter().map(|r| r[0]).collect();
+        let fresh = || {
+            policy::to_host(new.clone())
+                .into_iter()
+                .map(|r| r[0])
+                .collect()
+        };
         let old_t = float_tensor::<B, 2>(old.get_or_fill(idx, fresh), [b, 1], device);
         let adv_t =
             float_tensor::<B, 2>(idx.iter().map(|i| adv[*i] as f32).collect(), [b, 1], device);

@@ -285,8 +285,18 @@ impl<B: Backend> CausalLm<B> {
             let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
                 proj(x, lin, layer, target, scale_lora)
             };
-            let q = split(p(normed.clone(), &att.q_proj, "q_proj"), h, &att.q_norm, true);
-            let mut k = split(p(normed.clone(), &att.k_proj, "k_proj"), kv, &att.k_norm, true);
+            let q = split(
+                p(normed.clone(), &att.q_proj, "q_proj"),
+                h,
+                &att.q_norm,
+                true,
+            );
+            let mut k = split(
+                p(normed.clone(), &att.k_proj, "k_proj"),
+                kv,
+                &att.k_norm,
+                true,
+            );
             let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
             if let Some(layers) = &old {
                 let (ck, cv) = &layers[l];
