@@ -14,10 +14,29 @@
 #    weights and samples, a few seconds of writing inside its update stage);
 # 4. benches/smollm2_update.py on that dump with PyTorch on the GPU (TORCH_DEVICE=cuda): the
 #    same PPO update, burn-cuda vs PyTorch CUDA, like for like.
+#
+# RANDOM_WEIGHTS=1: MODEL_DIR needs only config.json, generation_config.json and the tokenizer
+# files; the weights are initialised at random (transformers, seed 0) in a temporary copy —
+# for a GPU machine the 540 MB of weights cannot be copied to. Speed depends on the shapes,
+# not the values, but a random policy's and RM's samples carry no advantage, so the update
+# then trains nothing (and step 4 compares nothing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 model=${1:-models/smollm2-135m}
 [ -f "$model/config.json" ] || { echo "no model at $model (README: SmolLM2 conversion)" >&2; exit 1; }
+if [ "${RANDOM_WEIGHTS:-}" = 1 ]; then
+  random=$(mktemp -d)
+  cp "$model"/config.json "$model"/generation_config.json "$model"/tokenizer*.json "$random"/
+  python3 - "$random" <<'PY'
+import sys, torch, transformers
+torch.manual_seed(0)
+cfg = transformers.AutoConfig.from_pretrained(sys.argv[1])
+transformers.AutoModelForCausalLM.from_config(cfg).float().save_pretrained(sys.argv[1])
+PY
+  # the model's own config (transformers 5 rewrites it in its newer layout)
+  cp "$model"/config.json "$model"/generation_config.json "$random"/
+  model=$random
+fi
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/rla-pipe-target}"
 if [ -z "${RLA_PIPE_BIN:-}" ]; then
   cargo build --release --features cuda

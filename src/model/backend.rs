@@ -31,7 +31,10 @@ macro_rules! on_backend {
     ($device:expr, infer, $f:ident ( $($arg:expr),* $(,)? )) => {
         match $device {
             #[cfg(feature = "cuda")]
-            $crate::model::Device::Cuda => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
+                Ok(()) => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
+                Err(e) => Err(e),
+            },
             #[cfg(feature = "ndarray")]
             $crate::model::Device::Ndarray => $f::<burn::backend::NdArray>(&Default::default(), $($arg),*),
             $crate::model::Device::Cpu => $f::<$crate::model::Cpu>(&Default::default(), $($arg),*),
@@ -42,7 +45,10 @@ macro_rules! on_backend {
     ($device:expr, train, $f:ident ( $($arg:expr),* $(,)? )) => {
         match $device {
             #[cfg(feature = "cuda")]
-            $crate::model::Device::Cuda => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
+            $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
+                Ok(()) => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
+                Err(e) => Err(e),
+            },
             #[cfg(feature = "ndarray")]
             $crate::model::Device::Ndarray => $f::<burn::backend::Autodiff<burn::backend::NdArray>>(&Default::default(), $($arg),*),
             $crate::model::Device::Cpu => $f::<$crate::model::CpuTrain>(&Default::default(), $($arg),*),
@@ -50,6 +56,56 @@ macro_rules! on_backend {
             other => Err($crate::model::unavailable(other)),
         }
     };
+}
+
+/// Whether CUDA works here: the first call moves one number to the GPU and back, and every
+/// later call returns that answer. Without it, a machine with no NVIDIA driver or GPU (or no
+/// NVRTC) fails inside burn-cuda's device thread with a panic; this turns that into an error
+/// naming `run.device` and the cause, and a non-zero exit.
+#[cfg(feature = "cuda")]
+pub fn cuda_ready() -> Result<(), Error> {
+    use std::sync::{Mutex, OnceLock};
+    static READY: OnceLock<Result<(), String>> = OnceLock::new();
+    READY
+        .get_or_init(|| {
+            // burn-cuda panics (in its device thread, then in ours) when CUDA is missing: keep
+            // the first message and silence the hook while probing.
+            let cause: &'static Mutex<Option<String>> = Box::leak(Box::new(Mutex::new(None)));
+            let hook = std::panic::take_hook();
+            std::panic::set_hook(Box::new(move |info| {
+                let mut c = cause.lock().unwrap_or_else(|p| p.into_inner());
+                if c.is_none() {
+                    let msg = info
+                        .payload()
+                        .downcast_ref::<String>()
+                        .cloned()
+                        .or_else(|| info.payload().downcast_ref::<&str>().map(|s| s.to_string()))
+                        .unwrap_or_else(|| "unknown".into());
+                    *c = Some(msg);
+                }
+            }));
+            let probe = std::panic::catch_unwind(|| {
+                let t = burn::tensor::Tensor::<Gpu, 1>::from_floats([1.0f32], &Default::default());
+                t.into_data().to_vec::<f32>().ok() == Some(vec![1.0])
+            });
+            std::panic::set_hook(hook);
+            match probe {
+                Ok(true) => Ok(()),
+                Ok(false) => Err("a value sent to the GPU came back changed".into()),
+                Err(_) => Err(cause
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_else(|| "unknown".into())),
+            }
+        })
+        .clone()
+        .map_err(|cause| {
+            Error::Config(format!(
+                "key `run.device`: \"cuda\" is not usable on this machine (no NVIDIA GPU, driver \
+                 or NVRTC found?): {cause}"
+            ))
+        })
 }
 
 /// The error for a device this build has no backend for.

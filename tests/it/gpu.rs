@@ -56,3 +56,18 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
         "{stages} stages committed"
     );
 }
+
+/// Runs wherever the tests are built with `--features cuda`: on a machine without a usable
+/// CUDA (no driver, no GPU), `run.device = "cuda"` is a clean error naming the key and the
+/// cause, never a panic from burn-cuda's device thread. (With a GPU, the test above covers it.)
+#[test]
+fn cuda_without_a_gpu_is_an_error_not_a_panic() {
+    if rla_pipe::model::backend::cuda_ready().is_ok() {
+        return;
+    }
+    let f = Fixture::new();
+    let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
+    sets.push("run.device=cuda");
+    f.run_pipeline(GRIDNAV, "nogpu", 1, &sets)
+        .fails(1, &["run.device", "not usable on this machine"]);
+}

@@ -52,6 +52,8 @@ struct RawConfig {
     rms_norm_eps: f64,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5 writes `rope_theta` and the scaling inside one `rope_parameters`.
+    rope_parameters: Option<serde_json::Value>,
     #[serde(default)]
     tie_word_embeddings: bool,
     attention_bias: Option<bool>,
@@ -173,8 +175,24 @@ impl HfArch {
                 "keys `vocab_size`, `hidden_size`, `num_hidden_layers` must be positive".into(),
             ));
         }
-        let theta = c.rope_theta.unwrap_or(10000.0);
-        let inv_freq = rope_inv_freq(theta, head_dim, c.rope_scaling.as_ref())?;
+        // transformers ≥ 5 saves `rope_parameters: {rope_theta, rope_type, factor, ...}` in
+        // place of `rope_theta` + `rope_scaling`: read either (a file saved by transformers 5
+        // would otherwise fall back to theta 10000 without a word).
+        let params = c.rope_parameters.as_ref().filter(|p| !p.is_null());
+        let theta = match (c.rope_theta, params.and_then(|p| p.get("rope_theta"))) {
+            (Some(t), _) => t,
+            (None, Some(v)) => v.as_f64().ok_or_else(|| {
+                Error::Model(format!(
+                    "key `rope_parameters.rope_theta`: {v} is not a number"
+                ))
+            })?,
+            (None, None) => 10000.0,
+        };
+        let (scaling, key) = match c.rope_scaling.as_ref().filter(|s| !s.is_null()) {
+            Some(s) => (Some(s), "rope_scaling"),
+            None => (params, "rope_parameters"),
+        };
+        let inv_freq = rope_inv_freq(theta, head_dim, scaling, key)?;
         let attention_bias = c.attention_bias.unwrap_or(false);
         let (qkv_bias, o_bias) = match architecture {
             Architecture::Qwen2 => (true, false),
@@ -283,11 +301,13 @@ fn ids(v: &serde_json::Value) -> Option<Vec<u32>> {
 }
 
 /// RoPE inverse frequencies `1 / theta^(2i/d)`, with `rope_scaling` applied as Hugging Face
-/// does (`default`, `linear`, `llama3`).
+/// does (`default`, `linear`, `llama3`); `key` names the config key the scaling came from
+/// (`rope_scaling`, or transformers 5's `rope_parameters`) in errors.
 pub fn rope_inv_freq(
     theta: f64,
     head_dim: usize,
     scaling: Option<&serde_json::Value>,
+    key: &str,
 ) -> Result<Vec<f64>> {
     let base: Vec<f64> = (0..head_dim / 2)
         .map(|i| 1.0 / theta.powf((2 * i) as f64 / head_dim as f64))
@@ -300,10 +320,10 @@ pub fn rope_inv_freq(
         .or_else(|| s.get("type"))
         .and_then(|v| v.as_str())
         .unwrap_or("default");
-    let num = |key: &str| {
-        s.get(key).and_then(|v| v.as_f64()).ok_or_else(|| {
-            Error::Model(format!("key `rope_scaling.{key}`: missing or not a number"))
-        })
+    let num = |field: &str| {
+        s.get(field)
+            .and_then(|v| v.as_f64())
+            .ok_or_else(|| Error::Model(format!("key `{key}.{field}`: missing or not a number")))
     };
     match kind {
         "default" => Ok(base),
@@ -333,7 +353,7 @@ pub fn rope_inv_freq(
                 .collect())
         }
         other => Err(Error::Model(format!(
-            "key `rope_scaling.rope_type`: {other:?} is not supported (default, linear, llama3)"
+            "key `{key}.rope_type`: {other:?} is not supported (default, linear, llama3)"
         ))),
     }
 }
@@ -395,14 +415,33 @@ mod tests {
     }
 
     #[test]
+    fn transformers_5_rope_parameters_are_read() {
+        // transformers ≥ 5 saves theta and scaling as one `rope_parameters` object.
+        let old = HfArch::from_json(QWEN3).unwrap();
+        let v5 = QWEN3.replace(
+            "\"rope_theta\": 1000000.0",
+            "\"rope_parameters\": {\"rope_theta\": 1000000.0, \"rope_type\": \"default\"}",
+        );
+        assert_ne!(v5, QWEN3);
+        assert_eq!(HfArch::from_json(&v5).unwrap().inv_freq, old.inv_freq);
+        let linear = v5.replace("\"default\"", "\"linear\", \"factor\": 4.0");
+        let scaled = HfArch::from_json(&linear).unwrap().inv_freq;
+        assert!((scaled[1] - old.inv_freq[1] / 4.0).abs() < 1e-18);
+        let e = HfArch::from_json(&v5.replace("\"default\"", "\"linear\""))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("rope_parameters.factor"), "{e}");
+    }
+
+    #[test]
     fn llama3_rope_scaling_matches_hugging_face() {
         // Hugging Face `_compute_llama3_parameters` with factor 8, low 1, high 4, old 8192
         // on theta 500000, head_dim 64: high frequencies kept, low ones divided by 8, the band
         // between interpolated.
         let s = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
-        let base = rope_inv_freq(500000.0, 64, None).unwrap();
-        let scaled = rope_inv_freq(500000.0, 64, Some(&s)).unwrap();
+        let base = rope_inv_freq(500000.0, 64, None, "rope_scaling").unwrap();
+        let scaled = rope_inv_freq(500000.0, 64, Some(&s), "rope_scaling").unwrap();
         assert_eq!(scaled[0], base[0]);
         assert!((scaled[31] - base[31] / 8.0).abs() < 1e-18);
         let mid: Vec<usize> = (0..32)
@@ -415,7 +454,12 @@ mod tests {
         for i in mid {
             assert!(scaled[i] < base[i] && scaled[i] > base[i] / 8.0);
         }
-        let e = rope_inv_freq(1e4, 8, Some(&serde_json::json!({"rope_type": "yarn"})));
+        let e = rope_inv_freq(
+            1e4,
+            8,
+            Some(&serde_json::json!({"rope_type": "yarn"})),
+            "rope_scaling",
+        );
         assert!(e.unwrap_err().to_string().contains("yarn"));
     }
 }
