@@ -138,11 +138,16 @@ fn proj<B: Backend>(
 
 /// Hugging Face's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin` on `[b, n, t, d]`, with
 /// `cos`/`sin` `[b, 1, t, d]`.
+/// `x · cos + rotate_half(x) · sin`, with `rotate_half(x) = [−x₂, x₁]`. `cos` and `sin` have
+/// `x`'s shape (no broadcasting: burn-flex multiplies broadcast operands element by element
+/// through a strided index, a twentieth of a forward pass), and `sin`'s first half is negated
+/// already ([`CausalLm::rope_tables`]): `x₂ · (−s)` is `(−x₂) · s` to the bit, without a pass
+/// negating a strided half.
 fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
     let d = x.dims()[3];
     let x1 = x.clone().narrow(3, 0, d / 2);
     let x2 = x.clone().narrow(3, d / 2, d / 2);
-    let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+    let rotated = Tensor::cat(vec![x2, x1], 3);
     x * cos.clone() + rotated * sin.clone()
 }
 
@@ -198,9 +203,12 @@ impl<B: Backend> CausalLm<B> {
         let freq = float_tensor::<B, 3>(f, [1, 1, half], &device);
         let angles = positions.float().unsqueeze_dim::<3>(2) * freq;
         // `[b, t, 1, head_dim]`: applied to `[b, t, heads, head_dim]` before the heads move
-        // to dimension 1, so rotating touches contiguous memory.
+        // to dimension 1, so rotating touches contiguous memory. `sin`'s first half negated
+        // (see [`rope`]).
+        let sin = angles.clone().sin();
+        let sin = Tensor::cat(vec![sin.clone().neg(), sin], 2).unsqueeze_dim::<4>(2);
         let angles = Tensor::cat(vec![angles.clone(), angles], 2).unsqueeze_dim::<4>(2);
-        (angles.clone().cos(), angles.sin())
+        (angles.cos(), sin)
     }
 
     /// Logits `[b, t, vocab]` for `tokens` at `positions` (both `[b, t]`). `mask` is `[b, t,
@@ -254,7 +262,10 @@ impl<B: Backend> CausalLm<B> {
             .val()
             .select(0, tokens.reshape([b * t]))
             .reshape([b, t, a.hidden]);
+        // The tables repeated over the query heads and over the key heads, once per call.
         let (cos, sin) = self.rope_tables(positions);
+        let over = |n: usize| (cos.clone().repeat_dim(2, n), sin.clone().repeat_dim(2, n));
+        let (rope_q, rope_k) = (over(h), over(kv));
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
         let bias = crate::model::transformer::attention_bias(mask)
             .unsqueeze_dim::<4>(1)
@@ -279,7 +290,11 @@ impl<B: Backend> CausalLm<B> {
                     Some(norm) => norm.forward(y),
                     None => y,
                 };
-                let y = if rotate { rope(y, &cos, &sin) } else { y };
+                let y = match rotate {
+                    true if n == h => rope(y, &rope_q.0, &rope_q.1),
+                    true => rope(y, &rope_k.0, &rope_k.1),
+                    false => y,
+                };
                 y.swap_dims(1, 2)
             };
             let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
