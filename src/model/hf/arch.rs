@@ -136,13 +136,11 @@ fn proj<B: Backend>(
     }
 }
 
-/// Hugging Face's `rotate_half` RoPE: `x·cos + rotate_half(x)·sin` on `[b, n, t, d]`, with
-/// `cos`/`sin` `[b, 1, t, d]`.
-/// `x · cos + rotate_half(x) · sin`, with `rotate_half(x) = [−x₂, x₁]`. `cos` and `sin` have
-/// `x`'s shape (no broadcasting: burn-flex multiplies broadcast operands element by element
-/// through a strided index, a twentieth of a forward pass), and `sin`'s first half is negated
-/// already ([`CausalLm::rope_tables`]): `x₂ · (−s)` is `(−x₂) · s` to the bit, without a pass
-/// negating a strided half.
+/// Hugging Face's `rotate_half` RoPE on `[b, t, n, d]`: `x · cos + rotate_half(x) · sin`, with
+/// `rotate_half(x) = [−x₂, x₁]`. `cos` and `sin` have `x`'s shape (no broadcasting: burn-flex
+/// multiplies broadcast operands element by element through a strided index, a twentieth of a
+/// forward pass), and `sin`'s first half is negated already ([`CausalLm::rope_tables`]):
+/// `x₂ · (−s)` is `(−x₂) · s` to the bit, without a pass negating a strided half.
 fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> Tensor<B, 4> {
     let d = x.dims()[3];
     let x1 = x.clone().narrow(3, 0, d / 2);
