@@ -263,7 +263,8 @@ impl<B: Backend> CausalLm<B> {
         // The tables repeated over the query heads and over the key heads, once per call.
         let (cos, sin) = self.rope_tables(positions);
         let over = |n: usize| (cos.clone().repeat_dim(2, n), sin.clone().repeat_dim(2, n));
-        let (rope_q, rope_k) = (over(h), over(kv));
+        let rope_q = over(h);
+        let rope_k = if kv == h { rope_q.clone() } else { over(kv) };
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
         let bias = crate::model::transformer::attention_bias(mask)
             .unsqueeze_dim::<4>(1)
