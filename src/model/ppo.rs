@@ -487,20 +487,37 @@ mod tests {
         assert!(plan(0, &s, 1).is_empty());
     }
 
+    /// The tiny policy the update tests train: a 4 → 3 linear map with fixed weights, no bias.
+    fn tiny_linear() -> burn::nn::Linear<CpuTrain> {
+        let mut lin: burn::nn::Linear<CpuTrain> =
+            burn::nn::LinearConfig::new(4, 3).init(&Default::default());
+        let w0: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
+        lin.bias = None;
+        lin.weight = Param::from_tensor(float_tensor(w0, [4, 3], &Default::default()));
+        lin
+    }
+
+    /// Class 0's log-probability `[rows, 1]` under `m` for rows `idx` of ten fixed inputs.
+    fn tiny_logprobs(m: &burn::nn::Linear<CpuTrain>, idx: &[usize]) -> Tensor<CpuTrain, 2> {
+        let xs: Vec<f32> = (0..40)
+            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
+            .collect();
+        let x: Vec<f32> = idx
+            .iter()
+            .flat_map(|i| xs[i * 4..i * 4 + 4].to_vec())
+            .collect();
+        let x = float_tensor::<CpuTrain, 2>(x, [idx.len(), 4], &Default::default());
+        burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1)
+    }
+
     /// Micro-batches differentiated on several threads give the same parameters and metrics,
     /// to the last bit, as one at a time (gradients summed in micro-batch order).
     #[test]
     fn threads_change_nothing() {
-        use burn::nn::{Linear, LinearConfig};
+        use burn::nn::Linear;
         let dev = Default::default();
-        let xs: Vec<f32> = (0..40)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
         let run = |threads: usize| {
-            let mut lin: Linear<CpuTrain> = LinearConfig::new(4, 3).init(&dev);
-            let w0: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
-            lin.bias = None;
-            lin.weight = Param::from_tensor(float_tensor(w0, [4, 3], &dev));
+            let lin = tiny_linear();
             let mut s = settings();
             s.steps = 3;
             s.minibatch = 6;
@@ -509,12 +526,7 @@ mod tests {
             let sizes = vec![1; 10];
             let (lin, m) = train(lin, &sizes, &s, 7, |m: &Linear<CpuTrain>, idx| {
                 let b = idx.len();
-                let x: Vec<f32> = idx
-                    .iter()
-                    .flat_map(|i| xs[i * 4..i * 4 + 4].to_vec())
-                    .collect();
-                let x = float_tensor::<CpuTrain, 2>(x, [b, 4], &dev);
-                let lp = burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1);
+                let lp = tiny_logprobs(m, idx);
                 let old = lp.clone().detach().add_scalar(0.1);
                 let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
                 let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
@@ -547,11 +559,8 @@ mod tests {
     /// and `first_step_covers_all` says when that holds.
     #[test]
     fn old_logprobs_from_the_first_step_equal_a_snapshot_pass() {
-        use burn::nn::{Linear, LinearConfig};
+        use burn::nn::Linear;
         let dev = Default::default();
-        let xs: Vec<f32> = (0..40)
-            .map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0)
-            .collect();
         let mut s = settings();
         s.steps = 3;
         s.minibatch = 10;
@@ -561,39 +570,31 @@ mod tests {
         fewer.minibatch = 6;
         assert!(!first_step_covers_all(10, &fewer, 7));
         assert!(!first_step_covers_all(0, &s, 7));
-        let lin0 = || {
-            let mut lin: Linear<CpuTrain> = LinearConfig::new(4, 3).init(&dev);
-            let w0: Vec<f32> = (0..12).map(|i| (i as f32 - 5.5) / 10.0).collect();
-            lin.bias = None;
-            lin.weight = Param::from_tensor(float_tensor(w0, [4, 3], &dev));
-            lin
-        };
-        let lp_of = |m: &Linear<CpuTrain>, idx: &[usize]| {
-            let x: Vec<f32> = idx
-                .iter()
-                .flat_map(|i| xs[i * 4..i * 4 + 4].to_vec())
-                .collect();
-            let x = float_tensor::<CpuTrain, 2>(x, [idx.len(), 4], &dev);
-            burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1)
-        };
         let run = |old: OldLogprobs<f32>| {
-            let (lin, m) = train(lin0(), &[1; 10], &s, 7, |m: &Linear<CpuTrain>, idx| {
-                let b = idx.len();
-                let lp = lp_of(m, idx);
-                let fresh = || lp.clone().into_data().into_vec::<f32>().unwrap();
-                let old_t = float_tensor::<CpuTrain, 2>(old.get_or_fill(idx, fresh), [b, 1], &dev);
-                let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
-                let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
-                let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
-                let (l, k, c) = ppo_loss(lp, old_t.clone(), old_t, adv, valid, &s);
-                (l, k, c, b as u64)
-            });
+            let (lin, m) = train(
+                tiny_linear(),
+                &[1; 10],
+                &s,
+                7,
+                |m: &Linear<CpuTrain>, idx| {
+                    let b = idx.len();
+                    let lp = tiny_logprobs(m, idx);
+                    let fresh = || lp.clone().into_data().into_vec::<f32>().unwrap();
+                    let old_t =
+                        float_tensor::<CpuTrain, 2>(old.get_or_fill(idx, fresh), [b, 1], &dev);
+                    let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
+                    let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
+                    let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
+                    let (l, k, c) = ppo_loss(lp, old_t.clone(), old_t, adv, valid, &s);
+                    (l, k, c, b as u64)
+                },
+            );
             let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
             let losses: Vec<f64> = m.iter().map(|m| m.loss).collect();
             (w, losses, old.into_vec())
         };
         let all: Vec<usize> = (0..10).collect();
-        let snapshot: Vec<Option<f32>> = lp_of(&lin0(), &all)
+        let snapshot: Vec<Option<f32>> = tiny_logprobs(&tiny_linear(), &all)
             .into_data()
             .into_vec::<f32>()
             .unwrap()
