@@ -498,12 +498,13 @@ pub fn initial_checkpoint(spec: &ModelSpec, seed: u64) -> Result<bytes::Bytes> {
         Some(h) => {
             let files = hf::weights::weight_files(&h.dir)?;
             let dev = Default::default();
-            let model = hf::weights::load::<Cpu>(&h.arch, &files, &dev)?;
             if let Some(lora) = &spec.lora {
+                let model = hf::weights::load::<Cpu>(&h.arch, &files, &dev)?;
                 let model = hf::lora::attach_fresh(model, lora, seed, &dev);
                 return Ok(bytes::Bytes::from(hf::lora::to_bytes(&model, &h.digest)?));
             }
-            Ok(bytes::Bytes::from(hf::weights::to_safetensors(&model)?))
+            // The bytes `to_safetensors` of the loaded model would give, without building it.
+            Ok(bytes::Bytes::from(hf::weights::canonical(&h.arch, &files)?))
         }
         None => Ok(Checkpoint::init(spec.role, &spec.config, seed).encode()),
     }
