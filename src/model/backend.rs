@@ -85,6 +85,7 @@ pub fn cuda_ready() -> Result<(), Error> {
                 }
             }));
             let probe = std::panic::catch_unwind(|| {
+                configure_cuda();
                 let t = burn::tensor::Tensor::<Gpu, 1>::from_floats([1.0f32], &Default::default());
                 t.into_data().to_vec::<f32>().ok() == Some(vec![1.0])
             });
@@ -108,6 +109,54 @@ pub fn cuda_ready() -> Result<(), Error> {
         })
 }
 
+/// Where compiled GPU kernels are kept between runs: `RLA_PIPE_KERNEL_CACHE` (a directory, or
+/// `off`), by default `$XDG_CACHE_HOME/rla-pipe/kernels` (`~/.cache/rla-pipe/kernels`).
+#[cfg(feature = "cuda")]
+pub fn kernel_cache_dir() -> Option<std::path::PathBuf> {
+    kernel_cache_dir_from(
+        std::env::var_os("RLA_PIPE_KERNEL_CACHE"),
+        std::env::var_os("XDG_CACHE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn kernel_cache_dir_from(
+    var: Option<std::ffi::OsString>,
+    xdg: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> Option<std::path::PathBuf> {
+    use std::path::PathBuf;
+    match var {
+        Some(v) if v == "off" || v == "0" || v.is_empty() => None,
+        Some(v) => Some(PathBuf::from(v)),
+        None => xdg
+            .filter(|x| !x.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| home.map(|h| PathBuf::from(h).join(".cache")))
+            .map(|c| c.join("rla-pipe").join("kernels")),
+    }
+}
+
+/// cubecl's configuration, set once before the first kernel: whatever a `cubecl.toml` (or
+/// `burn.toml`) in the working directory or above and the `CUBECL_*` variables say, plus the
+/// on-disk cache of compiled kernels ([`kernel_cache_dir`]) unless they name a cache
+/// themselves. Without the cache every process compiles each kernel it launches (NVRTC) at its
+/// first use; with it, a later run loads them.
+#[cfg(feature = "cuda")]
+fn configure_cuda() {
+    use cubecl_runtime::config::{CubeClRuntimeConfig, RuntimeConfig, cache::CacheConfig};
+    let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+    if config.compilation.cache.is_none() {
+        config.compilation.cache = kernel_cache_dir().map(CacheConfig::File);
+    }
+    // `set` panics once something has read the configuration: set it only before that.
+    let unset = CubeClRuntimeConfig::storage().lock().is_none();
+    if unset {
+        CubeClRuntimeConfig::set(config);
+    }
+}
+
 /// The error for a device this build has no backend for.
 pub fn unavailable(device: Device) -> Error {
     Error::Config(format!(
@@ -118,4 +167,30 @@ pub fn unavailable(device: Device) -> Error {
             "; rebuild with --features cuda for cuda"
         }
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::kernel_cache_dir_from;
+    use std::path::PathBuf;
+
+    #[test]
+    fn kernel_cache_follows_the_variable_then_xdg_then_home() {
+        let os = |s: &str| Some(std::ffi::OsString::from(s));
+        assert_eq!(kernel_cache_dir_from(os("off"), os("/x"), os("/h")), None);
+        assert_eq!(kernel_cache_dir_from(os(""), None, os("/h")), None);
+        assert_eq!(
+            kernel_cache_dir_from(os("/k"), os("/x"), os("/h")),
+            Some(PathBuf::from("/k"))
+        );
+        assert_eq!(
+            kernel_cache_dir_from(None, os("/x"), os("/h")),
+            Some(PathBuf::from("/x/rla-pipe/kernels"))
+        );
+        assert_eq!(
+            kernel_cache_dir_from(None, None, os("/h")),
+            Some(PathBuf::from("/h/.cache/rla-pipe/kernels"))
+        );
+        assert_eq!(kernel_cache_dir_from(None, None, None), None);
+    }
 }

@@ -17,6 +17,45 @@ pub(crate) const UPDATE: &str = "RLA_PIPE_BENCH_UPDATE";
 /// its prompts, results and seconds.
 pub(crate) const GENERATE: &str = "RLA_PIPE_BENCH_GENERATE";
 
+/// `update` on synthetic advantages (`benches/gpu.sh` with random weights, whose samples carry
+/// no advantage): every step and RM sample of the iteration is trained, not only the included
+/// ones, each with an advantage drawn from the seed this names (uniform in ±[0.5, 1.5]), so
+/// that the update trains on the same shapes a learning run's would. Benchmarks only: the
+/// run's committed results then follow from these advantages, not from its rewards.
+pub(crate) const ADVANTAGE: &str = "RLA_PIPE_BENCH_ADVANTAGE";
+
+/// The seed [`ADVANTAGE`] names, if it is set; a value that is not a number is an error.
+pub(crate) fn advantage_seed() -> Result<Option<u64>> {
+    match std::env::var(ADVANTAGE) {
+        Err(_) => Ok(None),
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| {
+            Error::config(format!(
+                "{ADVANTAGE}={v:?}: expected a seed (an unsigned integer)"
+            ))
+        }),
+    }
+}
+
+/// `sql` (an `update_*_samples.sql`) with its `included` filter dropped when [`ADVANTAGE`] is
+/// set: every sample, included or not.
+pub(crate) fn samples_sql(sql: &'static str, synthetic: bool) -> std::borrow::Cow<'static, str> {
+    if !synthetic {
+        return sql.into();
+    }
+    sql.replace("WHERE a.included", "WHERE true")
+        .replace("WHERE included", "WHERE true")
+        .into()
+}
+
+/// Replace every advantage by a draw from `seed`: uniform in ±[0.5, 1.5], sign by coin.
+pub(crate) fn synthetic_advantages(adv: &mut [f64], seed: u64) {
+    let mut rng = crate::determinism::Rng::new(seed);
+    for a in adv {
+        let m = 0.5 + rng.unit();
+        *a = if rng.unit() < 0.5 { -m } else { m };
+    }
+}
+
 /// Whether `var` asks for dumps.
 pub(crate) fn enabled(var: &str) -> bool {
     std::env::var_os(var).is_some()
@@ -64,4 +103,33 @@ pub(crate) fn write(
     let json = serde_json::to_vec(&data).map_err(|e| Error::data(e.to_string()))?;
     std::fs::write(dir.join(format!("{name}.json")), json).map_err(io)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn synthetic_advantages_are_seeded_non_zero_and_signed_both_ways() {
+        let (mut a, mut b) = (vec![0.0; 64], vec![0.0; 64]);
+        synthetic_advantages(&mut a, 7);
+        synthetic_advantages(&mut b, 7);
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| (0.5..=1.5).contains(&v.abs())), "{a:?}");
+        assert!(a.iter().any(|v| *v < 0.0) && a.iter().any(|v| *v > 0.0));
+        synthetic_advantages(&mut b, 8);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn samples_sql_drops_only_the_included_filter() {
+        let policy = include_str!("update_policy_samples.sql");
+        let rm = include_str!("update_rm_samples.sql");
+        assert_eq!(samples_sql(policy, false), policy);
+        for sql in [policy, rm] {
+            let all = samples_sql(sql, true);
+            assert!(!all.contains("included"), "{all}");
+            assert!(all.contains("WHERE true"), "{all}");
+        }
+    }
 }

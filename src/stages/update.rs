@@ -438,6 +438,8 @@ impl Stage for Update {
         let cfg = &ctx.config;
         let device = cfg.run.device;
         let trajs = trajectories::load(ctx).await?;
+        // Benchmarks: every sample on synthetic advantages (`RLA_PIPE_BENCH_ADVANTAGE`).
+        let synthetic = super::bench::advantage_seed()?;
         let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
 
         // Policy.
@@ -454,10 +456,13 @@ impl Stage for Update {
             let plain = if self.coding {
                 Vec::new()
             } else {
-                query(&ctx.session, POLICY_SAMPLES_SQL)
-                    .await?
-                    .collect()
-                    .await?
+                query(
+                    &ctx.session,
+                    &super::bench::samples_sql(POLICY_SAMPLES_SQL, synthetic.is_some()),
+                )
+                .await?
+                .collect()
+                .await?
             };
             for b in plain {
                 let c = Columns::new(&b, "stages/update_policy_samples.sql");
@@ -497,6 +502,9 @@ impl Stage for Update {
                     )?);
                     chosen.push(k);
                 }
+            }
+            if let Some(seed) = synthetic {
+                super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[POLICY]));
             }
             // Loaded only now, and held by nothing but the model it becomes while it trains.
             let policy_in = ctx.checkpoint(POLICY).await?;
@@ -545,7 +553,13 @@ impl Stage for Update {
             let plain = if self.coding {
                 Vec::new()
             } else {
-                query(&ctx.session, RM_SAMPLES_SQL).await?.collect().await?
+                query(
+                    &ctx.session,
+                    &super::bench::samples_sql(RM_SAMPLES_SQL, synthetic.is_some()),
+                )
+                .await?
+                .collect()
+                .await?
             };
             for b in plain {
                 let c = Columns::new(&b, "stages/update_rm_samples.sql");
@@ -562,6 +576,10 @@ impl Stage for Update {
                     } else {
                         cfg.reward_model.max_tokens
                     };
+                    // Synthetic advantages take every sample: an empty reply has nothing to train.
+                    if tokens.is_empty() && synthetic.is_some() {
+                        continue;
+                    }
                     if tokens.is_empty() || tokens.len() > limit {
                         return Err(Error::data(format!(
                             "update: rm_samples response {:?} of ({}, step {i}) is not a response of at most {} tokens",
@@ -574,6 +592,9 @@ impl Stage for Update {
                     responses.push(tokens);
                     adv.push(a.value(r));
                 }
+            }
+            if let Some(seed) = synthetic {
+                super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[RM]));
             }
             let rm_in = ctx.checkpoint(RM).await?;
             if prompts.is_empty() {
