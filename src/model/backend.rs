@@ -32,7 +32,11 @@ macro_rules! on_backend {
         match $device {
             #[cfg(feature = "cuda")]
             $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
-                Ok(()) => $f::<$crate::model::Gpu>(&Default::default(), $($arg),*),
+                Ok(()) => {
+                    let r = $f::<$crate::model::Gpu>(&Default::default(), $($arg),*);
+                    $crate::model::backend::release_gpu_memory();
+                    r
+                }
                 Err(e) => Err(e),
             },
             #[cfg(feature = "ndarray")]
@@ -46,7 +50,11 @@ macro_rules! on_backend {
         match $device {
             #[cfg(feature = "cuda")]
             $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
-                Ok(()) => $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*),
+                Ok(()) => {
+                    let r = $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*);
+                    $crate::model::backend::release_gpu_memory();
+                    r
+                }
                 Err(e) => Err(e),
             },
             #[cfg(feature = "ndarray")]
@@ -107,6 +115,15 @@ pub fn cuda_ready() -> Result<(), Error> {
                  or NVRTC found?): {cause}"
             ))
         })
+}
+
+/// Hand the GPU's unused memory pages back once a model call is over (its tensors are
+/// dropped by then): cubecl's pools keep every page they allocated, sized for the shapes they
+/// served, so without this each stage would start with the last one's peak reserved.
+#[cfg(feature = "cuda")]
+pub fn release_gpu_memory() {
+    use burn::tensor::backend::Backend;
+    Gpu::memory_cleanup(&Default::default());
 }
 
 /// Where compiled GPU kernels are kept between runs: `RLA_PIPE_KERNEL_CACHE` (a directory, or

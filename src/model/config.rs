@@ -473,7 +473,8 @@ pub struct UpdateConfig {
     /// Micro-batches differentiated at once, one per thread (each on its own copy of the
     /// parameters' autodiff leaves; gradients summed in micro-batch order, so the update is the
     /// same to the last bit for any value). More keeps more cores busy through the backward
-    /// pass's single-threaded work and holds that many autodiff graphs in memory.
+    /// pass's single-threaded work and holds that many autodiff graphs in memory. On `cuda`
+    /// the micro-batches run one after another whatever this says (one device queue).
     pub threads: usize,
     /// How a fully fine-tuned pretrained model's checkpoints are stored: `f32` (exact) or
     /// `bf16` (half the bytes; the next iteration and a replay start from the rounded weights,

@@ -272,6 +272,12 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
             });
         }
         model = optim.step(s.lr, model, summed);
+        // A GPU backend's memory pools keep every page they once allocated, and the
+        // micro-batches' shapes all differ: hand back the pages no tensor uses any more (a
+        // no-op on the CPU).
+        if let Some(d) = model.devices().first() {
+            B::memory_cleanup(d);
+        }
         metrics.push(StepMetrics {
             loss: loss_v,
             kl: kl_v,

@@ -89,7 +89,13 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         minibatch: cfg.update.minibatch as usize,
         schedule: cfg.update.schedule,
         micro_tokens: cfg.update.micro_batch_tokens,
-        threads: cfg.update.threads,
+        // Threads keep CPU cores busy; on a GPU the micro-batches queue on one device anyway,
+        // and each thread's copy of the parameters and autodiff graph would only take its
+        // memory (the same bits for any value).
+        threads: match cfg.run.device {
+            crate::model::Device::Cuda => 1,
+            _ => cfg.update.threads,
+        },
     }
 }
 
