@@ -4,6 +4,9 @@
 #
 #   benches/gpu.sh [MODEL_DIR]        # default models/smollm2-135m (README: how to convert it)
 #
+# (benches/gpu_profile.py profiles the same iteration — per stage, per kernel, peak device memory,
+# against PyTorch, transformers and the CPU — in one call, with a binary built elsewhere.)
+#
 # 1. builds `--features cuda` (release), unless RLA_PIPE_BIN names a cuda binary built already
 #    (and RLA_PIPE_IT the matching `it` test binary: a GPU machine without a Rust toolchain);
 # 2. the ignored GPU test: a cuda iteration commits, and the CUDA log-probabilities of the same
