@@ -318,6 +318,7 @@ fn hostile_run(f: &Fixture, run: &str, problems: &[serde_json::Value], programs:
         "policy.action_mode=score",
         "reward_model.enabled=false",
         "reward_model.init=",
+        "reward_model.max_tokens=8",
         "eval.tasks=1",
         "eval.rollouts=1",
     ];

@@ -44,9 +44,12 @@ def _rla_pipe_run(program, test, kind, arg):
             verdict = b" True" if str_(value) == "True" else b" False"
     except BaseException:
         try:
-            import traceback
+            try:
+                stdout.flush()
+            finally:
+                import traceback
 
-            traceback.print_exc()
+                traceback.print_exc()
         finally:
             exit_(1)
     try:
