@@ -6,7 +6,9 @@
 //!   (`test_quality`: `syn_ut_acc`, `perfect_ut_rate`; `coding_test_quality.sql`);
 //! - [`CodingAdvantage`] (`advantage`): the policy's pass-fraction reward standardized per task
 //!   (`coding_policy_advantages.sql`) and CURE's discrimination reward of each written test
-//!   (`coding_rm_advantages.sql`).
+//!   (`coding_rm_advantages.sql`), for tasks whose pass-all share is in
+//!   [`reward.rm_acc_min`, `rm_acc_max`] (the reference's band, [0.2, 0.8]: its band check skips
+//!   the whole task).
 
 use async_trait::async_trait;
 
@@ -108,6 +110,8 @@ impl Stage for CodingAdvantage {
                 ("generated", GENERATED_SQL.to_string()),
                 ("trained", TRAINED_SQL.to_string()),
                 ("min_std", min_std),
+                ("acc_min", f64_lit(r.rm_acc_min)),
+                ("acc_max", f64_lit(r.rm_acc_max)),
             ],
         )?;
         Ok(vec![
@@ -144,10 +148,15 @@ mod tests {
     /// - B: 1 test, both programs pass it (N empty): k0 all pass → +1, k1 q1 fails → −1.
     /// - C: its one program fails its test (no G): nothing trains.
     fn inputs(lambda: f64) -> StageContext {
+        inputs_with(lambda, |_| {})
+    }
+
+    fn inputs_with(lambda: f64, set: impl FnOnce(&mut Config)) -> StageContext {
         let mut cfg = Config::from_toml("[run]\nname='t'\n[env]\nname='gridnav'\n", "t").unwrap();
         cfg.reward.lambda = lambda;
         cfg.reward.policy_acc_min = 0.2;
         cfg.reward.policy_acc_max = 0.8;
+        set(&mut cfg);
         let c = ctx(cfg);
         register(
             &c,
@@ -284,15 +293,57 @@ mod tests {
             assert_eq!(score.value(i), *sc);
             assert!(inc.value(i));
         }
-        // B (N empty): +1, −1 → advantages +1, −1.
+        // B (N empty): +1, −1 → advantages +1, −1; its accuracy 1 is outside the band.
         close(raw.value(4), 1.0);
         close(raw.value(5), -1.0);
         close(adv.value(4), 1.0);
         close(adv.value(5), -1.0);
-        assert!(inc.value(4) && inc.value(5));
+        assert!(!inc.value(4) && !inc.value(5));
         // C: no G, so nothing of it trains the reward model.
         assert!(!inc.value(6));
         assert_eq!(col::<UInt32Array>(&rm, "group_size").value(0), 4);
+    }
+
+    /// Issue 47, case 7: the reference's band check skips the whole task, so the reward model
+    /// trains only on tests of tasks whose pass-all share is in [0.2, 0.8] (`reward.rm_acc_*`,
+    /// defaults the reference's); widened to [0, 1], every task with a passing program trains it.
+    #[tokio::test]
+    async fn the_rm_trains_only_on_tasks_inside_the_band() {
+        let included = |b: &arrow::array::RecordBatch| -> Vec<(String, bool)> {
+            let (t, inc) = (
+                col::<StringArray>(b, "task_id"),
+                col::<BooleanArray>(b, "included"),
+            );
+            (0..b.num_rows())
+                .map(|i| (t.value(i).to_string(), inc.value(i)))
+                .collect()
+        };
+        let by_task = |rows: Vec<(String, bool)>| -> Vec<(String, usize)> {
+            let mut out: Vec<(String, usize)> = Vec::new();
+            for (t, inc) in rows {
+                match out.last_mut() {
+                    Some((last, n)) if *last == t => *n += usize::from(inc),
+                    _ => out.push((t, usize::from(inc))),
+                }
+            }
+            out
+        };
+        let c = inputs(0.0);
+        let rm = output(&CodingAdvantage, &c, "rm_advantages").await;
+        // A (0.5) trains; B (1.0, its two tests discriminate) is outside the band; C has no G.
+        assert_eq!(
+            by_task(included(&rm)),
+            [("A".into(), 4), ("B".into(), 0), ("C".into(), 0)]
+        );
+        let c = inputs_with(0.0, |cfg| {
+            cfg.reward.rm_acc_min = 0.0;
+            cfg.reward.rm_acc_max = 1.0;
+        });
+        let rm = output(&CodingAdvantage, &c, "rm_advantages").await;
+        assert_eq!(
+            by_task(included(&rm)),
+            [("A".into(), 4), ("B".into(), 2), ("C".into(), 0)]
+        );
     }
 
     #[tokio::test]

@@ -290,3 +290,125 @@ fn coding_problems_are_rewritten_by_an_environment_model_and_judged() {
     );
     assert_eq!(candidate, pending);
 }
+
+/// A store of `problems` (JSON records) whose uniform policy submits one of `programs`, one
+/// iteration, the reward model off: the settings for [`Fixture::run_pipeline`].
+fn hostile_run(f: &Fixture, run: &str, problems: &[serde_json::Value], programs: &[&str], n: u32) {
+    let dir = f.dir.path();
+    let (p, c) = (
+        dir.join(format!("{run}.jsonl")),
+        dir.join(format!("{run}.json")),
+    );
+    let lines: Vec<String> = problems.iter().map(|v| v.to_string()).collect();
+    std::fs::write(&p, lines.join("\n") + "\n").unwrap();
+    std::fs::write(&c, serde_json::to_string(programs).unwrap()).unwrap();
+    let (problems, candidates, tasks, rollouts) = (
+        format!("env.coding.problems={}", p.display()),
+        format!("env.coding.candidates={}", c.display()),
+        format!("env.initial_tasks={}", problems.len()),
+        format!("rollout.n={n}"),
+    );
+    let sets = [
+        problems.as_str(),
+        &candidates,
+        &tasks,
+        &rollouts,
+        "policy.kind=uniform",
+        "policy.init=",
+        "policy.action_mode=score",
+        "reward_model.enabled=false",
+        "reward_model.init=",
+        "reward_model.max_tokens=8",
+        "eval.tasks=1",
+        "eval.rollouts=1",
+    ];
+    let r = f.run_pipeline(CODING, run, 1, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+}
+
+/// Issue 47, case 3: HumanEval programs that leave before `check()` has run to its end
+/// (`sys.exit(0)`, `raise SystemExit`, `os._exit(0)` after a wrong function, or inside it) or
+/// patch the builtins the test relies on are recorded as failing, through the real binary; the
+/// right function passes. Every program is drawn at least once (checked), and the iteration
+/// replays (the runs' tokens stay out of the digests).
+#[test]
+fn coding_fake_passes_fail() {
+    let f = Fixture::new();
+    let he = serde_json::json!({
+        "task_id": "HumanEval/x",
+        "prompt": "def inc(x):\n    \"\"\"x + 1\"\"\"\n",
+        "entry_point": "inc",
+        "canonical_solution": "    return x + 1\n",
+        "test": "def check(candidate):\n    assert abs(candidate(1) - 2) < 1e-9\n    assert candidate(41) == 42\n",
+    });
+    let right = "def inc(x):\n    return x + 1\n";
+    let programs = [
+        right,
+        "def inc(x):\n    return x\nimport sys\nsys.exit(0)\n",
+        "def inc(x):\n    return x\nraise SystemExit(0)\n",
+        "def inc(x):\n    return x\nimport os\nos._exit(0)\n",
+        "def inc(x):\n    import os\n    os._exit(0)\n",
+        "def inc(x):\n    return x\nimport builtins\nbuiltins.abs = lambda x: 0\n",
+    ];
+    hostile_run(&f, "fake", &[he], &programs, 24);
+    let drawn = rows(
+        &f,
+        "SELECT count(DISTINCT action) FROM steps WHERE run_id = 'fake'",
+    );
+    assert_eq!(drawn, [["6"]], "every program was submitted");
+    // A run passes exactly when its program is the right one.
+    let wrong = rows(
+        &f,
+        "SELECT count(*) FROM executions e \
+         JOIN steps s ON s.traj_id = e.traj_id AND s.iter = e.iter \
+         WHERE e.passed <> (strpos(s.action, 'return x + 1') > 0)",
+    );
+    assert_eq!(wrong, [["0"]]);
+    let passed = rows(
+        &f,
+        "SELECT count(*) FROM executions WHERE passed AND test_kind = 'truth'",
+    );
+    assert!(passed[0][0] != "0", "the right function passes");
+    let statuses = rows(
+        &f,
+        "SELECT DISTINCT e.status FROM executions e \
+         JOIN steps s ON s.traj_id = e.traj_id AND s.iter = e.iter \
+         WHERE strpos(s.action, 'return x + 1') = 0",
+    );
+    assert_eq!(statuses, [["crash"]]);
+    replay(&f, "fake", 0);
+}
+
+/// Issue 47, case 5 (golden): an a+b task and an a×b task share the stdin `2 3`; both
+/// programs are submitted to both tasks, and each run is judged against its own task's test
+/// (before, a run shared by the two tasks was judged by whichever test added it first).
+#[test]
+fn coding_tasks_sharing_a_stdin_are_judged_by_their_own_tests() {
+    let f = Fixture::new();
+    let add = serde_json::json!({"question": "Read a and b, print a + b.", "test_input": ["2 3\n"], "test_output": ["5"]});
+    let mul = serde_json::json!({"question": "Read a and b, print a * b.", "test_input": ["2 3\n"], "test_output": ["6"]});
+    let programs = [
+        "a, b = map(int, input().split())\nprint(a + b)\n",
+        "a, b = map(int, input().split())\nprint(a * b)\n",
+    ];
+    hostile_run(&f, "share", &[add, mul], &programs, 8);
+    let pairs = rows(
+        &f,
+        "SELECT count(DISTINCT s.task_id || s.action) FROM steps s WHERE s.run_id = 'share'",
+    );
+    assert_eq!(pairs, [["4"]], "both programs were submitted to both tasks");
+    let judged = rows(
+        &f,
+        "SELECT count(*), sum(CASE WHEN e.passed THEN 1 ELSE 0 END), \
+                sum(CASE WHEN e.passed <> ((strpos(t.spec, 'a + b') > 0) = (strpos(s.action, 'a + b') > 0)) THEN 1 ELSE 0 END) \
+         FROM executions e \
+         JOIN steps s ON s.traj_id = e.traj_id AND s.iter = e.iter \
+         JOIN tasks t ON t.task_id = e.task_id AND t.iter = e.iter",
+    );
+    assert_eq!(judged[0][0], "16");
+    assert_eq!(
+        judged[0][2], "0",
+        "every run judged by its own task's test: {judged:?}"
+    );
+    assert!(judged[0][1] != "0" && judged[0][1] != "16");
+}

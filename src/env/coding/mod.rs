@@ -11,8 +11,10 @@
 //!   `test` (a `check(candidate)` function), plus `task_id` and `canonical_solution`, which are
 //!   kept out of the task.
 //!
-//! [`format`] holds the prompts and reply parsers; execution (each program against each test
-//! in [`crate::sandbox`]) is a stage of its own.
+//! [`format`] holds the prompts and reply parsers; `harness.py` the harness a function-call
+//! test runs in (its per-run token proves that the test ran to its end:
+//! [`TestCase::verdict`]); execution (each program against each test in [`crate::sandbox`])
+//! is a stage of its own.
 
 pub mod curate;
 pub mod format;
@@ -284,30 +286,97 @@ impl TestCase {
         }
     }
 
-    /// The source to run and its stdin, for `program`.
+    /// The source to run and its stdin, for `program`. A function-call test runs in rla-pipe's
+    /// harness (`harness.py`): the program, then the test, in a namespace of their own; the
+    /// harness writes the run's token (given on stdin at run time: [`Self::takes_token`]) only
+    /// once the test has run to its end.
     pub fn harness(&self, program: &str) -> (String, String) {
         match self {
             TestCase::Stdio { input, .. } => (program.to_string(), input.clone()),
             TestCase::Check { test, entry_point } => (
-                format!("{program}\n\n{test}\n\ncheck({entry_point})\n"),
+                harness_source(program, "check", test, entry_point),
                 String::new(),
             ),
             TestCase::Call { call, expected } => (
-                format!("{program}\n\nprint(({call}) == ({expected}))\n"),
+                harness_source(program, "call", call, expected),
                 String::new(),
             ),
         }
     }
 
-    /// Whether a run that exited with status 0 and printed `stdout` passed.
-    pub fn passed_by(&self, stdout: &str) -> bool {
+    /// Whether a run of this test reads a fresh token on stdin (and proves with it that the
+    /// test ran to its end): the function-call tests.
+    pub fn takes_token(&self) -> bool {
+        !matches!(self, TestCase::Stdio { .. })
+    }
+
+    /// The verdict on a run that exited with status 0 and printed `stdout`, given the token
+    /// it was handed (`""` for a stdin/stdout test). A function-call test passes only when
+    /// the harness's token line is there: a program that exits before the test has run to its
+    /// end (or prints a pass itself) has not passed it.
+    pub fn verdict(&self, stdout: &str, token: &str) -> Verdict {
         match self {
-            TestCase::Stdio { output, .. } => format::outputs_match(stdout, output),
-            TestCase::Check { .. } => true,
-            // The last line: what the comparison printed (the program may print before it).
-            TestCase::Call { .. } => stdout.trim_end().lines().last() == Some("True"),
+            TestCase::Stdio { output, .. } => {
+                if format::outputs_match(stdout, output) {
+                    Verdict::Passed
+                } else {
+                    Verdict::Failed
+                }
+            }
+            TestCase::Check { .. } => {
+                if !token.is_empty() && stdout.lines().any(|l| l == token) {
+                    Verdict::Passed
+                } else {
+                    Verdict::Unfinished
+                }
+            }
+            TestCase::Call { .. } => {
+                let line = |v: &str| format!("{token} {v}");
+                let (yes, no) = (line("True"), line("False"));
+                if token.is_empty() {
+                    Verdict::Unfinished
+                } else if stdout.lines().any(|l| l == yes) {
+                    Verdict::Passed
+                } else if stdout.lines().any(|l| l == no) {
+                    Verdict::Failed
+                } else {
+                    Verdict::Unfinished
+                }
+            }
         }
     }
+}
+
+/// How a run that exited with status 0 did against its test.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Its output is the expected one (a function-call test: ran to its end and held).
+    Passed,
+    /// It ran to its end with another output.
+    Failed,
+    /// A function-call test did not run to its end (the harness's token is missing: the
+    /// program exited early).
+    Unfinished,
+}
+
+/// rla-pipe's harness for function-call tests.
+const HARNESS: &str = include_str!("harness.py");
+
+/// The harness running `program`, then `test` (`kind` "check": the test's source, `arg` the
+/// function it checks; "call": a call, `arg` the value it must equal). The strings are Python
+/// string literals as JSON writes them (a JSON string is a valid Python one).
+fn harness_source(program: &str, kind: &str, test: &str, arg: &str) -> String {
+    let lit = |s: &str| serde_json::to_string(s).expect("a string serializes");
+    format!(
+        "{HARNESS}
+
+_rla_pipe_run({}, {}, {}, {})
+",
+        lit(program),
+        lit(test),
+        lit(kind),
+        lit(arg)
+    )
 }
 
 fn time_limit(
@@ -487,7 +556,10 @@ mod tests {
             "the answer stays out"
         );
         let (src, stdin) = ps[1].ground_truth()[0].harness("def add(a, b):\n    return a + b");
-        assert!(src.ends_with("check(add)\n") && stdin.is_empty());
+        assert!(
+            src.ends_with("\"check\", \"add\")\n") && stdin.is_empty(),
+            "{src}"
+        );
         // Round trip through the spec.
         assert_eq!(Problem::parse(&ps[0].spec()).unwrap(), ps[0]);
         assert_eq!(Problem::parse(&ps[1].spec()).unwrap(), ps[1]);
