@@ -17,7 +17,7 @@ pub(crate) const UPDATE: &str = "RLA_PIPE_BENCH_UPDATE";
 /// its prompts, results and seconds.
 pub(crate) const GENERATE: &str = "RLA_PIPE_BENCH_GENERATE";
 
-/// `update` on synthetic advantages (`benches/gpu.sh` with random weights, whose samples carry
+/// `update` on synthetic advantages (`benches/gpu_profile.py`: random weights, whose samples carry
 /// no advantage): every step and RM sample of the iteration is trained, not only the included
 /// ones, each with an advantage drawn from the seed this names (uniform in ±[0.5, 1.5]), so
 /// that the update trains on the same shapes a learning run's would. Benchmarks only: the
