@@ -138,8 +138,8 @@ def main():
             hf_ids, dt = hf_generate(model, prompt_ids, eos, a.max_tokens)
             tokens = sum(len(x) for x in hf_ids)
             if DEVICE != "cpu":  # the same difference, for like with like
-                _, dt2 = hf_generate(model, prompt_ids, eos, 2)
-                tokens -= sum(len(x) for x in hf_generate(model, prompt_ids, eos, 2)[0])
+                short_ids, dt2 = hf_generate(model, prompt_ids, eos, 2)
+                tokens -= sum(len(x) for x in short_ids)
                 dt -= dt2
             rows.append((b, f"transformers {transformers.__version__}", str(threads), dt, tokens / dt, burn_seconds / dt))
         same = sum(x == y for x, y in zip(burn_ids, hf_ids))

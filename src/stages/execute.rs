@@ -515,25 +515,7 @@ mod tests {
         assert_eq!(col::<StringArray>(&tests, "input").value(0), "10 20");
 
         let runs = output(&Execute, &c, "executions").await;
-        let (traj, kind, idx, status, passed) = (
-            col::<StringArray>(&runs, "traj_id"),
-            col::<StringArray>(&runs, "test_kind"),
-            col::<UInt32Array>(&runs, "test_idx"),
-            col::<StringArray>(&runs, "status"),
-            col::<BooleanArray>(&runs, "passed"),
-        );
-        let got: Vec<String> = (0..runs.num_rows())
-            .map(|i| {
-                format!(
-                    "{} {} {} {} {}",
-                    traj.value(i),
-                    kind.value(i),
-                    idx.value(i),
-                    status.value(i),
-                    passed.value(i)
-                )
-            })
-            .collect();
+        let got = verdict_lines(&runs);
         let want = [
             "a0 generated 0 ok true",
             "a0 generated 1 invalid_test false",
@@ -640,13 +622,17 @@ mod tests {
 
     /// `executions` as "traj kind idx status passed" lines, in key order.
     async fn verdicts(c: &StageContext) -> Vec<String> {
-        let runs = output(&Execute, c, "executions").await;
+        verdict_lines(&output(&Execute, c, "executions").await)
+    }
+
+    /// The rows of an `executions` batch as "traj kind idx status passed" lines.
+    fn verdict_lines(runs: &arrow::array::RecordBatch) -> Vec<String> {
         let (traj, kind, idx, status, passed) = (
-            col::<StringArray>(&runs, "traj_id"),
-            col::<StringArray>(&runs, "test_kind"),
-            col::<UInt32Array>(&runs, "test_idx"),
-            col::<StringArray>(&runs, "status"),
-            col::<BooleanArray>(&runs, "passed"),
+            col::<StringArray>(runs, "traj_id"),
+            col::<StringArray>(runs, "test_kind"),
+            col::<UInt32Array>(runs, "test_idx"),
+            col::<StringArray>(runs, "status"),
+            col::<BooleanArray>(runs, "passed"),
         );
         (0..runs.num_rows())
             .map(|i| {

@@ -25,7 +25,7 @@ use crate::model::reward::{packed_response_log_probs, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
 use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::stage::sql::{collect, query};
 use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
@@ -462,12 +462,10 @@ impl Stage for Update {
             let plain = if self.coding {
                 Vec::new()
             } else {
-                query(
+                collect(
                     &ctx.session,
                     &super::bench::samples_sql(POLICY_SAMPLES_SQL, synthetic.is_some()),
                 )
-                .await?
-                .collect()
                 .await?
             };
             for b in plain {
@@ -559,12 +557,10 @@ impl Stage for Update {
             let plain = if self.coding {
                 Vec::new()
             } else {
-                query(
+                collect(
                     &ctx.session,
                     &super::bench::samples_sql(RM_SAMPLES_SQL, synthetic.is_some()),
                 )
-                .await?
-                .collect()
                 .await?
             };
             for b in plain {
