@@ -17,6 +17,7 @@ mod replay;
 mod report;
 mod run;
 mod runs;
+mod sandbox;
 mod schema;
 mod show;
 mod sql;
@@ -280,6 +281,39 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
     /// generate text with it.
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Run a Python program in the coding setting's sandbox exactly as `execute` runs the
+    /// policy's programs, and print its output and how it ended (ok, crash, timeout, memory,
+    /// output_limit); without a program, probe and describe the isolation in force.
+    #[command(after_help = "Examples:\n  rla-pipe sandbox\n  \
+rla-pipe sandbox solution.py --stdin input.txt --timeout 2\n  \
+rla-pipe sandbox solution.py --pipeline pipelines/coding.toml --set env.coding.sandbox.memory_mib=256 --format json\n  \
+rla-pipe sandbox empty.py --repeat 50   (the sandbox's own cost per run)\n\
+The exit status is 0 whenever the program ran, whatever it did; 1 when the sandbox could not run it.")]
+    Sandbox {
+        /// The program (a Python source file; - reads it from standard input).
+        program: Option<PathBuf>,
+        /// The program's standard input, from this file (default: empty).
+        #[arg(long, value_name = "FILE")]
+        stdin: Option<PathBuf>,
+        /// Wall-clock limit of the run, seconds.
+        #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+        timeout: f64,
+        /// Take the sandbox's settings ([env.coding.sandbox]) from this pipeline (default: the
+        /// defaults).
+        #[arg(long, value_name = "PIPELINE.toml")]
+        pipeline: Option<PathBuf>,
+        /// Override a config key (repeatable): --set env.coding.sandbox.isolation=none.
+        #[arg(long = "set", value_name = "KEY=VALUE")]
+        sets: Vec<String>,
+        /// Run the program this many times (the last run is printed, with the median time).
+        #[arg(long, value_name = "N", default_value_t = 1)]
+        repeat: u32,
+        /// The worker slot to run as (as root, each slot has a uid of its own: 61000 + SLOT).
+        #[arg(long, value_name = "SLOT", default_value_t = 0)]
+        slot: usize,
+        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+        format: TextOrJson,
+    },
     /// Write a commented iteration.toml with every key at its default.
     Init {
         /// Directory to write iteration.toml into.
@@ -452,6 +486,25 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             out,
             merge,
         } => export::export(&store, &run, iter, model, &out, merge).await?,
+        Command::Sandbox {
+            program,
+            stdin,
+            timeout,
+            pipeline,
+            sets,
+            repeat,
+            slot,
+            format,
+        } => sandbox::sandbox(sandbox::SandboxRun {
+            program,
+            stdin,
+            timeout,
+            pipeline,
+            sets,
+            repeat,
+            slot,
+            format,
+        })?,
         Command::Init { dir } => init::init(&dir)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -2,20 +2,27 @@
 //! its own process tree, never in rla-pipe's process, with no network.
 //!
 //! Isolation `namespaces` (the default): `unshare` gives every run fresh network, PID, mount, IPC
-//! and UTS namespaces (a user namespace too where rla-pipe is not root); inside, `jail.sh` builds
-//! a root of its own on a size-limited tmpfs (the system's `/usr`, `/lib*`, `/bin`, `/sbin`
-//! read-only, `/etc/ld.so.cache`, `/dev/{null,zero,urandom,random}`, an empty `/tmp` holding the
-//! program), chroots into it, drops to an unprivileged uid of its own per worker slot (as root),
-//! and runs the program under limits: address space (`memory_mib`), processes (`max_processes`),
-//! file size, CPU seconds, open files, no core dumps, an empty environment. The run's wall clock
-//! is limited from outside and its whole process group killed at the limit; when the program
-//! (the namespace's init) exits, the kernel kills whatever it left behind. Stdout is read up to
-//! `max_output_bytes`, past which the run is killed.
+//! and UTS namespaces (a user namespace too where rla-pipe is not root), whose first process
+//! (init) is the supervisor `jail.py`, run by the system's Python. It builds a root of its own on
+//! a size-limited tmpfs (the system's `/usr`, `/lib*`, `/bin`, `/sbin` read-only,
+//! `/etc/ld.so.cache`, `/dev/{null,zero,urandom,random}`, an empty `/tmp` holding the program),
+//! `pivot_root`s into it and unmounts the old root, then forks the program into a session of its
+//! own with resource limits (address space `memory_mib`, processes `max_processes`, file size,
+//! CPU seconds, open files, no core dumps), an empty environment, no capability left (bounding
+//! set emptied, securebits locked, `no_new_privs`), an unprivileged uid of its own per worker
+//! slot (as root), and a seccomp filter refusing the calls a jailbreak needs (chroot, mount,
+//! unshare, setns, ptrace, keyctl, bpf, perf_event_open, io_uring, clone into new namespaces, …).
+//! The supervisor keeps the wall-clock limit: when the program's first process ends or its time
+//! is up, it kills every process of the namespace and exits, and the kernel kills whatever is
+//! left with it. As init it cannot be killed from inside. It reports how the program ended in the
+//! run's status file, out of the program's reach. Stdout is read up to `max_output_bytes`; past
+//! it the pipe is closed (the program dies of SIGPIPE, or at its limit). The threat model, and
+//! what this does not promise, is in the book's coding chapter.
 //!
 //! Isolation `none` runs programs as plain child processes with the same limits where they apply
 //! (no network or filesystem isolation): only for trusted programs, and only when the config
 //! says so. A sandbox checks at start that the isolation it promises is in force (no network, no
-//! view of the machine's files) and refuses to run otherwise.
+//! view of the machine's files, no chroot) and refuses to run otherwise.
 
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
@@ -26,7 +33,9 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Checks, Error, Result};
 
 /// The jail (run by `sh` inside the namespaces).
-const JAIL: &str = include_str!("jail.sh");
+const JAIL: &str = include_str!("jail.py");
+/// How long past twice its limit a jailed run may go before rla-pipe kills its supervisor.
+const BACKSTOP: Duration = Duration::from_secs(20);
 /// The first uid of the unprivileged users runs get (one per worker slot), as root.
 const FIRST_UID: u32 = 61000;
 /// Bytes of a run's stderr kept (its end).
@@ -42,7 +51,7 @@ pub enum Isolation {
     None,
 }
 
-/// The sandbox's settings (`[execute.sandbox]`).
+/// The sandbox's settings (`[env.coding.sandbox]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SandboxConfig {
@@ -140,7 +149,8 @@ pub struct Outcome {
     pub stdout: String,
     /// The end of stderr.
     pub stderr: String,
-    /// Wall-clock seconds.
+    /// Wall-clock seconds of the program (isolation `namespaces`: from its supervisor's fork to
+    /// its end, the jail's own setup excluded).
     pub seconds: f64,
 }
 
@@ -170,12 +180,13 @@ impl Sandbox {
         match self.cfg.isolation {
             Isolation::None => "none (plain child processes, resource limits only)".into(),
             Isolation::Namespaces => format!(
-                "namespaces (network, pid, mount, ipc, uts{}; private root on tmpfs; {})",
+                "namespaces (network, pid, mount, ipc, uts{}; pivot_root into a private root on \
+                 tmpfs; no capabilities, no_new_privs, seccomp; {})",
                 if self.root { "" } else { ", user" },
                 if self.root {
-                    "unprivileged uid per slot"
+                    "an unprivileged uid per slot"
                 } else {
-                    "the invoking user"
+                    "uid 0 of the user namespace"
                 }
             ),
         }
@@ -190,11 +201,13 @@ impl Sandbox {
             "import os, socket\n\
              try:\n    socket.create_connection(('127.0.0.1', 9), timeout=1)\n    net = 'reachable'\n\
              except OSError as e:\n    net = 'unreachable' if e.errno == 101 else 'error %s' % e.errno\n\
-             print(net, os.path.exists({:?}))\n",
+             try:\n    os.chroot('/tmp')\n    root = 'chroot'\n\
+             except OSError:\n    root = 'jailed'\n\
+             print(net, os.path.exists({:?}), root)\n",
             marker.path().display().to_string()
         );
         let out = self.run(0, &program, "", Duration::from_secs(20))?;
-        let fix = "set execute.sandbox.isolation = \"none\" only for trusted programs";
+        let fix = "set env.coding.sandbox.isolation = \"none\" only for trusted programs";
         if out.status != Status::Ok {
             return Err(Error::Environment(format!(
                 "sandbox: isolation `namespaces` is not available on this machine (the probe program ended {}: {}); {fix}",
@@ -202,9 +215,9 @@ impl Sandbox {
                 out.stderr.trim()
             )));
         }
-        if out.stdout.trim() != "unreachable False" {
+        if out.stdout.trim() != "unreachable False jailed" {
             return Err(Error::Environment(format!(
-                "sandbox: the isolation is not in force (a probe program reported network/file {:?}); {fix}",
+                "sandbox: the isolation is not in force (a probe program reported network/file/chroot {:?}); {fix}",
                 out.stdout.trim()
             )));
         }
@@ -245,7 +258,8 @@ impl Sandbox {
                 } else {
                     String::new()
                 };
-                c.args(["/bin/sh", "-c", JAIL, "jail"])
+                c.arg(&self.cfg.python)
+                    .args(["-I", "-S", "-c", JAIL])
                     .arg(work.path())
                     .arg(uid)
                     .arg((self.cfg.memory_mib << 20).to_string())
@@ -253,7 +267,8 @@ impl Sandbox {
                     .arg((self.cfg.max_file_mib << 20).to_string())
                     .arg(cpu.to_string())
                     .arg(self.cfg.tmpfs_mib.to_string())
-                    .arg(&self.cfg.python);
+                    .arg(&self.cfg.python)
+                    .arg(format!("{:.3}", limit.as_secs_f64()));
                 c
             }
             Isolation::None => {
@@ -333,49 +348,80 @@ impl Sandbox {
             }
             tail
         });
-        let mut timed_out = false;
-        let status = loop {
+        let jailed = self.cfg.isolation == Isolation::Namespaces;
+        // The supervisor keeps the program's limit; this one only catches a supervisor that
+        // never reports (isolation `none` has no supervisor: its limit is this one).
+        let backstop = if jailed { limit * 2 + BACKSTOP } else { limit };
+        let mut killed = false;
+        let exit = loop {
             if let Some(s) = child
                 .try_wait()
                 .map_err(|e| Error::Environment(format!("sandbox: waiting for a run: {e}")))?
             {
                 break s;
             }
-            if over_rx.try_recv().is_ok() {
+            // Past the output limit the reader has closed the pipe: a jailed program dies of
+            // SIGPIPE at its next write (or, ignoring it, at its limit) and its supervisor
+            // reports as ever; killing the supervisor instead would leave it a zombie for the
+            // machine's init to reap. Without a supervisor, the group is killed.
+            if over_rx.try_recv().is_ok() && !jailed {
                 kill();
-            } else if started.elapsed() >= limit {
-                timed_out = true;
+            } else if started.elapsed() >= backstop {
+                killed = true;
                 kill();
             }
             std::thread::sleep(Duration::from_millis(2));
         };
-        let seconds = started.elapsed().as_secs_f64();
-        // Whatever is left of the group (the namespace's init is gone, so the kernel has killed
-        // the rest; with isolation `none` this ends them).
-        kill();
+        let mut seconds = started.elapsed().as_secs_f64();
+        // Whatever is left of the group (with isolation `none`; a jailed run's processes died
+        // with the namespace's init, and its group's id may already be another's).
+        if !jailed {
+            kill();
+        }
         let _ = feeder.join();
         let (stdout, over) = reader.join().expect("stdout reader");
         let tail = err_reader.join().expect("stderr reader");
         let start = tail.len().saturating_sub(STDERR_TAIL);
         let stderr = String::from_utf8_lossy(&tail[start..]).to_string();
-        if status.code() == Some(125) && stderr.contains("rla-pipe sandbox:") {
-            return Err(Error::Environment(format!(
-                "sandbox: setting up a run failed: {}",
-                stderr.trim()
-            )));
-        }
         use std::os::unix::process::ExitStatusExt;
+        let end = if jailed {
+            let report = std::fs::read_to_string(work.path().join("status")).unwrap_or_default();
+            match parse_report(&report) {
+                Some(Report::Setup(why)) => {
+                    return Err(Error::Environment(format!(
+                        "sandbox: setting up a run failed: {why}"
+                    )));
+                }
+                Some(Report::End(end, program_seconds)) => {
+                    seconds = program_seconds;
+                    end
+                }
+                None if killed => End::Timeout,
+                None if over => End::Signal(libc::SIGKILL),
+                None => {
+                    return Err(Error::Environment(format!(
+                        "sandbox: the supervisor ended ({exit}) without a report: {}",
+                        stderr.trim()
+                    )));
+                }
+            }
+        } else if killed {
+            End::Timeout
+        } else if let Some(signal) = exit.signal() {
+            End::Signal(signal)
+        } else {
+            End::Exit(exit.code().unwrap_or(-1))
+        };
         let status = if over {
             Status::OutputLimit
-        } else if timed_out || status.signal() == Some(libc::SIGXCPU) {
-            Status::Timeout
-        } else if status.success() {
-            Status::Ok
-        } else if stderr.contains("MemoryError") || status.signal() == Some(libc::SIGKILL) {
-            // SIGKILL not sent by us: the kernel's out-of-memory killer.
-            Status::Memory
         } else {
-            Status::Crash
+            match end {
+                End::Timeout | End::Signal(libc::SIGXCPU) => Status::Timeout,
+                End::Exit(0) => Status::Ok,
+                // A signal the program sent itself or its processes (SIGKILL too) is a crash.
+                _ if stderr.contains("MemoryError") => Status::Memory,
+                _ => Status::Crash,
+            }
         };
         Ok(Outcome {
             status,
@@ -383,6 +429,37 @@ impl Sandbox {
             stderr,
             seconds,
         })
+    }
+}
+
+/// How a run's program ended, as its supervisor saw it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum End {
+    Exit(i32),
+    Signal(i32),
+    Timeout,
+}
+
+/// The supervisor's report (`jail.py`): one line in the run's status file.
+#[derive(Debug, Clone, PartialEq)]
+enum Report {
+    End(End, f64),
+    Setup(String),
+}
+
+fn parse_report(text: &str) -> Option<Report> {
+    let line = text.lines().next()?;
+    if let Some(why) = line.strip_prefix("setup ") {
+        return Some(Report::Setup(why.to_string()));
+    }
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let number = |i: usize| words.get(i).and_then(|w| w.parse::<i32>().ok());
+    let seconds = |i: usize| words.get(i).and_then(|w| w.parse::<f64>().ok());
+    match words.first()? {
+        &"exit" => Some(Report::End(End::Exit(number(1)?), seconds(2)?)),
+        &"signal" => Some(Report::End(End::Signal(number(1)?), seconds(2)?)),
+        &"timeout" => Some(Report::End(End::Timeout, seconds(1)?)),
+        _ => None,
     }
 }
 

@@ -412,3 +412,54 @@ fn coding_tasks_sharing_a_stdin_are_judged_by_their_own_tests() {
     );
     assert!(judged[0][1] != "0" && judged[0][1] != "16");
 }
+
+/// Issue 47, cases 1, 2 and 4 through the normal path (the uniform policy's candidates, run by
+/// `execute` and `evaluate`): a program whose child leaves its process group, both waiting for a
+/// signal, is recorded `timeout` and the iteration goes on; one that kills its own process group is a
+/// `crash`; one that tries the chroot escape and then answers right passes, having written
+/// nothing outside its sandbox.
+#[test]
+fn coding_hostile_programs_are_recorded_as_what_they_are() {
+    let f = Fixture::new();
+    let marker = f.dir.path().join("escaped");
+    let add = serde_json::json!({"question": "Read a and b, print a + b.", "test_input": ["2 3\n"], "test_output": ["5"]});
+    let escape = format!(
+        "import os\n\
+         try:\n    os.makedirs('/tmp/j', exist_ok=True)\n    os.chroot('/tmp/j')\n    for _ in range(64):\n        os.chdir('..')\n    os.chroot('.')\n    open({marker:?}, 'w').write('x')\n\
+         except OSError:\n    pass\n\
+         a, b = map(int, input().split())\nprint(a + b)\n",
+        marker = marker.display().to_string()
+    );
+    let programs = [
+        "import os, signal\nif os.fork() == 0:\n    os.setsid()\nsignal.pause()\n",
+        "import os, signal\nos.kill(0, signal.SIGKILL)\n",
+        escape.as_str(),
+    ];
+    hostile_run(&f, "hostile", &[add], &programs, 12);
+    let drawn = rows(
+        &f,
+        "SELECT count(DISTINCT action) FROM steps WHERE run_id = 'hostile'",
+    );
+    assert_eq!(drawn, [["3"]], "every program was submitted");
+    let statuses = rows(
+        &f,
+        "SELECT DISTINCT CASE WHEN strpos(s.action, 'pause') > 0 THEN 'pause' \
+                              WHEN strpos(s.action, 'kill') > 0 THEN 'kill' ELSE 'escape' END, \
+                         e.status, e.passed \
+         FROM executions e JOIN steps s ON s.traj_id = e.traj_id AND s.iter = e.iter \
+         ORDER BY 1",
+    );
+    assert_eq!(
+        statuses,
+        [
+            ["escape", "ok", "true"],
+            ["kill", "crash", "false"],
+            ["pause", "timeout", "false"]
+        ]
+    );
+    assert!(
+        !marker.exists(),
+        "the chroot escape wrote {}",
+        marker.display()
+    );
+}

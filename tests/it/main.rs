@@ -21,6 +21,7 @@ mod prefix;
 mod readers;
 mod report;
 mod s3;
+mod sandbox;
 mod textworld;
 
 use std::path::{Path, PathBuf};
