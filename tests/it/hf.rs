@@ -670,7 +670,7 @@ fn byte_alphabet() -> Vec<char> {
 
 /// A byte-level BPE tokenizer without merges (every byte a token: any text encodes) with
 /// ChatML specials at 256, 257, and the ChatML template.
-fn write_byte_tokenizer(dir: &Path) {
+pub(crate) fn write_byte_tokenizer(dir: &Path) {
     let mut vocab = serde_json::Map::new();
     for (b, c) in byte_alphabet().into_iter().enumerate() {
         vocab.insert(c.to_string(), b.into());

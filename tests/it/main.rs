@@ -6,6 +6,7 @@ mod branch;
 mod cli;
 mod cluster;
 mod coding;
+mod coding_parity;
 mod commit;
 mod concurrency;
 mod docs;
