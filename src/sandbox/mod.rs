@@ -258,7 +258,7 @@ impl Sandbox {
                 } else {
                     String::new()
                 };
-                c.arg(&self.cfg.python)
+                c.arg(interpreter(&self.cfg.python))
                     .args(["-I", "-S", "-c", JAIL])
                     .arg(work.path())
                     .arg(uid)
@@ -430,6 +430,20 @@ impl Sandbox {
             seconds,
         })
     }
+}
+
+/// The interpreter's path as the jail finds it (`jail.py`'s `interpreter`): the supervisor runs
+/// the same Python as the program, not whatever `PATH` finds first (a version manager's shim
+/// costs a shell per run).
+fn interpreter(name: &str) -> std::path::PathBuf {
+    if name.contains('/') {
+        return name.into();
+    }
+    ["/usr/bin", "/bin", "/usr/local/bin"]
+        .iter()
+        .map(|d| std::path::Path::new(d).join(name))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| name.into())
 }
 
 /// How a run's program ended, as its supervisor saw it.
