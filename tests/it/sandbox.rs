@@ -10,7 +10,7 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Who starts rla-pipe.
 #[derive(Debug, Clone, Copy, PartialEq)]
