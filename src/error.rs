@@ -20,7 +20,7 @@ pub enum Error {
     #[error("store error: {0}")]
     Store(String),
     /// The object store failed on a path (the source is object_store's error).
-    #[error("store error: {context}: {source}")]
+    #[error("store error: {context}: {source}{}", credentials_hint(source))]
     ObjectStore {
         context: String,
         #[source]
@@ -36,7 +36,7 @@ pub enum Error {
     #[error("SQL error: {0}")]
     Sql(String),
     /// DataFusion failed.
-    #[error("SQL error: {0}")]
+    #[error("SQL error: {}", datafusion_message(.0))]
     DataFusion(#[source] Box<datafusion::error::DataFusionError>),
     /// Arrow failed.
     #[error("SQL error: {0}")]
@@ -62,6 +62,35 @@ pub enum Error {
     /// The run was interrupted (Ctrl-C) before the current stage committed.
     #[error("interrupted: {0}")]
     Interrupted(String),
+}
+
+/// What to set when a cloud store failed for want of credentials: with none in the environment,
+/// the object store asks the machine's instance metadata service (an address that answers only
+/// on a cloud VM with a role), and its failure says nothing about credentials.
+fn credentials_hint(e: &object_store::Error) -> &'static str {
+    let text = e.to_string();
+    if text.contains("/latest/api/token")
+        || text.contains("/latest/meta-data")
+        || text.contains("169.254.169.254")
+        || text.contains("metadata.google.internal")
+    {
+        "\n  no credentials were found in the environment, so the machine's instance metadata \
+         service was asked, and it did not give any. Set them: s3:// AWS_ACCESS_KEY_ID and \
+         AWS_SECRET_ACCESS_KEY (AWS_REGION; AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true for a server \
+         of your own); gs:// GOOGLE_SERVICE_ACCOUNT (a key file); az:// AZURE_STORAGE_ACCOUNT_NAME \
+         and AZURE_STORAGE_ACCOUNT_KEY"
+    } else {
+        ""
+    }
+}
+
+/// DataFusion's message without its own "SQL error: " (the variant's prefix says it once).
+pub fn datafusion_message(e: &datafusion::error::DataFusionError) -> String {
+    let text = e.to_string();
+    match text.strip_prefix("SQL error: ") {
+        Some(rest) => rest.to_string(),
+        None => text,
+    }
 }
 
 impl Error {

@@ -199,9 +199,41 @@ pub async fn query(
         .with_allow_ddl(false)
         .with_allow_dml(false)
         .with_allow_statements(false);
-    let df = ctx.sql_with_options(sql, options).await?;
+    let df = match ctx.sql_with_options(sql, options).await {
+        Ok(df) => df,
+        // A table that is not there: say which are.
+        Err(e) if e.to_string().contains("table '") && e.to_string().contains("not found") => {
+            return Err(Error::Sql(format!(
+                "{}; the tables are: {}",
+                crate::error::datafusion_message(&e),
+                table_names(ctx).join(", ")
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
     let schema = Arc::new(df.schema().as_arrow().clone());
     Ok((schema, df.collect().await?))
+}
+
+/// The tables a session exposes (`information_schema` aside), sorted.
+fn table_names(ctx: &SessionContext) -> Vec<String> {
+    let mut names = Vec::new();
+    for c in ctx.catalog_names() {
+        let Some(catalog) = ctx.catalog(&c) else {
+            continue;
+        };
+        for s in catalog.schema_names() {
+            if s == "information_schema" {
+                continue;
+            }
+            if let Some(schema) = catalog.schema(&s) {
+                names.extend(schema.table_names());
+            }
+        }
+    }
+    names.sort();
+    names.dedup();
+    names
 }
 
 #[cfg(test)]

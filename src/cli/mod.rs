@@ -70,7 +70,7 @@ enum Command {
         #[arg(long)]
         iterations: Option<u32>,
         /// Override a config key, validated like the file: --set reward.lambda=0.5 (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
         sets: Vec<String>,
         /// Stop after this stage (of the last iteration reached).
         #[arg(long, value_name = "STAGE")]
@@ -93,8 +93,9 @@ Example: rla-pipe sql \"SELECT iter, avg(acc) FROM task_accuracy GROUP BY iter O
         run: Option<String>,
         #[arg(long, value_enum, default_value_t = Format::Table)]
         format: Format,
-        /// Write the result as Parquet to this file instead of printing it.
-        #[arg(long, value_name = "FILE.parquet")]
+        /// Write the result to this file instead of printing it, in the format its extension
+        /// names: .parquet, .csv or .json (an array of objects).
+        #[arg(long, value_name = "FILE.parquet|.csv|.json")]
         out: Option<PathBuf>,
         /// Read the query from this file (e.g. pipelines/sql/accepted_growth.sql) instead.
         #[arg(long, short = 'f', value_name = "FILE.sql", conflicts_with = "query")]
@@ -159,7 +160,7 @@ rla-pipe report gridnav gridnav-lambda05 --out compare.html"
         #[arg(long, value_name = "NEW_ID", requires = "from")]
         into: Option<String>,
         /// Branch: override a key of the parent's config (repeatable), e.g. --set reward.lambda=0.5.
-        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into")]
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into", value_parser = key_value)]
         sets: Vec<String>,
         /// Branch: bring it to this many iterations (default: the parent's run.iterations, or
         /// the value --set gives).
@@ -235,7 +236,7 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         #[arg(long, default_value_t = 1_000_000)]
         steps: u64,
         /// Override a config key (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
         sets: Vec<String>,
     },
     /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
@@ -303,7 +304,7 @@ The exit status is 0 whenever the program ran, whatever it did; 1 when the sandb
         #[arg(long, value_name = "PIPELINE.toml")]
         pipeline: Option<PathBuf>,
         /// Override a config key (repeatable): --set env.coding.sandbox.isolation=none.
-        #[arg(long = "set", value_name = "KEY=VALUE")]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
         sets: Vec<String>,
         /// Run the program this many times (the last run is printed, with the median time).
         #[arg(long, value_name = "N", default_value_t = 1)]
@@ -324,6 +325,7 @@ The exit status is 0 whenever the program ran, whatever it did; 1 when the sandb
 
 /// Entry point of the binary.
 pub fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     init_tracing(cli.verbose);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -346,11 +348,58 @@ pub fn main() -> ExitCode {
     });
     match result {
         Ok(code) => code,
+        // The reader of stdout went away (`rla-pipe sql ... | head`): a normal end.
+        Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", message(&e));
             let interrupted = matches!(e.downcast_ref::<Error>(), Some(Error::Interrupted(_)));
             ExitCode::from(if interrupted { 130 } else { 1 })
         }
+    }
+}
+
+/// `print!` panics when stdout's reader has gone (Rust ignores SIGPIPE, so a write to a closed
+/// pipe fails instead of ending the process, as it must: the sandbox and the environments write
+/// to their children's pipes). A panic of that kind ends the command quietly with exit 0, as
+/// `| head` expects of any Unix tool; every other panic is reported as before.
+fn quiet_on_closed_stdout() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let text = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if text.starts_with("failed printing to stdout") && text.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        report(info)
+    }));
+}
+
+/// A write to stdout failed because its reader closed the pipe (Arrow's CSV writer keeps only
+/// the io error's text).
+fn closed_stdout(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause.to_string().contains("Broken pipe (os error 32)") ||
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || matches!(
+                cause.downcast_ref::<arrow::error::ArrowError>(),
+                Some(arrow::error::ArrowError::IoError(_, io)) if io.kind() == std::io::ErrorKind::BrokenPipe
+            )
+    })
+}
+
+/// `--set`'s value parser: KEY=VALUE, or a usage error (exit 2).
+fn key_value(s: &str) -> std::result::Result<String, String> {
+    match s.split_once('=') {
+        Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
+        _ => Err(format!(
+            "expected KEY=VALUE, e.g. --set reward.lambda=0.5 (got {s:?})"
+        )),
     }
 }
 

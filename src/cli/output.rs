@@ -1,41 +1,89 @@
 //! What the commands print and write: query results on stdout, and the files a user asks for,
 //! written whole or not at all.
 
+use std::io::Write as _;
+
 use anyhow::{Context, Result};
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
 
 use super::args::Format;
 
-pub(super) fn print_batches(format: Format, batches: &[RecordBatch]) -> Result<()> {
+/// Print query results; an empty result prints its header (table and CSV) or `[]` (JSON).
+pub(super) fn print_batches(
+    format: Format,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    write_batches(format, schema, batches, &mut out)
+}
+
+fn write_batches(
+    format: Format,
+    schema: &SchemaRef,
+    batches: &[RecordBatch],
+    out: &mut impl std::io::Write,
+) -> Result<()> {
+    let empty = [RecordBatch::new_empty(schema.clone())];
+    let batches = if batches.is_empty() {
+        &empty[..]
+    } else {
+        batches
+    };
     match format {
         Format::Table => {
-            use std::io::Write;
             writeln!(
                 out,
                 "{}",
-                arrow::util::pretty::pretty_format_batches(batches)?
+                arrow::util::pretty::pretty_format_batches_with_schema(schema.clone(), batches)?
             )?;
         }
         Format::Csv => {
             let mut w = arrow::csv::WriterBuilder::new()
                 .with_header(true)
-                .build(&mut out);
+                .build(&mut *out);
             for b in batches {
                 w.write(b)?;
             }
         }
         Format::Json => {
-            let mut w = arrow::json::ArrayWriter::new(&mut out);
+            let mut w = arrow::json::ArrayWriter::new(&mut *out);
             w.write_batches(&batches.iter().collect::<Vec<_>>())?;
             w.finish()?;
-            use std::io::Write;
             writeln!(out)?;
         }
     }
+    out.flush()?;
     Ok(())
+}
+
+/// Write query results to `path` whole or not at all, in the format its extension names
+/// (`.parquet`, `.csv`, `.json`); another extension is an error naming the three. Returns the
+/// rows written.
+pub(super) fn write_results(
+    path: &std::path::Path,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<u64> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    let format = match ext.as_str() {
+        "parquet" => return write_parquet(path, schema, batches),
+        "csv" => Format::Csv,
+        "json" => Format::Json,
+        _ => anyhow::bail!(
+            "--out {}: the extension names the format: .parquet, .csv or .json",
+            path.display()
+        ),
+    };
+    let mut bytes = Vec::new();
+    write_batches(format, &schema, batches, &mut bytes)?;
+    write_atomic(path, &bytes)?;
+    Ok(batches.iter().map(|b| b.num_rows() as u64).sum())
 }
 
 /// A temp file beside `path`, to be persisted onto it once complete (readers of `path` never
@@ -63,7 +111,6 @@ pub(super) fn temp_beside(path: &std::path::Path) -> Result<tempfile::NamedTempF
 
 /// Write a file whole or not at all.
 pub(super) fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    use std::io::Write as _;
     let mut tmp = temp_beside(path)?;
     tmp.write_all(bytes)
         .with_context(|| format!("cannot write {}", path.display()))?;
@@ -73,7 +120,7 @@ pub(super) fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
 }
 
 /// Write query results to a local Parquet file atomically (temp file, then rename).
-pub(super) fn write_parquet(
+fn write_parquet(
     path: &std::path::Path,
     schema: SchemaRef,
     batches: &[RecordBatch],
@@ -151,8 +198,41 @@ mod tests {
         )
         .unwrap();
         let parquet = dir.path().join("out.parquet");
-        assert_eq!(write_parquet(&parquet, schema, &[batch]).unwrap(), 3);
+        assert_eq!(
+            write_parquet(&parquet, schema.clone(), &[batch]).unwrap(),
+            3
+        );
         assert_eq!(mode(&parquet), expected);
+
+        // `--out` by extension: CSV and JSON as printed; an unknown extension is refused.
+        let csv = dir.path().join("out.csv");
+        assert_eq!(write_results(&csv, schema.clone(), &[]).unwrap(), 0);
+        assert_eq!(
+            std::fs::read_to_string(&csv).unwrap(),
+            "x\n",
+            "an empty result keeps its header"
+        );
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![std::sync::Arc::new(Int64Array::from(vec![4, 5]))],
+        )
+        .unwrap();
+        let json = dir.path().join("out.JSON");
+        assert_eq!(write_results(&json, schema.clone(), &[batch]).unwrap(), 2);
+        assert_eq!(
+            std::fs::read_to_string(&json).unwrap(),
+            "[{\"x\":4},{\"x\":5}]\n"
+        );
+        let err = write_results(&dir.path().join("out.xlsx"), schema.clone(), &[]).unwrap_err();
+        assert!(err.to_string().contains(".parquet, .csv or .json"), "{err}");
+        let mut table = Vec::new();
+        write_batches(Format::Table, &schema, &[], &mut table).unwrap();
+        assert_eq!(
+            String::from_utf8(table).unwrap(),
+            "+---+\n| x |\n+---+\n+---+\n"
+        );
+        std::fs::remove_file(&csv).unwrap();
+        std::fs::remove_file(&json).unwrap();
 
         // No temp file is left beside them.
         let mut names: Vec<_> = std::fs::read_dir(dir.path())

@@ -27,10 +27,11 @@ pub(super) async fn report(
     }
     if !quiet {
         eprintln!(
-            "wrote {} ({} charts, {} runs)",
+            "wrote {} ({} charts, {} run{})",
             out.display(),
             report.charts.len(),
-            runs.len()
+            runs.len(),
+            if runs.len() == 1 { "" } else { "s" }
         );
     }
     Ok(())

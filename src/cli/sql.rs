@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{Context, Result, bail};
 
 use super::args::{Format, StoreArgs};
-use super::output::{print_batches, write_parquet};
+use super::output::{print_batches, write_results};
 use crate::store::layout;
 
 pub(super) async fn sql(
@@ -31,15 +31,26 @@ pub(super) async fn sql(
             crate::sql::cluster_session(&store, run, &cluster, split).await?
         }
     };
+    if run.is_none() && !quiet {
+        let runs = crate::store::catalog::run_ids(&store).await?;
+        if runs.len() > 1 {
+            eprintln!(
+                "note: the store holds {} runs ({}); the tables hold rows of all of them: \
+                 --run ID for one (or group by run_id)",
+                runs.len(),
+                runs.join(", ")
+            );
+        }
+    }
     let (schema, batches) = crate::sql::query(&ctx, query).await?;
     match out {
         Some(path) => {
-            let rows = write_parquet(&path, schema, &batches)?;
+            let rows = write_results(&path, schema, &batches)?;
             if !quiet {
                 eprintln!("wrote {rows} rows to {}", path.display());
             }
         }
-        None => print_batches(format, &batches)?,
+        None => print_batches(format, &schema, &batches)?,
     }
     Ok(())
 }

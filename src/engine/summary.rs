@@ -23,7 +23,12 @@ pub struct Summary {
 
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let p = |x: Option<f64>| x.map_or("–".to_string(), |v| format!("{v:.3}"));
+        // Rounded half away from zero, as SQL's round(x, 3) (78/96 is 0.813 in both).
+        let p = |x: Option<f64>| {
+            x.map_or("–".to_string(), |v| {
+                format!("{:.3}", (v * 1000.0).round() / 1000.0)
+            })
+        };
         write!(
             f,
             "train {} · held-out {} · OOD {} · RM process {} · tasks {} accepted, {} rejected, {} pending",

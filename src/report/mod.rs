@@ -1,12 +1,17 @@
 //! `rla-pipe report`: one self-contained HTML file (inline SVG charts drawn with plotters) for
 //! one or more runs of a store. Every number comes from the SQL files next to this module, run
-//! over the committed tables; several runs overlay their curves. Every line of a chart has its
-//! own colour (a fixed colour-blind-safe palette) and a dash style by what it measures.
+//! over the committed tables; several runs overlay their curves. A run keeps one colour in
+//! every chart (a fixed colour-blind-safe palette), a metric its dash style; legends sit below
+//! the plot, and every point carries its exact value as a tooltip (SVG `<title>`: no script).
+//! A branch whose parent is in the report is drawn from its branch point on (the shared
+//! iterations once, as the parent's), and its shared stages are not counted as its time.
 //!
-//! Sections: success (train, held-out, OOD), reward-model accuracy (process, outcome),
-//! adaptation (accepted / rejected / pending, cumulative accepted with its linear fit), stage
-//! wall times, update metrics (loss, KL, clip fraction). Each chart is followed by the table it
-//! was drawn from.
+//! Sections: the runs (config digest, commit, start, parent, branch point and overrides, the
+//! settings that differ) and a summary per run, success (train, held-out, OOD), reward-model
+//! accuracy, the training signal (mean reward, advantage spread, episode length), adaptation
+//! (accepted / rejected / pending, cumulative accepted with its linear fit), stage wall times,
+//! update metrics (loss, KL, clip fraction, gradient norm). Each chart is followed by the table
+//! it was drawn from.
 
 use std::fmt::Write as _;
 
@@ -26,6 +31,9 @@ const GROWTH_FIT: &str = include_str!("growth_fit.sql");
 const STAGE_TIMES: &str = include_str!("stage_times.sql");
 const UPDATE_METRICS: &str = include_str!("update_metrics.sql");
 const UNIT_TESTS: &str = include_str!("unit_tests.sql");
+const TRAINING: &str = include_str!("training.sql");
+const STAGE_TOTALS: &str = include_str!("stage_totals.sql");
+const SUMMARY: &str = include_str!("summary.sql");
 
 /// A query result with its cells as text or numbers.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +68,11 @@ impl Cell {
         match self {
             Cell::Text(s) => s.clone(),
             Cell::Int(Some(v)) => v.to_string(),
-            Cell::Num(Some(v)) => format!("{v:.3}"),
+            // Rounded half away from zero, as SQL's round(x, 3); never "-0.000".
+            Cell::Num(Some(v)) => {
+                let r = (v * 1000.0).round() / 1000.0;
+                format!("{:.3}", if r == 0.0 { 0.0 } else { r })
+            }
             Cell::Int(None) | Cell::Num(None) => "–".into(),
         }
     }
@@ -97,6 +109,16 @@ impl Table {
             }
         }
         out
+    }
+
+    /// Drop the rows `skip(run, iter)` names (the shared iterations a branch's parent draws).
+    fn without(mut self, skip: &impl Fn(&str, i64) -> bool) -> Table {
+        let (run, iter) = (self.col("run_id"), self.col("iter"));
+        self.rows.retain(|r| {
+            let i = r[iter].num().map_or(i64::MIN, |x| x as i64);
+            !skip(r[run].text(), i)
+        });
+        self
     }
 
     fn html(&self) -> String {
@@ -179,16 +201,15 @@ fn batch_rows(b: &RecordBatch) -> Result<Vec<Vec<Cell>>> {
 /// One line of a chart.
 struct Line {
     label: String,
-    /// Index of the run.
+    /// Index of the run: its colour.
     run: usize,
-    /// 0 solid, 1 dashed, 2 dotted-ish (short dashes).
+    /// The metric: 0 solid, 1 dashed, 2 dotted, 3 dash-dot-like (long dashes).
     style: usize,
     points: Vec<(f64, f64)>,
 }
 
-/// Line colours, the `i`-th line of a chart taking the `i`-th: Okabe and Ito's palette, told
-/// apart with every common colour-vision deficiency (its yellow, the hardest to see on white,
-/// last).
+/// The colour of the `i`-th run of a report: Okabe and Ito's palette, told apart with every
+/// common colour-vision deficiency (its yellow, the hardest to see on white, last).
 fn colour(i: usize) -> RGBColor {
     const OKABE_ITO: [(u8, u8, u8); 8] = [
         (0x00, 0x72, 0xB2), // blue
@@ -204,31 +225,56 @@ fn colour(i: usize) -> RGBColor {
     RGBColor(r, g, b)
 }
 
+/// A metric's dash pattern (dash, gap) in pixels; (0, 0) is solid.
+fn dashes(style: usize) -> (u32, u32) {
+    match style {
+        0 => (0, 0),
+        1 => (8, 5),
+        2 => (2, 4),
+        _ => (14, 4),
+    }
+}
+
 /// The font size to ask plotters for text `px` pixels high: its SVG backend takes whole sizes and
 /// writes `font-size` as the size / 1.24 (13 → 16 → 12.9 px, 14 → 17 → 13.7, 18 → 22 → 17.7).
 fn font_px(px: f64) -> f64 {
     (px * 1.24).round()
 }
 
-/// A chart: title, y axis label and lines, rendered as an SVG string.
-fn chart(
-    title: &str,
-    y_label: &str,
-    lines: &[Line],
-    y_range: Option<(f64, f64)>,
-) -> Result<String> {
+/// Chart size: the plot (its SVG scales to the page's width), then the legend below it.
+const WIDTH: u32 = 760;
+const PLOT_HEIGHT: u32 = 340;
+const LEGEND_COLUMNS: usize = 2;
+const LEGEND_ROW: u32 = 22;
+
+/// How a chart's y axis starts.
+#[derive(Clone, Copy)]
+enum Axis {
+    /// At 0 (rates, counts, times), at least up to `top`.
+    Zero { top: f64 },
+    /// Where the data starts (quantities that may be negative: loss, reward).
+    Data,
+}
+
+/// A chart: title, y axis label and lines, rendered as an SVG string whose points carry their
+/// values as tooltips.
+fn chart(title: &str, y_label: &str, lines: &[Line], axis: Axis) -> Result<String> {
     let draw_err =
         |e: String| Error::Data(format!("report: drawing the chart {title:?} failed: {e}"));
+    let legend_rows = lines.len().div_ceil(LEGEND_COLUMNS) as u32;
+    let height = PLOT_HEIGHT + legend_rows * LEGEND_ROW + if lines.is_empty() { 0 } else { 10 };
     let mut svg = String::new();
+    let mut tips = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (760, 360)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| draw_err(e.to_string()))?;
+        let (plot, legend) = root.split_vertically(PLOT_HEIGHT);
         let xs = lines.iter().flat_map(|l| l.points.iter().map(|p| p.0));
         let ys = lines.iter().flat_map(|l| l.points.iter().map(|p| p.1));
         let (x0, x1) = xs.fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(x), b.max(x)));
         let (mut y0, mut y1) = ys.fold((f64::MAX, f64::MIN), |(a, b), y| (a.min(y), b.max(y)));
-        if let Some((a, b)) = y_range {
-            (y0, y1) = (a.min(y0), b.max(y1));
+        if let Axis::Zero { top } = axis {
+            (y0, y1) = (y0.min(0.0), y1.max(top));
         }
         let (x0, x1) = if x0 > x1 {
             (0.0, 1.0)
@@ -242,7 +288,7 @@ fn chart(
         } else {
             (y0, y1 + (y1 - y0) * 0.05)
         };
-        let mut c = ChartBuilder::on(&root)
+        let mut c = ChartBuilder::on(&plot)
             .caption(title, ("sans-serif", font_px(18.0)))
             .margin(12)
             .x_label_area_size(46)
@@ -269,50 +315,67 @@ fn chart(
             mesh.y_label_formatter(&whole);
         }
         mesh.draw().map_err(|e| draw_err(e.to_string()))?;
-        for (i, l) in lines.iter().enumerate() {
-            let color = colour(i).to_rgba();
+        for l in lines {
             let style = ShapeStyle {
-                color,
+                color: colour(l.run).to_rgba(),
                 filled: true,
                 stroke_width: 2,
             };
-            // The legend swatch repeats the line's dash pattern.
-            let (dash, gap) = match l.style {
-                0 => (0, 0),
-                1 => (8, 5),
-                _ => (2, 4),
-            };
-            if dash == 0 {
-                c.draw_series(LineSeries::new(l.points.clone(), style))
-                    .map_err(|e| draw_err(e.to_string()))?
-                    .label(l.label.clone())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], style));
-            } else {
-                c.draw_series(DashedLineSeries::new(l.points.clone(), dash, gap, style))
-                    .map_err(|e| draw_err(e.to_string()))?
-                    .label(l.label.clone())
-                    .legend(move |(x, y)| {
-                        plotters::element::DashedPathElement::new(
-                            vec![(x, y), (x + 18, y)],
-                            dash,
-                            gap,
-                            style,
-                        )
-                    });
+            match dashes(l.style) {
+                (0, _) => {
+                    c.draw_series(LineSeries::new(l.points.clone(), style))
+                        .map_err(|e| draw_err(e.to_string()))?;
+                }
+                (dash, gap) => {
+                    c.draw_series(DashedLineSeries::new(l.points.clone(), dash, gap, style))
+                        .map_err(|e| draw_err(e.to_string()))?;
+                }
             }
             c.draw_series(l.points.iter().map(|p| Circle::new(*p, 3, style.filled())))
                 .map_err(|e| draw_err(e.to_string()))?;
+            // The exact value under the pointer: an invisible disc over each point, titled.
+            for p in &l.points {
+                let (px, py) = c.backend_coord(p);
+                let _ = write!(
+                    tips,
+                    "<circle class=\"tip\" cx=\"{px}\" cy=\"{py}\" r=\"7\" fill=\"#000\" fill-opacity=\"0\"><title>{}: iteration {}: {}</title></circle>\n",
+                    escape(&l.label),
+                    p.0,
+                    Cell::Num(Some(p.1)).display()
+                );
+            }
         }
-        if !lines.is_empty() {
-            c.configure_series_labels()
-                .label_font(("sans-serif", font_px(14.0)))
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
+        // The legend, below the plot: a swatch in the run's colour and the metric's dashes.
+        let col_width = (WIDTH as i32 - 80) / LEGEND_COLUMNS as i32;
+        for (k, l) in lines.iter().enumerate() {
+            let x = 70 + (k % LEGEND_COLUMNS) as i32 * col_width;
+            let y = 6 + (k / LEGEND_COLUMNS) as i32 * LEGEND_ROW as i32;
+            let style = ShapeStyle {
+                color: colour(l.run).to_rgba(),
+                filled: true,
+                stroke_width: 2,
+            };
+            let swatch = vec![(x, y + 8), (x + 28, y + 8)];
+            match dashes(l.style) {
+                (0, _) => legend.draw(&PathElement::new(swatch, style)),
+                (dash, gap) => legend.draw(&plotters::element::DashedPathElement::new(
+                    swatch, dash, gap, style,
+                )),
+            }
+            .map_err(|e| draw_err(e.to_string()))?;
+            legend
+                .draw(&Text::new(
+                    l.label.clone(),
+                    (x + 36, y),
+                    ("sans-serif", font_px(14.0)).into_font().color(&BLACK),
+                ))
                 .map_err(|e| draw_err(e.to_string()))?;
         }
         root.present().map_err(|e| draw_err(e.to_string()))?;
+    }
+    // The tooltips above everything else, so the pointer finds them.
+    if let Some(end) = svg.rfind("</svg>") {
+        svg.insert_str(end, &tips);
     }
     Ok(svg)
 }
@@ -323,7 +386,7 @@ pub struct Report {
     pub charts: Vec<(String, String)>,
 }
 
-/// Lines of `columns` per run of a table (a dash style per column).
+/// Lines of `columns` per run of a table (a dash style per column, the run's colour).
 fn lines_of(t: &Table, runs: &[String], columns: &[(&str, &str)]) -> Vec<Line> {
     let mut out = Vec::new();
     for (k, (col, label)) in columns.iter().enumerate() {
@@ -341,7 +404,116 @@ fn lines_of(t: &Table, runs: &[String], columns: &[(&str, &str)]) -> Vec<Line> {
             });
         }
     }
+    // Legend and drawing order: by run, then metric.
+    out.sort_by_key(|l| (l.run, l.style));
     out
+}
+
+/// Every leaf of a JSON config as (dotted key, value).
+fn flatten(
+    prefix: &str,
+    v: &serde_json::Value,
+    out: &mut std::collections::BTreeMap<String, String>,
+) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, v) in m {
+                let key = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                flatten(&key, v, out);
+            }
+        }
+        other => {
+            out.insert(prefix.to_string(), other.to_string());
+        }
+    }
+}
+
+/// The runs section: one row per run (start, code version, config digest, branch) and the
+/// settings whose values differ between the runs shown.
+fn runs_section(states: &[crate::store::catalog::RunState]) -> String {
+    let mut s = String::from(
+        "<table class=\"runs\"><thead><tr><th>run</th><th>started</th><th>rla-pipe</th><th>config</th><th>iterations</th><th>branch</th></tr></thead><tbody>\n",
+    );
+    for (k, st) in states.iter().enumerate() {
+        let r = &st.run;
+        let branch = match &r.branch {
+            Some(b) => format!(
+                "of <b>{}</b> from iteration {}{}",
+                escape(&b.parent),
+                b.from_iter,
+                if b.overrides.is_empty() {
+                    String::new()
+                } else {
+                    format!(
+                        ", <code>--set {}</code>",
+                        escape(&b.overrides.join(" --set "))
+                    )
+                }
+            ),
+            None => "–".into(),
+        };
+        let c = colour(k);
+        let _ = write!(
+            s,
+            "<tr><td class=\"run\"><span class=\"swatch\" style=\"background:#{:02X}{:02X}{:02X}\"></span>{}</td><td>{}</td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td></tr>\n",
+            c.0,
+            c.1,
+            c.2,
+            escape(&r.run_id),
+            escape(&r.created_at),
+            escape(&r.code_version),
+            escape(&r.config_hash.chars().take(12).collect::<String>()),
+            st.iters.values().filter(|i| i.complete.is_some()).count(),
+            branch
+        );
+    }
+    s.push_str("</tbody></table>\n");
+    if states.len() > 1 {
+        let flat: Vec<_> = states
+            .iter()
+            .map(|st| {
+                let mut m = std::collections::BTreeMap::new();
+                flatten("", &st.run.config, &mut m);
+                m
+            })
+            .collect();
+        let keys: std::collections::BTreeSet<&String> =
+            flat.iter().flat_map(|m| m.keys()).collect();
+        let differ: Vec<&String> = keys
+            .into_iter()
+            .filter(|k| {
+                let first = flat[0].get(*k);
+                flat.iter().any(|m| m.get(*k) != first)
+            })
+            .filter(|k| k.as_str() != "run.name")
+            .collect();
+        if differ.is_empty() {
+            s.push_str("<p>Their configs are the same (but for the run name).</p>\n");
+        } else {
+            s.push_str("<p>Settings that differ between these runs:</p>\n<table class=\"differ\"><thead><tr><th>key</th>");
+            for st in states {
+                let _ = write!(s, "<th>{}</th>", escape(&st.run.run_id));
+            }
+            s.push_str("</tr></thead><tbody>\n");
+            for k in differ {
+                let _ = write!(s, "<tr><td><code>{}</code></td>", escape(k));
+                for m in &flat {
+                    let _ = write!(
+                        s,
+                        "<td>{}</td>",
+                        escape(m.get(k).map(String::as_str).unwrap_or("–"))
+                    );
+                }
+                s.push_str("</tr>\n");
+            }
+            s.push_str("</tbody></table>\n");
+        }
+    }
+    s
 }
 
 /// Build the report of `runs` (each must exist in the store).
@@ -350,6 +522,38 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         return Err(Error::config("report: name at least one run"));
     }
     let ctx = crate::sql::session_of_runs(store, runs).await?;
+    let mut states = Vec::new();
+    for r in runs {
+        states.push(crate::store::catalog::load_run(store, r).await?);
+    }
+    // A branch's iterations before its branch point are its parent's: drawn once (as the
+    // parent's) where the parent is in the report, and never counted as the branch's time.
+    let branch_of = |run: &str| {
+        states
+            .iter()
+            .find(|s| s.run.run_id == run)
+            .and_then(|s| s.run.branch.clone())
+    };
+    let shown_elsewhere = |run: &str, iter: i64| {
+        branch_of(run).is_some_and(|b| runs.contains(&b.parent) && iter < i64::from(b.from_iter))
+    };
+    let own = states
+        .iter()
+        .filter_map(|s| {
+            s.run.branch.as_ref().map(|b| {
+                format!(
+                    "NOT (run_id = {} AND iter < {})",
+                    str_lit(&s.run.run_id),
+                    b.from_iter
+                )
+            })
+        })
+        .collect::<Vec<_>>();
+    let own = if own.is_empty() {
+        "TRUE".to_string()
+    } else {
+        own.join(" AND ")
+    };
     let list = runs
         .iter()
         .map(|r| str_lit(r))
@@ -357,17 +561,49 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         .join(", ");
     let q = |sql: &str| render(sql, &[("runs", list.clone())]);
 
-    let success = table(&ctx, &q(SUCCESS)?).await?;
-    let rm = table(&ctx, &q(RM_ACCURACY)?).await?;
+    let success_sql = q(SUCCESS)?;
+    let rm_sql = q(RM_ACCURACY)?;
     let adapt_sql = q(ADAPTATION)?;
-    let adaptation = table(&ctx, &adapt_sql).await?;
+    let summary_sql = render(
+        SUMMARY,
+        &[
+            ("success", success_sql.clone()),
+            ("rm", rm_sql.clone()),
+            ("adaptation", adapt_sql.clone()),
+            ("runs", list.clone()),
+            ("own", own.clone()),
+        ],
+    )?;
+    let mut summary = table(&ctx, &summary_sql).await?;
+    // In the order the runs were named.
+    let run_col = summary.col("run_id");
+    summary
+        .rows
+        .sort_by_key(|r| runs.iter().position(|n| n == r[run_col].text()));
+    let success = table(&ctx, &success_sql).await?.without(&shown_elsewhere);
+    let rm = table(&ctx, &rm_sql).await?.without(&shown_elsewhere);
+    let training = table(&ctx, &q(TRAINING)?).await?.without(&shown_elsewhere);
+    let adaptation = table(&ctx, &adapt_sql).await?.without(&shown_elsewhere);
     let fit_sql = render(GROWTH_FIT, &[("adaptation", adapt_sql.clone())])?;
     let fit = table(&ctx, &fit_sql).await?;
-    let times = table(&ctx, &q(STAGE_TIMES)?).await?;
-    let update = table(&ctx, &q(UPDATE_METRICS)?).await?;
+    let own_stage =
+        |run: &str, iter: i64| branch_of(run).is_some_and(|b| iter < i64::from(b.from_iter));
+    let times = table(&ctx, &q(STAGE_TIMES)?).await?.without(&own_stage);
+    let totals = table(
+        &ctx,
+        &render(
+            STAGE_TOTALS,
+            &[("runs", list.clone()), ("own", own.clone())],
+        )?,
+    )
+    .await?;
+    let update = table(&ctx, &q(UPDATE_METRICS)?)
+        .await?
+        .without(&shown_elsewhere);
     let unit_tests = table(&ctx, &q(UNIT_TESTS)?).await?;
 
     let mut charts = Vec::new();
+    let rate = Axis::Zero { top: 1.0 };
     charts.push((
         "success".to_string(),
         chart(
@@ -378,7 +614,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
                 runs,
                 &[("train", "train"), ("held_out", "held-out"), ("ood", "OOD")],
             ),
-            Some((0.0, 1.0)),
+            rate,
         )?,
     ));
     charts.push((
@@ -395,7 +631,32 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
                     ("balanced_outcome", "balanced outcome"),
                 ],
             ),
-            Some((0.0, 1.0)),
+            rate,
+        )?,
+    ));
+    charts.push((
+        "reward".to_string(),
+        chart(
+            "Training signal: step reward and advantage spread",
+            "reward",
+            &lines_of(
+                &training,
+                runs,
+                &[
+                    ("mean_reward", "mean step reward"),
+                    ("advantage_std", "advantage std"),
+                ],
+            ),
+            Axis::Data,
+        )?,
+    ));
+    charts.push((
+        "episode_length".to_string(),
+        chart(
+            "Episode length",
+            "steps",
+            &lines_of(&training, runs, &[("episode_length", "steps")]),
+            Axis::Zero { top: 1.0 },
         )?,
     ));
     charts.push((
@@ -409,10 +670,10 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
                 &[
                     ("accepted", "accepted"),
                     ("rejected", "rejected"),
-                    ("pending", "written"),
+                    ("pending", "pending"),
                 ],
             ),
-            Some((0.0, 1.0)),
+            Axis::Zero { top: 1.0 },
         )?,
     ));
     // The cumulative curve with its fitted line (from growth_fit.sql) per run.
@@ -442,60 +703,55 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             });
         }
     }
+    growth.sort_by_key(|l| (l.run, l.style));
     charts.push((
         "accepted_growth".to_string(),
         chart(
             "Cumulative accepted tasks",
             "accepted tasks",
             &growth,
-            Some((0.0, 1.0)),
+            Axis::Zero { top: 1.0 },
         )?,
     ));
-    // Stage times: the iteration total (solid) and the (at most 4) stages that take ≥ 5% of the
-    // time (dashed; for several runs, dashes alternating by stage).
-    let mut totals: std::collections::BTreeMap<String, f64> = Default::default();
-    let mut per_iter: std::collections::BTreeMap<(String, i64), f64> = Default::default();
-    for r in &times.rows {
-        let secs = r[times.col("seconds")].num().unwrap_or(0.0);
-        *totals
-            .entry(r[times.col("stage")].text().to_string())
-            .or_default() += secs;
-        let key = (
-            r[times.col("run_id")].text().to_string(),
-            r[times.col("iter")].num().unwrap_or(0.0) as i64,
-        );
-        *per_iter.entry(key).or_default() += secs;
-    }
-    let all: f64 = totals.values().sum();
-    let mut big: Vec<(String, f64)> = totals
-        .into_iter()
-        .filter(|(_, t)| *t >= 0.05 * all)
-        .collect();
-    big.sort_by(|a, b| b.1.total_cmp(&a.1));
-    big.truncate(4);
+    // Stage times: each run's iteration total (solid) and its (at most 3) largest stages
+    // (dashed, dotted, long dashes), in the run's colour.
     let mut time_lines = Vec::new();
     for (k, run) in runs.iter().enumerate() {
-        let points: Vec<(f64, f64)> = per_iter
+        let mut per_iter: std::collections::BTreeMap<i64, f64> = Default::default();
+        for r in times
+            .rows
             .iter()
-            .filter(|((r, _), _)| r == run)
-            .map(|((_, i), s)| (*i as f64, *s))
-            .collect();
+            .filter(|r| r[times.col("run_id")].text() == run)
+        {
+            *per_iter
+                .entry(r[times.col("iter")].num().unwrap_or(0.0) as i64)
+                .or_default() += r[times.col("seconds")].num().unwrap_or(0.0);
+        }
         time_lines.push(Line {
             label: format!("{run} · iteration"),
             run: k,
             style: 0,
-            points,
+            points: per_iter.into_iter().map(|(i, s)| (i as f64, s)).collect(),
         });
-    }
-    for (k, (stage, _)) in big.iter().enumerate() {
-        for (name, points) in times.series_where("seconds", |r| r[2].text() == stage) {
-            let run = runs.iter().position(|r| *r == name).unwrap_or(0);
-            time_lines.push(Line {
-                label: format!("{name} · {stage}"),
-                run,
-                style: if runs.len() > 1 { 1 + k % 2 } else { 1 },
-                points,
-            });
+        let big: Vec<String> = totals
+            .rows
+            .iter()
+            .filter(|r| r[totals.col("run_id")].text() == run)
+            .filter(|r| r[totals.col("share")].num().unwrap_or(0.0) >= 0.05)
+            .take(3)
+            .map(|r| r[totals.col("stage")].text().to_string())
+            .collect();
+        for (m, stage) in big.iter().enumerate() {
+            for (name, points) in times.series_where("seconds", |r| {
+                r[times.col("stage")].text() == stage && r[times.col("run_id")].text() == run
+            }) {
+                time_lines.push(Line {
+                    label: format!("{name} · {stage}"),
+                    run: k,
+                    style: 1 + m,
+                    points,
+                });
+            }
         }
     }
     charts.push((
@@ -504,17 +760,20 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             "Stage wall time per iteration",
             "seconds",
             &time_lines,
-            None,
+            Axis::Zero { top: 1.0 },
         )?,
     ));
-    for (metric, label) in [
-        ("loss", "loss"),
-        ("kl", "KL (k3)"),
-        ("clip_frac", "clip fraction"),
+    for (metric, label, axis) in [
+        ("loss", "loss", Axis::Data),
+        ("kl", "KL", Axis::Zero { top: 0.0 }),
+        ("clip_frac", "clip fraction", Axis::Zero { top: 0.0 }),
+        ("grad_norm", "gradient norm", Axis::Zero { top: 0.0 }),
     ] {
         let mut lines = Vec::new();
         for (k, model) in ["policy", "rm"].iter().enumerate() {
-            for (name, points) in update.series_where(metric, |r| r[2].text() == *model) {
+            for (name, points) in
+                update.series_where(metric, |r| r[update.col("model")].text() == *model)
+            {
                 let run = runs.iter().position(|r| *r == name).unwrap_or(0);
                 lines.push(Line {
                     label: format!("{name} · {model}"),
@@ -524,13 +783,14 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
                 });
             }
         }
+        lines.sort_by_key(|l| (l.run, l.style));
         charts.push((
             format!("update_{metric}"),
             chart(
                 &format!("Update: {label} per iteration"),
                 label,
                 &lines,
-                None,
+                axis,
             )?,
         ));
     }
@@ -546,7 +806,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
     let title = format!("rla-pipe report: {}", runs.join(", "));
     let _ = write!(
         html,
-        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>{}</title>\n<style>{}</style></head><body>\n<h1>{}</h1>\n<p>Store <code>{}</code> · generated by rla-pipe {} · every number below comes from the SQL files in <code>src/report/</code> over the committed tables.</p>\n",
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><meta name=\"viewport\" content=\"width=device-width, initial-scale=1\"><title>{}</title>\n<style>{}</style></head><body>\n<h1>{}</h1>\n<p>Store <code>{}</code> · generated by rla-pipe {} · every number below comes from the SQL files in <code>src/report/</code> over the committed tables · a run keeps its colour in every chart, a metric its dash style; hover a point for its value.</p>\n",
         escape(&title),
         CSS,
         escape(&title),
@@ -560,6 +820,19 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             escape(heading)
         );
     };
+    section(
+        "runs",
+        if runs.len() == 1 {
+            "The run"
+        } else {
+            "The runs"
+        },
+        format!(
+            "{}<h3>Summary</h3>\n<p>Last and best held-out and OOD success, the reward model's process accuracy in the last iteration, tasks accepted by adaptation, and the wall time of the run's own stages (a branch's shared iterations are its parent's).</p>\n{}",
+            runs_section(&states),
+            summary.html()
+        ),
+    );
     section(
         "success",
         "Success",
@@ -578,6 +851,16 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             rm.html()
         ),
     );
+    section(
+        "training",
+        "Training signal",
+        format!(
+            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share: the share of rows it trains on. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            chart_of("reward"),
+            chart_of("episode_length"),
+            training.html()
+        ),
+    );
     if !unit_tests.rows.is_empty() {
         section(
             "unit-tests",
@@ -592,7 +875,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "adaptation",
         "Environment adaptation",
         format!(
-            "<p>Candidates accepted and rejected (judged this iteration) and written (pending, judged next iteration).</p>\n<figure>{}</figure>\n{}<h3>Cumulative accepted tasks and linear fit</h3>\n<figure>{}</figure>\n{}",
+            "<p>Candidates accepted and rejected (judged this iteration) and pending (written this iteration, judged the next).</p>\n<figure>{}</figure>\n{}<h3>Cumulative accepted tasks and linear fit</h3>\n<figure>{}</figure>\n{}",
             chart_of("adaptation"),
             adaptation.html(),
             chart_of("accepted_growth"),
@@ -603,19 +886,20 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "stage-times",
         "Stage wall times",
         format!(
-            "<p>Each iteration's total (solid) and the stages that take at least 5% of the time; every stage in the table.</p>\n<figure>{}</figure>\n{}",
+            "<p>Each iteration's total (solid) and the run's largest stages (at least 5% of its time); per stage, over the run's own iterations: how often it ran, its total and mean seconds, and its share of the run's time.</p>\n<figure>{}</figure>\n{}",
             chart_of("stage_times"),
-            times.html()
+            totals.html()
         ),
     );
     section(
         "update-metrics",
         "Update metrics",
         format!(
-            "<p>Means over each iteration's optimizer steps; policy solid, reward model dashed.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Means over each iteration's optimizer steps; policy solid, reward model dashed. KL is the k3 estimator (r − 1 − log r of the probability ratio r) against the pre-update snapshot, the term β·KL of the loss; the gradient norm is taken before clipping.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("update_loss"),
             chart_of("update_kl"),
             chart_of("update_clip_frac"),
+            chart_of("update_grad_norm"),
             update.html()
         ),
     );
@@ -623,10 +907,13 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
     Ok(Report { html, charts })
 }
 
-const CSS: &str = "body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;padding:0 1em;color:#222}\
+const CSS: &str = "body{font-family:system-ui,sans-serif;max-width:1200px;margin:2em auto;padding:0 1em;color:#222}\
 h1{font-size:1.5em}h2{border-bottom:1px solid #ccc;padding-bottom:.2em;margin-top:2em}\
-figure{margin:1em 0}table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1.5em}\
+figure{margin:1em 0}figure svg{width:100%;height:auto;max-width:1100px;display:block}\
+table{border-collapse:collapse;font-size:.85em;margin:.5em 0 1.5em;display:block;overflow-x:auto}\
 td,th{border:1px solid #ddd;padding:2px 8px;text-align:right}th{background:#f4f4f4}\
+table.runs td,table.differ td{text-align:left}\
+.swatch{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:-.1em;border-radius:2px}\
 code{background:#f4f4f4;padding:0 3px}";
 
 #[cfg(test)]
@@ -636,6 +923,8 @@ mod tests {
     #[test]
     fn cells_display_and_charts_render() {
         assert_eq!(Cell::Num(Some(0.15625)).display(), "0.156");
+        assert_eq!(Cell::Num(Some(0.8125)).display(), "0.813", "as SQL's round");
+        assert_eq!(Cell::Num(Some(-0.0001)).display(), "0.000", "never -0.000");
         assert_eq!(Cell::Num(None).display(), "–");
         assert_eq!(Cell::Int(Some(3)).display(), "3");
         let svg = chart(
@@ -647,56 +936,96 @@ mod tests {
                 style: 1,
                 points: vec![(0.0, 0.1), (1.0, 0.4)],
             }],
-            Some((0.0, 1.0)),
+            Axis::Zero { top: 1.0 },
         )
         .unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("</svg>"), "{svg}");
         assert!(svg.contains("iteration") && svg.contains("run"));
         // No data at all still renders an (empty) chart.
-        assert!(chart("empty", "y", &[], None).unwrap().contains("</svg>"));
+        assert!(
+            chart("empty", "y", &[], Axis::Data)
+                .unwrap()
+                .contains("</svg>")
+        );
+    }
+
+    /// The y pixel of every `<text>` whose content is `label`.
+    fn text_y(svg: &str, label: &str) -> Vec<f64> {
+        svg.match_indices(&format!(">\n{label}\n</text>"))
+            .filter_map(|(end, _)| {
+                let start = svg[..end].rfind("<text")?;
+                let tag = &svg[start..end];
+                let y = tag.split(" y=\"").nth(1)?.split('"').next()?;
+                y.parse().ok()
+            })
+            .collect()
     }
 
     #[test]
-    fn every_line_has_its_own_colour_and_text_is_legible() {
-        let line = |label: &str, style: usize, y: f64| Line {
+    fn a_run_keeps_its_colour_legends_sit_below_and_points_carry_values() {
+        let line = |label: &str, run: usize, style: usize, y: f64| Line {
             label: label.into(),
-            run: 0,
+            run,
             style,
             points: vec![(0.0, y), (1.0, y + 0.2), (2.0, y + 0.3)],
         };
         let lines = [
-            line("train", 0, 0.1),
-            line("held-out", 1, 0.2),
-            line("OOD", 2, 0.3),
+            line("a · train", 0, 0, 0.1),
+            line("a · held-out", 0, 1, 0.2),
+            line("b · train", 1, 0, 0.3),
+            line("b · held-out", 1, 1, 0.4),
         ];
         let svg = chart(
             "Success per iteration",
             "success rate",
             &lines,
-            Some((0.0, 1.0)),
+            Axis::Zero { top: 1.0 },
         )
         .unwrap();
-        // One run, three series: three Okabe–Ito colours (line, markers and legend swatch each),
-        // the dash styles kept beside them.
-        for c in ["#0072B2", "#D55E00", "#009E73"] {
+        // Two runs: two Okabe–Ito colours, whatever the number of metrics.
+        for c in ["#0072B2", "#D55E00"] {
             assert!(svg.contains(&format!("stroke=\"{c}\"")), "{c} missing");
         }
-        assert!(!svg.contains("#CC79A7"), "a fourth colour for three lines");
+        assert!(!svg.contains("#009E73"), "a third colour for two runs");
+        // Dashed metrics stay dashed, in the plot and in the legend.
+        assert!(svg.contains("stroke-dasharray") || svg.matches("<polyline").count() > 4);
+        // The legend is below the plot area, none of it inside.
+        for label in ["a · train", "a · held-out", "b · train", "b · held-out"] {
+            let ys = text_y(&svg, label);
+            assert_eq!(ys.len(), 1, "{label}: one legend entry");
+            assert!(
+                ys[0] >= f64::from(PLOT_HEIGHT),
+                "{label} at y {} inside the plot",
+                ys[0]
+            );
+        }
+        // Every point's exact value is its tooltip.
+        assert_eq!(svg.matches("class=\"tip\"").count(), 12);
+        assert!(
+            svg.contains("<title>b · held-out: iteration 2: 0.700</title>"),
+            "{svg}"
+        );
         // Tick labels 12.9 px, axis descriptions and the legend 13.7 px, the title 17.7 px.
         let size = |px: &str| svg.matches(&format!("font-size=\"{px}")).count();
         assert!(size("12.9") >= 3, "tick labels");
-        assert_eq!(size("13.7"), 5, "axis descriptions (2) and legend (3)");
+        assert_eq!(size("13.7"), 6, "axis descriptions (2) and legend (4)");
         assert_eq!(size("17.7"), 1, "title");
         assert!(
             !svg.contains("font-size=\"9."),
             "text at plotters' small default"
+        );
+        // Rates start at 0.
+        assert!(
+            !text_y(&svg, "0.0").is_empty()
+                || svg.contains(">0</text>")
+                || svg.contains(">0.0</text>")
         );
         // Same input, same bytes.
         let again = chart(
             "Success per iteration",
             "success rate",
             &lines,
-            Some((0.0, 1.0)),
+            Axis::Zero { top: 1.0 },
         );
         assert_eq!(svg, again.unwrap());
     }

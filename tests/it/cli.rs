@@ -369,17 +369,23 @@ fn sql_formats_out_and_read_only() {
 
     // Hostile `--out` paths are clear errors naming them, and never leave a partial file: a
     // missing directory, a name longer than the file system allows, a directory, the store.
-    let long = f.dir.path().join(format!("{}.out", "a".repeat(300)));
+    let long = f.dir.path().join(format!("{}.csv", "a".repeat(300)));
     let store = f.store_arg();
     for out in [
-        "/nonexistent-rla-pipe/dir/x.out".to_string(),
+        "/nonexistent-rla-pipe/dir/x.parquet".to_string(),
         long.display().to_string(),
         f.dir.path().display().to_string(),
         store.clone(),
     ] {
         let before = f.files();
+        // A path without a format's extension is refused before anything is written.
+        let why = if out.ends_with(".parquet") || out.ends_with(".csv") {
+            "cannot write"
+        } else {
+            "the extension names the format"
+        };
         f.rla(&["sql", "--out", &out, "SELECT 1"])
-            .fails(1, &["cannot write", &out[..out.len().min(20)]]);
+            .fails(1, &[why, &out[..out.len().min(20)]]);
         f.rla(&["report", "small", "--out", &out])
             .fails(1, &["cannot write", &out[..out.len().min(20)]]);
         assert_eq!(f.files(), before, "{out}: the store changed");
@@ -1028,4 +1034,175 @@ fn mistyped_stores_and_runs_are_errors_not_empty_answers() {
     let r = f.rla(&["runs", "--store", e]);
     assert_eq!(r.code, 0);
     assert!(r.stdout.contains("no runs"));
+}
+
+/// Issue 50, the command line's rough edges: every command whose reader has gone (`| head -1`)
+/// ends quietly with exit 0; `sql --out` writes the format its extension names; an empty result
+/// prints its header; a missing table lists the tables there are, with one `SQL error:` prefix;
+/// `--set` without `=` is a usage error (exit 2); `sql` without `--run` on a store of several
+/// runs says so.
+#[test]
+fn the_command_line_has_no_rough_edges() {
+    let f = Fixture::new();
+    f.run_small(&["--iterations", "1"]).ok();
+    let store = f.store_arg();
+    let config = f.config().display().to_string();
+    let commands: Vec<Vec<&str>> = vec![
+        vec!["--help"],
+        vec!["sql", "--help"],
+        vec!["schema"],
+        vec!["schema", "--format", "json"],
+        vec!["runs"],
+        vec!["show", "small"],
+        vec!["show", "small", "--iter", "0"],
+        vec!["files", "--run", "small"],
+        vec!["files", "--run", "small", "--format", "json"],
+        vec!["sql", "SELECT * FROM steps"],
+        vec!["sql", "--format", "csv", "SELECT * FROM steps"],
+        vec!["sql", "--format", "json", "SELECT * FROM steps"],
+        vec!["replay", "--run", "small", "--iter", "0", "--verify"],
+        vec!["run", &config, "--store", &store],
+        vec!["sandbox"],
+    ];
+    for args in &commands {
+        // The reader closes its end before the command writes anything: every write fails.
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+            .args(args)
+            .current_dir(f.dir.path())
+            .env_remove("RUST_LOG")
+            .env("RLA_PIPE_STORE", f.store())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "rla-pipe {}: {stderr}",
+            args.join(" ")
+        );
+        assert!(
+            !stderr.contains("panicked"),
+            "rla-pipe {}: {stderr}",
+            args.join(" ")
+        );
+    }
+
+    // --out by extension.
+    let csv = f.dir.path().join("tasks.csv");
+    f.rla(&[
+        "sql",
+        "--out",
+        csv.to_str().unwrap(),
+        "SELECT task_id FROM tasks ORDER BY task_id LIMIT 2",
+    ])
+    .ok();
+    let text = std::fs::read_to_string(&csv).unwrap();
+    assert!(
+        text.starts_with("task_id\n") && text.lines().count() == 3,
+        "{text}"
+    );
+    let json = f.dir.path().join("tasks.json");
+    f.rla(&["sql", "--out", json.to_str().unwrap(), "SELECT 1 AS one"])
+        .ok();
+    assert_eq!(std::fs::read_to_string(&json).unwrap(), "[{\"one\":1}]\n");
+    f.rla(&["sql", "--out", "tasks.xlsx", "SELECT 1"])
+        .fails(1, &[".parquet, .csv or .json", "tasks.xlsx"]);
+    assert!(!f.dir.path().join("tasks.xlsx").exists());
+
+    // Empty results keep their header.
+    let empty = f
+        .rla(&[
+            "sql",
+            "--format",
+            "csv",
+            "SELECT task_id, iter FROM tasks WHERE false",
+        ])
+        .ok();
+    assert_eq!(empty.stdout, "task_id,iter\n");
+    let empty = f
+        .rla(&["sql", "SELECT task_id FROM tasks WHERE false"])
+        .ok();
+    assert!(empty.stdout.contains("| task_id |"), "{}", empty.stdout);
+
+    // A missing table names the tables; one prefix.
+    let missing = f
+        .rla(&["sql", "SELECT * FROM stepz"])
+        .fails(1, &["stepz", "steps", "task_accuracy"]);
+    assert_eq!(
+        missing.stderr.matches("SQL error").count(),
+        1,
+        "{}",
+        missing.stderr
+    );
+    let parse = f.rla(&["sql", "SELEC 1"]).fails(1, &["SQL error"]);
+    assert_eq!(
+        parse.stderr.matches("SQL error").count(),
+        1,
+        "{}",
+        parse.stderr
+    );
+
+    // Usage errors exit 2.
+    f.rla(&["run", &config, "--set", "reward.lambda"])
+        .fails(2, &["KEY=VALUE"]);
+
+    // Several runs and no --run: a note.
+    f.rla(&[
+        "replay",
+        "--run",
+        "small",
+        "--from",
+        "1",
+        "--into",
+        "other",
+        "--iterations",
+        "2",
+    ])
+    .ok();
+    let both = f.sql("SELECT count(DISTINCT run_id) FROM tasks").ok();
+    assert_eq!(both.scalar(), "2");
+    assert!(
+        both.stderr.contains("2 runs (") && both.stderr.contains("--run"),
+        "{}",
+        both.stderr
+    );
+    let one = f.rla(&["sql", "--run", "small", "SELECT 1"]).ok();
+    assert!(!one.stderr.contains("runs ("), "{}", one.stderr);
+}
+
+/// Issue 50: an S3 store without credentials names what to set (not just the instance metadata
+/// service's failure).
+#[test]
+fn missing_s3_credentials_are_named() {
+    let f = Fixture::new();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    cmd.args(["runs", "--store", "s3://bucket/prefix"])
+        .env_remove("AWS_ACCESS_KEY_ID")
+        .env_remove("AWS_SECRET_ACCESS_KEY")
+        .env_remove("AWS_SESSION_TOKEN")
+        .env_remove("AWS_PROFILE")
+        .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE")
+        .env_remove("AWS_CONTAINER_CREDENTIALS_RELATIVE_URI")
+        .env_remove("AWS_CONTAINER_CREDENTIALS_FULL_URI")
+        .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("AWS_REGION", "us-east-1")
+        // The metadata service, where a cloud VM has one: nothing answers here.
+        .env("AWS_METADATA_ENDPOINT", "http://127.0.0.1:9")
+        .current_dir(f.dir.path());
+    let started = std::time::Instant::now();
+    crate::Run::from(cmd.output().unwrap()).fails(
+        1,
+        &[
+            "store error",
+            "s3://bucket/prefix",
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+        ],
+    );
+    assert!(started.elapsed().as_secs() < 90, "{:?}", started.elapsed());
 }

@@ -52,20 +52,42 @@ fn report_has_every_section_and_the_right_numbers() {
     let html = std::fs::read_to_string(&out).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
     for id in [
+        "runs",
         "success",
         "rm-accuracy",
+        "training",
         "adaptation",
         "stage-times",
         "update-metrics",
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
     }
-    // Self-contained: 8 inline charts, nothing fetched.
-    assert_eq!(html.matches("<svg").count(), 8);
+    // Self-contained: 11 inline charts, nothing fetched, no script.
+    assert_eq!(html.matches("<svg").count(), 11);
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
-    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 8);
-    // Both runs are overlaid in the charts' legends.
+    assert!(!html.contains("<script"));
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 11);
+    // Both runs are overlaid in the charts' legends, each in its own colour throughout: the
+    // first run's blue, the second's vermillion, no third colour in the success chart.
     assert!(html.contains("full · train") && html.contains("static · held-out"));
+    let success_svg = std::fs::read_to_string(svgs.join("success.svg")).unwrap();
+    assert!(
+        success_svg.contains("stroke=\"#0072B2\"") && success_svg.contains("stroke=\"#D55E00\"")
+    );
+    assert!(
+        !success_svg.contains("stroke=\"#009E73\""),
+        "a colour per metric"
+    );
+    // Tooltips with the exact values; responsive charts.
+    assert!(success_svg.contains("<title>full · held-out: iteration 0: "));
+    assert!(html.contains("figure svg{width:100%;height:auto"));
+    // The runs' header and summary: one row each.
+    assert!(html.contains("<table class=\"runs\">"));
+    assert_eq!(html.matches("<tr><td class=\"run\">").count(), 2);
+    assert!(
+        html.contains("<code>adapt.enabled</code>"),
+        "the setting that differs"
+    );
 
     let fmt = |x: f64| format!("{x:.3}");
     for run in ["full", "static"] {
@@ -157,18 +179,66 @@ fn report_has_every_section_and_the_right_numbers() {
         fit_row.starts_with(&format!("<tr><td>full</td><td>{}</td>", fmt(slope))),
         "{fit_row} (slope {slope})"
     );
-    // Stage times: every committed stage of every iteration, with its manifest's seconds.
+    // Stage times: per stage, the total of its manifests' seconds over the run's iterations.
     let secs = num(
         &f,
-        "SELECT seconds FROM stage_runs WHERE run_id = 'full' AND iter = 1 AND stage = 'update'",
+        "SELECT sum(seconds) FROM stage_runs WHERE run_id = 'full' AND stage = 'update'",
     );
     let times_start = html.find("<section id=\"stage-times\">").unwrap();
     assert!(
         html[times_start..].contains(&format!(
-            "<tr><td>full</td><td>1</td><td>update</td><td>{}</td></tr>",
+            "<tr><td>full</td><td>update</td><td>3</td><td>{}</td>",
             fmt(secs)
         )),
         "update seconds {secs}"
+    );
+    // The training signal: the mean step reward per iteration.
+    let reward = num(
+        &f,
+        "SELECT avg(reward) FROM step_rewards WHERE run_id = 'full' AND iter = 1",
+    );
+    assert_eq!(row(&html, "training", "full", "1")[2], fmt(reward));
+
+    // A branch: its header names the parent, branch point and override; its shared iterations
+    // are drawn once (the parent's) and not counted as its time.
+    f.rla(&[
+        "replay",
+        "--run",
+        "full",
+        "--from",
+        "2",
+        "--set",
+        "reward.lambda=0",
+        "--into",
+        "full-l0",
+        "--iterations",
+        "3",
+    ])
+    .ok();
+    let branch_out = f.dir.path().join("branch.html").display().to_string();
+    f.rla(&["report", "full", "full-l0", "--out", &branch_out])
+        .ok();
+    let html = std::fs::read_to_string(&branch_out).unwrap();
+    assert!(
+        html.contains("of <b>full</b> from iteration 2, <code>--set reward.lambda=0</code>"),
+        "the branch header"
+    );
+    assert!(
+        html.contains("<code>reward.lambda</code>"),
+        "the setting that differs"
+    );
+    let success_rows = |run: &str| {
+        let start = html.find("<section id=\"success\">").unwrap();
+        let body = &html[start..start + html[start..].find("</section>").unwrap()];
+        body.lines()
+            .filter(|l| l.starts_with(&format!("<tr><td>{run}</td>")))
+            .count()
+    };
+    assert_eq!((success_rows("full"), success_rows("full-l0")), (3, 1));
+    let times_start = html.find("<section id=\"stage-times\">").unwrap();
+    assert!(
+        html[times_start..].contains("<tr><td>full-l0</td><td>update</td><td>1</td>"),
+        "the branch's own update, once"
     );
 
     // Any run: a synthetic run has no evaluations, updates or adaptations; its report still has
@@ -177,7 +247,7 @@ fn report_has_every_section_and_the_right_numbers() {
     let small = f.dir.path().join("small.html").display().to_string();
     f.rla(&["report", "small", "--out", &small]).ok();
     let html = std::fs::read_to_string(&small).unwrap();
-    assert_eq!(html.matches("<svg").count(), 8);
+    assert_eq!(html.matches("<svg").count(), 11);
     let train = num(
         &f,
         "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
