@@ -378,19 +378,10 @@ fn quiet_on_closed_stdout() {
     }));
 }
 
-/// A write to stdout failed because its reader closed the pipe (Arrow's CSV writer keeps only
-/// the io error's text).
+/// A command's write to stdout found its reader gone ([`output::StdoutClosed`]). Only stdout's
+/// writes are marked so: a broken pipe to an environment or a sandboxed program stays an error.
 fn closed_stdout(e: &anyhow::Error) -> bool {
-    e.chain().any(|cause| {
-        cause.to_string().contains("Broken pipe (os error 32)") ||
-        cause
-            .downcast_ref::<std::io::Error>()
-            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
-            || matches!(
-                cause.downcast_ref::<arrow::error::ArrowError>(),
-                Some(arrow::error::ArrowError::IoError(_, io)) if io.kind() == std::io::ErrorKind::BrokenPipe
-            )
-    })
+    e.chain().any(|cause| cause.is::<output::StdoutClosed>())
 }
 
 /// `--set`'s value parser: KEY=VALUE, or a usage error (exit 2).

@@ -9,6 +9,18 @@ use arrow::datatypes::SchemaRef;
 
 use super::args::Format;
 
+/// Stdout's reader went away (`rla-pipe sql ... | head`): the command ends quietly with exit 0.
+#[derive(Debug)]
+pub(super) struct StdoutClosed;
+
+impl std::fmt::Display for StdoutClosed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("standard output was closed")
+    }
+}
+
+impl std::error::Error for StdoutClosed {}
+
 /// Print query results; an empty result prints its header (table and CSV) or `[]` (JSON).
 pub(super) fn print_batches(
     format: Format,
@@ -17,7 +29,19 @@ pub(super) fn print_batches(
 ) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
-    write_batches(format, schema, batches, &mut out)
+    write_batches(format, schema, batches, &mut out).map_err(|e| {
+        // Arrow's CSV writer keeps only the io error's text.
+        let closed = e.chain().any(|c| {
+            c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+                || c.to_string().contains("Broken pipe")
+        });
+        if closed {
+            anyhow::Error::new(StdoutClosed)
+        } else {
+            e
+        }
+    })
 }
 
 fn write_batches(

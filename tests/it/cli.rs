@@ -536,8 +536,9 @@ fn bad_input_is_a_clear_error() {
     let cfg = f.config().display().to_string();
     f.rla(&["run", &cfg, "--set", "reward.nope=1", "--store", &store])
         .fails(1, &["nope", "--set"]);
+    // A --set without `=` is a usage error (issue 50).
     f.rla(&["run", &cfg, "--set", "novalue", "--store", &store])
-        .fails(1, &["key=value"]);
+        .fails(2, &["KEY=VALUE"]);
     f.rla(&["run", &cfg, "--store", "ftp://host/x"])
         .fails(1, &["unknown store scheme"]);
     f.rla(&["run", &cfg, "--store", &store, "--run-id", "a/b"])
