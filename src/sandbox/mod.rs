@@ -507,6 +507,31 @@ mod tests {
             .count()
     }
 
+    /// The supervisor's report: one line; anything else is no report (the stage then fails,
+    /// naming the supervisor).
+    #[test]
+    fn supervisor_reports_parse() {
+        assert_eq!(
+            parse_report("exit 3 0.250000\n"),
+            Some(Report::End(End::Exit(3), 0.25))
+        );
+        assert_eq!(
+            parse_report("signal 9 1.5\n"),
+            Some(Report::End(End::Signal(9), 1.5))
+        );
+        assert_eq!(
+            parse_report("timeout 2.000001\n"),
+            Some(Report::End(End::Timeout, 2.000001))
+        );
+        assert_eq!(
+            parse_report("setup pivot_root: Operation not permitted\n"),
+            Some(Report::Setup("pivot_root: Operation not permitted".into()))
+        );
+        for bad in ["", "exit", "exit x 1", "exit 0", "crash 1 1", "\nexit 0 1"] {
+            assert_eq!(parse_report(bad), None, "{bad:?}");
+        }
+    }
+
     #[test]
     fn a_program_reads_stdin_and_writes_stdout() {
         let s = sandbox();
