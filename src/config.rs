@@ -591,7 +591,8 @@ fn apply_set(doc: &mut toml::Table, set: &str) -> Result<()> {
     Ok(())
 }
 
-fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
+/// Every leaf of a JSON value as (dotted key under `prefix`, its JSON text).
+pub fn flatten(prefix: &str, v: &serde_json::Value, out: &mut BTreeMap<String, String>) {
     match v {
         serde_json::Value::Object(m) => {
             for (k, v) in m {

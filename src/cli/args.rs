@@ -90,3 +90,13 @@ pub(super) enum Format {
     Csv,
     Json,
 }
+
+/// `--set`'s value parser: KEY=VALUE, or a usage error (exit 2).
+pub(super) fn key_value(s: &str) -> std::result::Result<String, String> {
+    match s.split_once('=') {
+        Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
+        _ => Err(format!(
+            "expected KEY=VALUE, e.g. --set reward.lambda=0.5 (got {s:?})"
+        )),
+    }
+}

@@ -70,7 +70,7 @@ enum Command {
         #[arg(long)]
         iterations: Option<u32>,
         /// Override a config key, validated like the file: --set reward.lambda=0.5 (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = args::key_value)]
         sets: Vec<String>,
         /// Stop after this stage (of the last iteration reached).
         #[arg(long, value_name = "STAGE")]
@@ -160,7 +160,7 @@ rla-pipe report gridnav gridnav-lambda05 --out compare.html"
         #[arg(long, value_name = "NEW_ID", requires = "from")]
         into: Option<String>,
         /// Branch: override a key of the parent's config (repeatable), e.g. --set reward.lambda=0.5.
-        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into", value_parser = key_value)]
+        #[arg(long = "set", value_name = "KEY=VALUE", requires = "into", value_parser = args::key_value)]
         sets: Vec<String>,
         /// Branch: bring it to this many iterations (default: the parent's run.iterations, or
         /// the value --set gives).
@@ -236,7 +236,7 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         #[arg(long, default_value_t = 1_000_000)]
         steps: u64,
         /// Override a config key (repeatable).
-        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
+        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = args::key_value)]
         sets: Vec<String>,
     },
     /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
@@ -290,31 +290,7 @@ rla-pipe sandbox solution.py --stdin input.txt --timeout 2\n  \
 rla-pipe sandbox solution.py --pipeline pipelines/coding.toml --set env.coding.sandbox.memory_mib=256 --format json\n  \
 rla-pipe sandbox empty.py --repeat 50   (the sandbox's own cost per run)\n\
 The exit status is 0 whenever the program ran, whatever it did; 1 when the sandbox could not run it.")]
-    Sandbox {
-        /// The program (a Python source file; - reads it from standard input).
-        program: Option<PathBuf>,
-        /// The program's standard input, from this file (default: empty).
-        #[arg(long, value_name = "FILE")]
-        stdin: Option<PathBuf>,
-        /// Wall-clock limit of the run, seconds.
-        #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
-        timeout: f64,
-        /// Take the sandbox's settings ([env.coding.sandbox]) from this pipeline (default: the
-        /// defaults).
-        #[arg(long, value_name = "PIPELINE.toml")]
-        pipeline: Option<PathBuf>,
-        /// Override a config key (repeatable): --set env.coding.sandbox.isolation=none.
-        #[arg(long = "set", value_name = "KEY=VALUE", value_parser = key_value)]
-        sets: Vec<String>,
-        /// Run the program this many times (the last run is printed, with the median time).
-        #[arg(long, value_name = "N", default_value_t = 1)]
-        repeat: u32,
-        /// The worker slot to run as (as root, each slot has a uid of its own: 61000 + SLOT).
-        #[arg(long, value_name = "SLOT", default_value_t = 0)]
-        slot: usize,
-        #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
-        format: TextOrJson,
-    },
+    Sandbox(sandbox::SandboxArgs),
     /// Write a commented iteration.toml with every key at its default.
     Init {
         /// Directory to write iteration.toml into.
@@ -382,16 +358,6 @@ fn quiet_on_closed_stdout() {
 /// writes are marked so: a broken pipe to an environment or a sandboxed program stays an error.
 fn closed_stdout(e: &anyhow::Error) -> bool {
     e.chain().any(|cause| cause.is::<output::StdoutClosed>())
-}
-
-/// `--set`'s value parser: KEY=VALUE, or a usage error (exit 2).
-fn key_value(s: &str) -> std::result::Result<String, String> {
-    match s.split_once('=') {
-        Some((k, _)) if !k.trim().is_empty() => Ok(s.to_string()),
-        _ => Err(format!(
-            "expected KEY=VALUE, e.g. --set reward.lambda=0.5 (got {s:?})"
-        )),
-    }
 }
 
 fn init_tracing(verbose: bool) {
@@ -526,25 +492,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             out,
             merge,
         } => export::export(&store, &run, iter, model, &out, merge).await?,
-        Command::Sandbox {
-            program,
-            stdin,
-            timeout,
-            pipeline,
-            sets,
-            repeat,
-            slot,
-            format,
-        } => sandbox::sandbox(sandbox::SandboxRun {
-            program,
-            stdin,
-            timeout,
-            pipeline,
-            sets,
-            repeat,
-            slot,
-            format,
-        })?,
+        Command::Sandbox(args) => sandbox::sandbox(args)?,
         Command::Init { dir } => init::init(&dir)?,
     }
     Ok(ExitCode::SUCCESS)

@@ -13,15 +13,31 @@ use crate::config::Config;
 use crate::sandbox::Sandbox;
 
 /// What to run and how (the command's flags).
-pub(super) struct SandboxRun {
-    pub program: Option<PathBuf>,
-    pub stdin: Option<PathBuf>,
-    pub timeout: f64,
-    pub pipeline: Option<PathBuf>,
-    pub sets: Vec<String>,
-    pub repeat: u32,
-    pub slot: usize,
-    pub format: TextOrJson,
+#[derive(clap::Args, Debug)]
+pub(super) struct SandboxArgs {
+    /// The program (a Python source file; - reads it from standard input).
+    program: Option<PathBuf>,
+    /// The program's standard input, from this file (default: empty).
+    #[arg(long, value_name = "FILE")]
+    stdin: Option<PathBuf>,
+    /// Wall-clock limit of the run, seconds.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1.0)]
+    timeout: f64,
+    /// Take the sandbox's settings ([env.coding.sandbox]) from this pipeline (default: the
+    /// defaults).
+    #[arg(long, value_name = "PIPELINE.toml")]
+    pipeline: Option<PathBuf>,
+    /// Override a config key (repeatable): --set env.coding.sandbox.isolation=none.
+    #[arg(long = "set", value_name = "KEY=VALUE", value_parser = super::args::key_value)]
+    sets: Vec<String>,
+    /// Run the program this many times (the last run is printed, with the median time).
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    repeat: u32,
+    /// The worker slot to run as (as root, each slot has a uid of its own: 61000 + SLOT).
+    #[arg(long, value_name = "SLOT", default_value_t = 0)]
+    slot: usize,
+    #[arg(long, value_enum, default_value_t = TextOrJson::Text)]
+    format: TextOrJson,
 }
 
 fn read(path: &Path) -> Result<String> {
@@ -35,7 +51,7 @@ fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
-pub(super) fn sandbox(a: SandboxRun) -> Result<()> {
+pub(super) fn sandbox(a: SandboxArgs) -> Result<()> {
     let cfg = match &a.pipeline {
         Some(p) => Config::load(p, &a.sets)?,
         None => Config::from_toml_with_sets(crate::config::DEFAULT_TOML, "the defaults", &a.sets)?,

@@ -409,29 +409,6 @@ fn lines_of(t: &Table, runs: &[String], columns: &[(&str, &str)]) -> Vec<Line> {
     out
 }
 
-/// Every leaf of a JSON config as (dotted key, value).
-fn flatten(
-    prefix: &str,
-    v: &serde_json::Value,
-    out: &mut std::collections::BTreeMap<String, String>,
-) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                let key = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                flatten(&key, v, out);
-            }
-        }
-        other => {
-            out.insert(prefix.to_string(), other.to_string());
-        }
-    }
-}
-
 /// The runs section: one row per run (start, code version, config digest, branch) and the
 /// settings whose values differ between the runs shown.
 fn runs_section(states: &[crate::store::catalog::RunState]) -> String {
@@ -477,7 +454,7 @@ fn runs_section(states: &[crate::store::catalog::RunState]) -> String {
             .iter()
             .map(|st| {
                 let mut m = std::collections::BTreeMap::new();
-                flatten("", &st.run.config, &mut m);
+                crate::config::flatten("", &st.run.config, &mut m);
                 m
             })
             .collect();

@@ -258,7 +258,9 @@ impl Sandbox {
                 } else {
                     String::new()
                 };
-                c.arg(interpreter(&self.cfg.python))
+                // The supervisor and the program run the same Python, found once.
+                let python = interpreter(&self.cfg.python);
+                c.arg(&python)
                     .args(["-I", "-S", "-c", JAIL])
                     .arg(work.path())
                     .arg(uid)
@@ -267,7 +269,7 @@ impl Sandbox {
                     .arg((self.cfg.max_file_mib << 20).to_string())
                     .arg(cpu.to_string())
                     .arg(self.cfg.tmpfs_mib.to_string())
-                    .arg(&self.cfg.python)
+                    .arg(&python)
                     .arg(format!("{:.3}", limit.as_secs_f64()));
                 c
             }
@@ -432,9 +434,10 @@ impl Sandbox {
     }
 }
 
-/// The interpreter's path as the jail finds it (`jail.py`'s `interpreter`): the supervisor runs
-/// the same Python as the program, not whatever `PATH` finds first (a version manager's shim
-/// costs a shell per run).
+/// The interpreter's path, looked up where the jail's root has it (`/usr/bin`, `/bin`,
+/// `/usr/local/bin`), not wherever `PATH` finds it first (a version manager's shim costs a shell
+/// per run, and is not in the jail). A name found nowhere is passed on as it is, and the jail
+/// reports it missing.
 fn interpreter(name: &str) -> std::path::PathBuf {
     if name.contains('/') {
         return name.into();
