@@ -26,9 +26,12 @@ from a seed, the same shapes a learning run's update has.
    "basic": every kernel launched alone and timed on the device), its log split at the stages'
    start lines: per stage, the kernels' device time against the stage's wall time (the rest is
    the host: launches, allocation, copies, Rust), and the kernels that take it.
-5. variants (`--variant NAME=KEY=VALUE,...`): the iteration with other settings, timed beside 2.
+5. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
+   `fusion=env:RLA_PIPE_CUDA_FUSION=1`): the iteration with other settings, timed beside 2,
+   each with its update's optimizer-step seconds from its own dump.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
-   batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py).
+   batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
+   `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment.
 7. `cpu`: the iteration on the machine's CPU cores, for the GPU/CPU ratio.
 
 Each step has its own time limit; a failed step is reported and the rest still run. The summary
@@ -222,6 +225,8 @@ def main():
                     "script on a machine without a GPU)")
     ap.add_argument("--real-weights", action="store_true",
                     help="use MODEL's own weights instead of random ones (needs its model.safetensors)")
+    ap.add_argument("--generate-variant", action="append", default=[],
+                    help="NAME=VAR=VALUE[,VAR=VALUE...]: the generation comparison again with this environment")
     ap.add_argument("--generate-runs", type=int, default=1,
                     help="run the generation comparison this many times; the last is reported")
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds for the whole script")
@@ -244,6 +249,8 @@ def main():
     if not a.real_weights:
         log(f"random SmolLM2-shaped weights: {time.perf_counter() - t:.1f} s")
     variants = [v.split("=", 1) for v in (a.variant or ["mb0=update.micro_batch_tokens=0,update.threads=1"])]
+    gen_variants = [("", {})] + [(n, dict(kv.split("=", 1) for kv in rest.split(",")))
+                                 for n, rest in (v.split("=", 1) for v in a.generate_variant)]
     dump = tempfile.mkdtemp(prefix="gpu-dump-")
     bench = {"RLA_PIPE_BENCH_ADVANTAGE": "0"}
 
@@ -262,16 +269,23 @@ def main():
         with open(os.path.join(d, "cubecl.toml"), "w") as f:
             f.write('[profiling.logger]\nlevel = "basic"\nstdout = true\n')
         prof = run_iteration(bin_, model, gpu, out, "kernels", bench, cwd=d, limit=300)
-    var = {}
-    for name, sets in ([] if "variants" in skip else variants):
-        var[name] = run_iteration(bin_, model, gpu, out, f"cuda-{name}", bench, sets=sets.split(","))
-    gen_text = ""
-    for _ in range(a.generate_runs if "generate" not in skip else 0):
-        # A later run finds every kernel of the first compiled (the kernel cache).
-        gen_text, _ = step("generate", 150, [sys.executable, "benches/smollm2_generate.py", model,
-                                             "--batches", "1,32", "--max-tokens", "32"], out,
-                           {"TORCH_DEVICE": "cuda", "RLA_PIPE_BIN": bin_,
-                            "RLA_PIPE_KERNEL_CACHE": bench["RLA_PIPE_KERNEL_CACHE"]})
+    var, dumps = {}, {"cuda": dump}
+    for name, spec in ([] if "variants" in skip else variants):
+        items = spec.split(",")
+        env = dict(i[4:].split("=", 1) for i in items if i.startswith("env:"))
+        dumps[name] = tempfile.mkdtemp(prefix=f"gpu-dump-{name}-")
+        var[name] = run_iteration(bin_, model, gpu, out, f"cuda-{name}",
+                                  dict(bench, RLA_PIPE_BENCH_UPDATE=dumps[name], **env),
+                                  sets=[i for i in items if not i.startswith("env:")])
+    gen_texts = {}
+    for gname, genv in ([] if "generate" in skip else gen_variants):
+        for _ in range(a.generate_runs):
+            # A later run finds every kernel of the first compiled (the kernel cache).
+            gen_texts[gname], _ = step(f"generate{'-' + gname if gname else ''}", 150,
+                                       [sys.executable, "benches/smollm2_generate.py", model,
+                                        "--batches", "1,32", "--max-tokens", "32"], out,
+                                       dict({"TORCH_DEVICE": "cuda", "RLA_PIPE_BIN": bin_,
+                                             "RLA_PIPE_KERNEL_CACHE": bench["RLA_PIPE_KERNEL_CACHE"]}, **genv))
     cpu = None
     if "cpu" not in skip:
         cpu = run_iteration(bin_, model, "cpu", out, "cpu", bench, limit=240)
@@ -306,8 +320,19 @@ def main():
         + " | ".join(f"{it(var.get(n)):.1f} | {(var.get(n) or {}).get('peak', {}).get('(run)', 0):,.0f}" for n in names) + " |")
     log(f"process wall: cuda compiling {w(cold)} s, cuda {w(cuda)} s, profiled {w(prof)} s, cpu {w(cpu)} s, "
         + ", ".join(f"{n} {w(var.get(n))} s" for n in names))
-    for title, text, keep in (("update: burn-cuda vs PyTorch CUDA", torch_text, r"^\||step 0|snapshot|tokens"),
-                              ("generation", gen_text, r"^\||^batch")):
+    # The update's optimizer steps per run, from each run's dump (the stage's own seconds).
+    log("\n| run | policy optimizer steps (s) | RM optimizer steps (s) |\n|---|---:|---:|")
+    for name, d in dumps.items():
+        secs = []
+        for role in ("policy", "rm"):
+            try:
+                with open(os.path.join(d, f"{role}.json")) as f:
+                    secs.append(f"{json.load(f)['train_seconds']:.2f}")
+            except (OSError, KeyError, ValueError):
+                secs.append("")
+        log(f"| {name} | {secs[0]} | {secs[1]} |")
+    for title, text, keep in [("update: burn-cuda vs PyTorch CUDA", torch_text, r"^\||step 0|snapshot|tokens")] + \
+            [(f"generation{' (' + n + ')' if n else ''}", t, r"^\||^batch") for n, t in gen_texts.items()]:
         if text:
             log(f"\n{title}:")
             log("\n".join(l for l in text.splitlines() if re.search(keep, l)))
