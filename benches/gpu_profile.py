@@ -27,7 +27,7 @@ from a seed, the same shapes a learning run's update has.
    start lines: per stage, the kernels' device time against the stage's wall time (the rest is
    the host: launches, allocation, copies, Rust), and the kernels that take it.
 5. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
-   `fusion=env:RLA_PIPE_CUDA_FUSION=1`): the iteration with other settings, timed beside 2,
+   `nocache=env:RLA_PIPE_KERNEL_CACHE=off`): the iteration with other settings, timed beside 2,
    each with its update's optimizer-step seconds from its own dump.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);

@@ -16,31 +16,12 @@ pub type CpuTrain = burn::backend::Autodiff<
     Cpu,
     burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
 >;
-/// The CUDA backend: cubecl's kernels, one launch per tensor operation.
+/// The CUDA backend.
 #[cfg(feature = "cuda")]
-pub type Gpu = burn_cubecl::CubeBackend<cubecl::cuda::CudaRuntime, f32, i32, u8>;
+pub type Gpu = burn::backend::Cuda;
 /// The CUDA backend with autodiff (training).
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
-/// The CUDA backend with burn's kernel fusion (element-wise chains and what they feed or read
-/// compiled into one kernel): chosen by `RLA_PIPE_CUDA_FUSION=1` ([`cuda_fusion`]).
-#[cfg(feature = "cuda")]
-pub type GpuFused = burn::backend::Cuda;
-/// [`GpuFused`] with autodiff (training).
-#[cfg(feature = "cuda")]
-pub type GpuFusedTrain = burn::backend::Autodiff<GpuFused>;
-
-/// Whether model calls on `cuda` go through burn's kernel fusion ([`GpuFused`]):
-/// `RLA_PIPE_CUDA_FUSION=1`, read once. Off by default (docs/src/real-models.md, "The GPU
-/// path", says what it measured).
-#[cfg(feature = "cuda")]
-pub fn cuda_fusion() -> bool {
-    use std::sync::OnceLock;
-    static FUSION: OnceLock<bool> = OnceLock::new();
-    *FUSION.get_or_init(|| {
-        std::env::var("RLA_PIPE_CUDA_FUSION").is_ok_and(|v| v == "1" || v == "true")
-    })
-}
 
 /// Call a backend-generic function on the backend a [`Device`] names:
 /// `on_backend!(device, infer | train, function(args...))`, where the function's first
@@ -52,11 +33,7 @@ macro_rules! on_backend {
             #[cfg(feature = "cuda")]
             $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
                 Ok(()) => {
-                    let r = if $crate::model::backend::cuda_fusion() {
-                        $f::<$crate::model::backend::GpuFused>(&Default::default(), $($arg),*)
-                    } else {
-                        $f::<$crate::model::Gpu>(&Default::default(), $($arg),*)
-                    };
+                    let r = $f::<$crate::model::Gpu>(&Default::default(), $($arg),*);
                     $crate::model::backend::release_gpu_memory();
                     r
                 }
@@ -74,11 +51,7 @@ macro_rules! on_backend {
             #[cfg(feature = "cuda")]
             $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
                 Ok(()) => {
-                    let r = if $crate::model::backend::cuda_fusion() {
-                        $f::<$crate::model::backend::GpuFusedTrain>(&Default::default(), $($arg),*)
-                    } else {
-                        $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*)
-                    };
+                    let r = $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*);
                     $crate::model::backend::release_gpu_memory();
                     r
                 }
@@ -150,11 +123,7 @@ pub fn cuda_ready() -> Result<(), Error> {
 #[cfg(feature = "cuda")]
 pub fn release_gpu_memory() {
     use burn::tensor::backend::Backend;
-    if cuda_fusion() {
-        GpuFused::memory_cleanup(&Default::default());
-    } else {
-        Gpu::memory_cleanup(&Default::default());
-    }
+    Gpu::memory_cleanup(&Default::default());
 }
 
 /// Where compiled GPU kernels are kept between runs: `RLA_PIPE_KERNEL_CACHE` (a directory, or
