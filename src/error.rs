@@ -62,6 +62,10 @@ pub enum Error {
     /// The run was interrupted (Ctrl-C) before the current stage committed.
     #[error("interrupted: {0}")]
     Interrupted(String),
+    /// A command-line value the parser cannot check alone (a range, a table's name, a number's
+    /// bounds, a missing choice): exit status 2, as the parser's own usage errors.
+    #[error("usage error: {0}")]
+    Usage(String),
 }
 
 /// What to set when a cloud store failed for want of credentials: with none in the environment,
@@ -94,6 +98,28 @@ pub fn datafusion_message(e: &datafusion::error::DataFusionError) -> String {
 }
 
 impl Error {
+    /// The message without its kind's prefix (`environment error: `), for a caller that
+    /// wraps it in an error of the same kind: one prefix, not two.
+    pub fn detail(&self) -> String {
+        match self {
+            Error::Config(m)
+            | Error::Store(m)
+            | Error::CommitConflict(m)
+            | Error::Data(m)
+            | Error::Sql(m)
+            | Error::Mismatch(m)
+            | Error::Model(m)
+            | Error::Environment(m)
+            | Error::Adapt(m)
+            | Error::Cluster(m)
+            | Error::Interrupted(m)
+            | Error::Usage(m) => m.clone(),
+            other => other.to_string(),
+        }
+    }
+    pub fn usage(msg: impl fmt::Display) -> Self {
+        Error::Usage(msg.to_string())
+    }
     pub fn config(msg: impl fmt::Display) -> Self {
         Error::Config(msg.to_string())
     }

@@ -1,7 +1,7 @@
 //! `rla-pipe replay --from N --into NEW`: a branch run, re-executed from iteration N with a
 //! changed config.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use super::args::StoreArgs;
 
@@ -24,7 +24,7 @@ pub(super) async fn branch(
     engine.verbose = !quiet;
     let iterations = iterations.unwrap_or(engine.config().run.iterations);
     if iterations == 0 {
-        bail!("--iterations must be at least 1");
+        return Err(crate::error::Error::usage("--iterations must be at least 1").into());
     }
     if !quiet {
         eprintln!(

@@ -2,6 +2,8 @@
 
 use anyhow::{Context, Result, bail};
 
+use crate::error::Error;
+
 use super::args::{ModelRole, StoreArgs};
 use crate::model::hf;
 
@@ -12,6 +14,8 @@ pub(super) async fn export(
     role: ModelRole,
     out: &std::path::Path,
     merge: bool,
+    force: bool,
+    base_name: Option<&str>,
 ) -> Result<()> {
     let name = match role {
         ModelRole::Policy => crate::model::POLICY,
@@ -20,7 +24,7 @@ pub(super) async fn export(
     let store = store.open()?;
     let ck = crate::engine::checkpoints::committed_checkpoint(&store, run, iter, name).await?;
     let Some(origin) = ck.run.models.get(name) else {
-        bail!(
+        bail!(Error::Model(format!(
             "run {run:?} trains rla-pipe's small transformer as its {name} model; export writes \
              Hugging Face directories of runs that started from one (`{}.init = \"hf:DIR\"`)",
             if name == crate::model::POLICY {
@@ -28,7 +32,7 @@ pub(super) async fn export(
             } else {
                 "reward_model"
             }
-        );
+        )));
     };
     // `hf:DIR blake3:DIGEST`: the architecture and tokenizer come from DIR.
     let (spec, recorded) = origin
@@ -36,19 +40,39 @@ pub(super) async fn export(
         .unwrap_or((origin.as_str(), ""));
     let dir = std::path::PathBuf::from(spec.strip_prefix("hf:").unwrap_or(spec));
     if !dir.join("config.json").exists() {
-        bail!(
+        bail!(Error::Model(format!(
             "run {run:?} started its {name} model from {origin}; {} is needed for the \
              architecture and tokenizer and is not there",
             dir.display()
-        );
+        )));
     }
-    if hf::directory_digest(&dir).ok().as_deref() != Some(recorded) {
+    let now = hf::directory_digest(&dir)
+        .with_context(|| format!("reading the base model in {}", dir.display()))?;
+    if now != recorded {
+        if !force {
+            bail!(Error::Model(format!(
+                "the base model in {} changed since run {run:?} started from it: the run \
+                 recorded blake3:{recorded}, the directory now holds blake3:{now}. Restore the \
+                 base model the run started from, or pass --force to export against the \
+                 directory as it is now",
+                dir.display()
+            )));
+        }
         eprintln!(
-            "warning: the weights in {} changed since run {run:?} started from them; its \
-             config.json and tokenizer files are used as they are now",
+            "warning: --force: the base model in {} changed since run {run:?} started from it \
+             (blake3:{recorded} then, blake3:{now} now); its files are used as they are now",
             dir.display()
         );
     }
+    // What an adapter directory names as its base: the user's name, else the base directory's
+    // absolute path (a relative one would be resolved against whoever loads the adapter).
+    let base = match base_name {
+        Some(name) => name.to_string(),
+        None => std::path::absolute(&dir)
+            .with_context(|| format!("resolving {}", dir.display()))?
+            .display()
+            .to_string(),
+    };
     // The run's own settings say whether it trained adapters (a run.json from before adapters
     // existed has no `lora` section: full weights).
     let section = if name == crate::model::POLICY {
@@ -68,7 +92,7 @@ pub(super) async fn export(
             "model with its adapters merged",
         ),
         Some(spec) => (
-            hf::export_adapter_dir(&dir.display().to_string(), spec, &ck.bytes, out)?,
+            hf::export_adapter_dir(&base, spec, &ck.bytes, out)?,
             "adapters (PEFT)",
         ),
         None => (hf::export_dir(&dir, &ck.bytes, out)?, "model"),

@@ -1,27 +1,31 @@
 //! `rla-pipe files`: a run's committed data files.
 
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 
 use super::args::{StoreArgs, TextOrJson};
 use crate::store::{catalog, layout};
 
 /// `A..B` (B excluded) or `A..=B`.
 pub(super) fn parse_iters(text: &str) -> Result<std::ops::RangeInclusive<u32>> {
-    let bad =
-        || anyhow::anyhow!("--iters {text:?}: expected A..B (B excluded) or A..=B, e.g. 0..3");
+    let bad = || {
+        Error::usage(format!(
+            "--iters {text:?}: expected A..B (B excluded) or A..=B, e.g. 0..3"
+        ))
+    };
     let (a, b, inclusive) = if let Some((a, b)) = text.split_once("..=") {
         (a, b, true)
     } else if let Some((a, b)) = text.split_once("..") {
         (a, b, false)
     } else {
-        return Err(bad());
+        return Err(bad().into());
     };
     let a: u32 = a.trim().parse().map_err(|_| bad())?;
     let b: u32 = b.trim().parse().map_err(|_| bad())?;
     let end = if inclusive { Some(b) } else { b.checked_sub(1) };
     match end {
         Some(e) if e >= a => Ok(a..=e),
-        _ => bail!("--iters {text:?} is empty"),
+        _ => return Err(Error::usage(format!("--iters {text:?} is empty")).into()),
     }
 }
 
@@ -38,7 +42,11 @@ pub(super) async fn files(
     if let Some(t) = table
         && !tables.contains(&t)
     {
-        bail!("--table {t}: no such table (tables: {})", tables.join(", "));
+        return Err(Error::usage(format!(
+            "--table {t}: no such table (tables: {})",
+            tables.join(", ")
+        ))
+        .into());
     }
     let state = catalog::load_run(&store, run).await?;
     let files: Vec<_> = state

@@ -1,6 +1,7 @@
 //! `rla-pipe model inspect` and `rla-pipe model generate`: pretrained Hugging Face models.
 
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 
 use std::path::PathBuf;
 
@@ -109,7 +110,7 @@ pub(super) fn model(command: ModelCommand) -> Result<()> {
             format,
         } => {
             if !(0.0..=1.0).contains(&top_p) || top_p == 0.0 || temperature < 0.0 {
-                bail!("--top-p must be in (0, 1] and --temperature ≥ 0");
+                return Err(Error::usage("--top-p must be in (0, 1] and --temperature ≥ 0").into());
             }
             let request = hf::GenerateRequest {
                 prompts: prompt,

@@ -99,10 +99,13 @@ pub(super) fn write_results(
         "parquet" => return write_parquet(path, schema, batches),
         "csv" => Format::Csv,
         "json" => Format::Json,
-        _ => anyhow::bail!(
-            "--out {}: the extension names the format: .parquet, .csv or .json",
-            path.display()
-        ),
+        _ => {
+            return Err(crate::error::Error::usage(format!(
+                "--out {}: the extension names the format: .parquet, .csv or .json",
+                path.display()
+            ))
+            .into());
+        }
     };
     let mut bytes = Vec::new();
     write_batches(format, &schema, batches, &mut bytes)?;

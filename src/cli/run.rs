@@ -1,6 +1,6 @@
 //! `rla-pipe run`: run (or resume) a pipeline.
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 
 use crate::config::Config;
 use crate::engine::Engine;
@@ -20,12 +20,12 @@ impl RunOverrides {
         }
         if !self.cluster.is_empty() {
             crate::config::cluster_urls(&self.cluster)
-                .map_err(|e| anyhow::anyhow!("--cluster: {e}"))?;
+                .map_err(|e| crate::error::Error::usage(format!("--cluster: {e}")))?;
             cfg.run.cluster = self.cluster;
         }
         if let Some(n) = self.iterations {
             if n == 0 {
-                bail!("--iterations must be at least 1");
+                return Err(crate::error::Error::usage("--iterations must be at least 1").into());
             }
             cfg.run.iterations = n;
         }

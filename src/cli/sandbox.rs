@@ -6,7 +6,8 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use crate::error::Error;
+use anyhow::{Context, Result};
 
 use super::args::TextOrJson;
 use crate::config::Config;
@@ -57,13 +58,14 @@ pub(super) fn sandbox(a: SandboxArgs) -> Result<()> {
         None => Config::from_toml_with_sets(crate::config::DEFAULT_TOML, "the defaults", &a.sets)?,
     };
     if !(a.timeout > 0.0 && a.timeout.is_finite()) {
-        bail!(
+        return Err(Error::usage(format!(
             "--timeout must be a positive number of seconds, not {}",
             a.timeout
-        );
+        ))
+        .into());
     }
     if a.repeat == 0 {
-        bail!("--repeat must be at least 1");
+        return Err(Error::usage("--repeat must be at least 1").into());
     }
     let started = Instant::now();
     // The isolation is probed here: an error says what is missing and which key turns it off.

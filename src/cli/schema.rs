@@ -1,6 +1,7 @@
 //! `rla-pipe schema`: the schema of every table, from this build's code.
 
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 
 use super::args::SchemaFormat;
 
@@ -11,7 +12,9 @@ pub(super) fn print_schema(table: Option<&str>, format: SchemaFormat) -> Result<
         Some(t) => {
             let names: Vec<_> = all.iter().map(|d| d.name).collect();
             let Some(d) = all.iter().find(|d| d.name == t) else {
-                bail!("no table {t:?} (tables: {})", names.join(", "));
+                return Err(
+                    Error::usage(format!("no table {t:?} (tables: {})", names.join(", "))).into(),
+                );
             };
             vec![d.clone()]
         }

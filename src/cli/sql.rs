@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use crate::error::Error;
+use anyhow::{Context, Result};
 
 use super::args::{Format, StoreArgs};
 use super::output::{print_batches, write_results};
@@ -25,7 +26,7 @@ pub(super) async fn sql(
         None => crate::sql::session(&store, run).await?,
         Some(cluster) => {
             if !(on.split_mib > 0.0 && on.split_mib.is_finite()) {
-                bail!("--split-mib must be a positive number of MiB");
+                return Err(Error::usage("--split-mib must be a positive number of MiB").into());
             }
             let split = (on.split_mib * 1024.0 * 1024.0).max(1.0) as usize;
             crate::sql::cluster_session(&store, run, &cluster, split).await?
@@ -61,7 +62,7 @@ pub(super) fn query_text(query: Option<String>, file: Option<PathBuf>) -> Result
         (Some(q), _) => q,
         (None, Some(path)) => std::fs::read_to_string(&path)
             .with_context(|| format!("cannot read the query file {}", path.display()))?,
-        (None, None) => bail!("give a query, or --file FILE.sql"),
+        (None, None) => return Err(Error::usage("give a query, or --file FILE.sql").into()),
     })
 }
 

@@ -1,6 +1,7 @@
 //! `rla-pipe worker`: serve a worker of a cluster.
 
-use anyhow::{Result, bail};
+use crate::error::Error;
+use anyhow::Result;
 
 use crate::store::Store;
 
@@ -11,7 +12,7 @@ pub(super) async fn worker(
     memory_limit_mib: u64,
 ) -> Result<()> {
     if memory_limit_mib < 64 {
-        bail!("--memory-limit-mib must be at least 64");
+        return Err(Error::usage("--memory-limit-mib must be at least 64").into());
     }
     let store = Store::open(store)?;
     let codec = crate::engine::shard::StageCodec::new(

@@ -175,12 +175,7 @@ impl Process {
 
     fn stderr_tail(&self) -> String {
         let t = self.stderr.lock().expect("stderr lock");
-        let t = t.trim();
-        if t.is_empty() {
-            String::new()
-        } else {
-            format!("; its stderr ends with: {t}")
-        }
+        stderr_summary(t.trim())
     }
 
     /// Send one request and wait for its reply.
@@ -249,6 +244,32 @@ impl Process {
             self.stderr_tail()
         ))
     }
+}
+
+/// What an error says of a process's last stderr: the text, or of a Python traceback only its
+/// last line (the exception) and the frame that raised it. The whole text goes to the log
+/// (`-v`), for whoever asks for it.
+fn stderr_summary(t: &str) -> String {
+    if t.is_empty() {
+        return String::new();
+    }
+    let Some(start) = t.rfind("Traceback (most recent call last):") else {
+        return format!("; its stderr ends with: {t}");
+    };
+    tracing::info!(stderr = t, "the environment process's stderr");
+    let trace: Vec<&str> = t[start..].lines().collect();
+    let frame = trace
+        .iter()
+        .rev()
+        .find(|l| l.trim_start().starts_with("File "))
+        .map(|l| format!(" ({})", l.trim()))
+        .unwrap_or_default();
+    let exception = trace
+        .iter()
+        .rev()
+        .find(|l| !l.trim().is_empty() && !l.starts_with(' '))
+        .map_or("", |l| l.trim());
+    format!("; it raised {exception}{frame} (the whole traceback: -v)")
 }
 
 /// Idle processes, shared with the episodes that borrow them.
@@ -504,6 +525,21 @@ impl Episode for ExternalEpisode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_python_traceback_is_summed_up_by_its_exception_and_frame() {
+        let t = "warming up\nTraceback (most recent call last):\n  File \"/x/bridge.py\", line 30, in <module>\n    import textworld\nModuleNotFoundError: No module named 'textworld'";
+        assert_eq!(
+            stderr_summary(t),
+            "; it raised ModuleNotFoundError: No module named 'textworld' (File \"/x/bridge.py\", \
+             line 30, in <module>) (the whole traceback: -v)"
+        );
+        assert_eq!(
+            stderr_summary("plain words"),
+            "; its stderr ends with: plain words"
+        );
+        assert_eq!(stderr_summary(""), "");
+    }
 
     fn line_env(timeout_secs: f64) -> External {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envs/line_env.py");

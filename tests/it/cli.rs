@@ -379,13 +379,14 @@ fn sql_formats_out_and_read_only() {
     ] {
         let before = f.files();
         // A path without a format's extension is refused before anything is written.
-        let why = if out.ends_with(".parquet") || out.ends_with(".csv") {
-            "cannot write"
+        // (a usage error: exit 2)
+        let (code, why) = if out.ends_with(".parquet") || out.ends_with(".csv") {
+            (1, "cannot write")
         } else {
-            "the extension names the format"
+            (2, "error: usage error: --out")
         };
         f.rla(&["sql", "--out", &out, "SELECT 1"])
-            .fails(1, &[why, &out[..out.len().min(20)]]);
+            .fails(code, &[why, &out[..out.len().min(20)]]);
         f.rla(&["report", "small", "--out", &out])
             .fails(1, &["cannot write", &out[..out.len().min(20)]]);
         assert_eq!(f.files(), before, "{out}: the store changed");

@@ -330,6 +330,48 @@ fn a_lora_run_commits_adapters_resumes_replays_and_exports() {
     let r = f.run_pipeline(crate::GRIDNAV, "lora", 3, &sets);
     assert_eq!(r.code, 1);
     assert!(r.stderr.contains("blake3:"), "{}", r.stderr);
+    // So is an export against it (both digests named), unless forced; the adapter directory
+    // names its base as the user chose, else by its absolute path.
+    let recorded = format!("blake3:{}", digest.to_hex());
+    let now = format!("blake3:{}", hf::directory_digest(&policy).unwrap());
+    let again = f.dir.path().join("again");
+    let a = again.to_str().unwrap();
+    let r = f.rla(&[
+        "export", "--store", &store, "--run", "lora", "--iter", "1", "--merge", "--out", a,
+    ]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(
+        r.stderr.contains(&recorded) && r.stderr.contains(&now) && r.stderr.contains("--force"),
+        "{}",
+        r.stderr
+    );
+    assert!(!again.exists(), "a refused export writes nothing");
+    let r = f.rla(&[
+        "export",
+        "--store",
+        &store,
+        "--run",
+        "lora",
+        "--iter",
+        "1",
+        "--out",
+        a,
+        "--force",
+        "--base-name",
+        "org/base-model",
+    ]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(r.stderr.contains("warning: --force"), "{}", r.stderr);
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(again.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(config["base_model_name_or_path"], "org/base-model");
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["base_model_name_or_path"],
+        policy.to_str().unwrap(),
+        "by default the base directory's absolute path"
+    );
 }
 
 /// `update.checkpoint_dtype = "bf16"` (full fine-tuning): the committed checkpoints are bf16

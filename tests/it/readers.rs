@@ -80,12 +80,13 @@ fn files_lists_exactly_the_committed_files() {
     let inclusive = f.rla(&["files", "--run", "small", "--iters", "0..=1"]).ok();
     assert_eq!(inclusive.stdout, text.stdout);
 
+    // Values the parser cannot check alone are usage errors too: exit 2, `error: usage error:`.
     f.rla(&["files", "--run", "small", "--table", "nope"])
-        .fails(1, &["nope", "tables:"]);
+        .fails(2, &["error: usage error: --table nope", "tables:"]);
     f.rla(&["files", "--run", "small", "--iters", "2..1"])
-        .fails(1, &["2..1", "empty"]);
+        .fails(2, &["2..1", "empty"]);
     f.rla(&["files", "--run", "small", "--iters", "x"])
-        .fails(1, &["A..B"]);
+        .fails(2, &["A..B"]);
     f.rla(&["files", "--run", "nosuch"])
         .fails(1, &["nosuch", "not found"]);
 }

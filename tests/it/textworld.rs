@@ -227,3 +227,35 @@ fn crashed_then_resumed_without_the_cache(f: &Fixture, cache: &str, sets: &[&str
     );
     assert_eq!(a, b);
 }
+
+/// Without TextWorld for `env.textworld.python` (here a Python that sees no installed
+/// packages), the run stops with one `environment error:` that names the fix, the bridge's
+/// exception in a line and its whole traceback only under `-v` (issue 50).
+#[test]
+fn a_missing_textworld_is_one_clear_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = Fixture::new();
+    let py = f.dir.path().join("python-without-packages");
+    std::fs::write(&py, "#!/bin/sh\nexec python3 -S \"$@\"\n").unwrap();
+    std::fs::set_permissions(&py, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let cache = f.dir.path().join("tw-cache").display().to_string();
+    let python = format!("env.textworld.python={:?}", py.display().to_string());
+    let cache = format!("env.textworld.cache_dir={cache:?}");
+    let r = f
+        .run_pipeline(TEXTWORLD, "tw", 1, &[&python, &cache])
+        .fails(
+            1,
+            &[
+                "error: environment error: textworld: making the game of",
+                "pip install textworld==1.7.0",
+            ],
+        );
+    assert_eq!(
+        r.stderr.matches("environment error").count(),
+        1,
+        "{}",
+        r.stderr
+    );
+    assert!(!r.stderr.contains("Traceback"), "{}", r.stderr);
+    assert!(r.stderr.contains("No module named"), "{}", r.stderr);
+}

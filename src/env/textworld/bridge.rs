@@ -53,7 +53,7 @@ impl Bridges {
 
 /// Adds the set-up step to a bridge that could not import TextWorld.
 pub(super) fn hint(e: Error) -> Error {
-    let msg = e.to_string();
+    let msg = e.detail();
     if msg.contains("No module named") {
         Error::Environment(format!(
             "{msg} — TextWorld is not installed for env.textworld.python: pip install textworld==1.7.0"

@@ -160,7 +160,11 @@ impl TextWorld {
         let made = self.call(bridge, json!({"op": "make", "spec": spec.0, "dir": tmp}));
         let made = made.map_err(|e| {
             let _ = std::fs::remove_dir_all(&tmp);
-            Error::Environment(format!("textworld: making the game of {}: {e}", spec.0))
+            Error::Environment(format!(
+                "textworld: making the game of {}: {}",
+                spec.0,
+                e.detail()
+            ))
         })?;
         let files = made["files"].as_array().map_or(0, Vec::len);
         let fs_err = |e: std::io::Error| {
