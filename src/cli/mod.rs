@@ -26,7 +26,7 @@ mod worker;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Result, bail};
+use anyhow::Result;
 use clap::{Parser, Subcommand};
 
 use crate::error::Error;
@@ -254,6 +254,14 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         /// Also write every chart as a standalone SVG file into this directory.
         #[arg(long, value_name = "DIR")]
         svg_dir: Option<PathBuf>,
+        /// Keep the report current while the runs are going: re-write it every `--interval`
+        /// seconds (the page reloads itself in a browser) until every run has committed its
+        /// last iteration, or Ctrl-C. A run that has not started yet is waited for.
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between two writes of a watched report.
+        #[arg(long, value_name = "SECS", default_value_t = 10.0, requires = "watch")]
+        interval: f64,
     },
     /// Write a trained model of a run as a Hugging Face directory (config.json, tokenizer files,
     /// model.safetensors) that `transformers` loads as it is; the run must have started from a
@@ -277,6 +285,15 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         /// model directory) instead of the PEFT adapter directory.
         #[arg(long)]
         merge: bool,
+        /// Export even though the base model directory's weights changed since the run
+        /// started from them (by default a refusal naming both digests).
+        #[arg(long)]
+        force: bool,
+        /// The base model's name to record in the adapter directory
+        /// (`base_model_name_or_path`, e.g. a Hugging Face Hub id); by default the base
+        /// directory's absolute path.
+        #[arg(long, value_name = "NAME")]
+        base_name: Option<String>,
     },
     /// Pretrained Hugging Face models (Llama, Qwen2, Qwen3): inspect a model directory, or
     /// generate text with it.
@@ -314,7 +331,12 @@ pub fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    // `report --watch` stops on Ctrl-C itself (a normal end: the last report is written).
+    let stops_itself = matches!(cli.command, Command::Report { watch: true, .. });
     let result = runtime.block_on(async {
+        if stops_itself {
+            return dispatch(cli).await;
+        }
         tokio::select! {
             r = dispatch(cli) => r,
             _ = tokio::signal::ctrl_c() => Err(Error::Interrupted(
@@ -328,8 +350,11 @@ pub fn main() -> ExitCode {
         Err(e) if closed_stdout(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", message(&e));
-            let interrupted = matches!(e.downcast_ref::<Error>(), Some(Error::Interrupted(_)));
-            ExitCode::from(if interrupted { 130 } else { 1 })
+            ExitCode::from(match e.downcast_ref::<Error>() {
+                Some(Error::Interrupted(_)) => 130,
+                Some(Error::Usage(_)) => 2,
+                _ => 1,
+            })
         }
     }
 }
@@ -444,16 +469,24 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             (_, Some(from), Some(into)) => {
                 branch::branch(&store, &run, from, &into, sets, iterations, quiet).await?
             }
-            _ => bail!(
-                "give --iter N --verify (audit an iteration), or --from N --into NEW_ID [--set KEY=VALUE ...] (a branch run)"
-            ),
+            _ => {
+                return Err(Error::usage(
+                    "give --iter N --verify (audit an iteration), or --from N --into NEW_ID [--set KEY=VALUE ...] (a branch run)",
+                )
+                .into());
+            }
         },
         Command::Report {
             store,
             runs,
             out,
             svg_dir,
-        } => report::report(&store, &runs, &out, svg_dir, quiet).await?,
+            watch,
+            interval,
+        } => {
+            let watch = watch.then_some(interval);
+            report::report(&store, &runs, &out, svg_dir, watch, quiet).await?
+        }
         Command::Runs { store } => runs::list_runs(&store).await?,
         Command::Schema { table, format } => schema::print_schema(table.as_deref(), format)?,
         Command::Files {
@@ -491,7 +524,21 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             model,
             out,
             merge,
-        } => export::export(&store, &run, iter, model, &out, merge).await?,
+            force,
+            base_name,
+        } => {
+            export::export(
+                &store,
+                &run,
+                iter,
+                model,
+                &out,
+                merge,
+                force,
+                base_name.as_deref(),
+            )
+            .await?
+        }
         Command::Sandbox(args) => sandbox::sandbox(args)?,
         Command::Init { dir } => init::init(&dir)?,
     }

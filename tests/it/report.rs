@@ -262,3 +262,64 @@ fn report_has_every_section_and_the_right_numbers() {
         .fails(1, &["nope"]);
     f.rla(&["report", "--out", &out_s]).fails(2, &["RUN"]);
 }
+
+/// `report --watch`: started before the run exists, it waits for it, re-writes the report (a
+/// page that reloads itself) while the run goes, and ends by itself once the run has committed
+/// its last iteration, leaving a page that no longer reloads.
+#[test]
+fn a_watched_report_follows_a_run_to_its_end() {
+    let f = Fixture::new();
+    let out = f.dir.path().join("live.html");
+    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        .current_dir(f.dir.path())
+        .env_remove("RUST_LOG")
+        .args(["report", "small", "--store", &f.store_arg(), "--out"])
+        .arg(&out)
+        .args(["--watch", "--interval", "1"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Its progress lines, as they come.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut watch = watch;
+    let err = watch.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        use std::io::BufRead;
+        let mut all = String::new();
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send(line.clone());
+            all.push_str(&line);
+            all.push('\n');
+        }
+        all
+    });
+    let first = rx.recv_timeout(std::time::Duration::from_secs(30)).unwrap();
+    assert!(first.contains("small: not started"), "{first}");
+    f.run_small(&["--iterations", "2"]).ok();
+    // It ends by itself within a few intervals of the run's end.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while watch.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "report --watch did not end"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let status = watch.wait().unwrap();
+    let stderr = reader.join().unwrap();
+    assert!(status.success(), "{stderr}");
+    assert!(
+        stderr.contains("small: complete (2 iterations)"),
+        "{stderr}"
+    );
+    let html = std::fs::read_to_string(&out).unwrap();
+    assert!(html.contains("<section id=\"success\">"), "a report");
+    assert!(
+        !html.contains("http-equiv=\"refresh\""),
+        "the last page does not reload"
+    );
+    // Without --watch, --interval is a usage error.
+    f.rla(&["report", "small", "--interval", "5"])
+        .fails(2, &["--watch"]);
+}
