@@ -1,4 +1,4 @@
--- The ablation's fingerprint (benches/ablation.sh writes it to docs/src/ablation/<env>/fingerprint.csv;
+-- The ablation's fingerprint (benches/ablation.sh writes it to `docs/src/ablation/<env>/fingerprint.csv`;
 -- the test `ablation_tables_are_current` recomputes it): what iteration 0 of the full-loop run of
 -- seed 0 (`abl-rmadapt-s0`) computed — the warm start's demonstrations, the rollout, the RM's
 -- verdicts, the advantages, both updates, the adaptation and the evaluation — as counts and sums

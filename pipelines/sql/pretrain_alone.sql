@@ -1,4 +1,4 @@
--- The warm start alone (benches/ablation.sh, runs pre-s<seed>: one iteration whose update takes
+-- The warm start alone (benches/ablation.sh, runs `pre-s<seed>`: one iteration whose update takes
 -- no optimizer step): training, held-out and OOD success of the pretrained policy, and the
 -- pretrained reward model's process accuracy, mean over the seeds.
 WITH ev AS (

