@@ -13,6 +13,7 @@
 #                             machine; needs the crates.io registry), else the crates already
 #                             downloaded here are used and the download step costs nothing
 #   FIRST_RUN_SKIP_TESTS=1    stop after the main job
+#   FIRST_RUN_KEEP=DIR        keep the clone and its target directory in DIR (to go on from them)
 # Python packages the tests install (numpy, textworld, moto, ...) stay installed between
 # measurements: on a machine that has never had them, add their pip installs to the test time.
 set -euo pipefail
@@ -21,8 +22,14 @@ repo=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 commit=$(git -C "$repo" rev-parse --short HEAD)
 out=$(realpath -m "${1:-$PWD/first-run-$commit}")
 mkdir -p "$out"
-work=$(mktemp -d "${TMPDIR:-/tmp}/rla-pipe-first-run.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+if [[ -n "${FIRST_RUN_KEEP:-}" ]]; then
+  work=$(realpath -m "$FIRST_RUN_KEEP")
+  [[ ! -e "$work" ]] || { echo "FIRST_RUN_KEEP=$work exists already" >&2; exit 2; }
+  mkdir -p "$work"
+else
+  work=$(mktemp -d "${TMPDIR:-/tmp}/rla-pipe-first-run.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+fi
 
 git clone -q --no-hardlinks "$repo" "$work/rla-pipe"
 git -C "$work/rla-pipe" checkout -q "$commit"
