@@ -36,25 +36,26 @@ pub(super) async fn report(
         let progress = progress(&store, runs).await?;
         let done = progress.iter().all(|p| p.done);
         let shown = progress.iter().all(|p| p.started);
-        if shown {
-            // While watching, the page reloads itself; the last one written does not.
-            write_report(
-                &store,
-                runs,
-                out,
-                svg_dir.as_deref(),
-                (!done).then_some(secs),
-            )
-            .await?;
-        }
+        // While watching, the page reloads itself; the last one written does not. A run that
+        // has just started may not have the tables a report needs yet: tried again next time.
+        let written = if shown {
+            let refresh = (!done).then_some(secs);
+            match write_report(&store, runs, out, svg_dir.as_deref(), refresh).await {
+                Ok(()) => Some(Ok(())),
+                Err(e) if !done => Some(Err(format!("{e:#}"))),
+                Err(e) => return Err(e),
+            }
+        } else {
+            None
+        };
         if !quiet {
             let state: Vec<String> = progress.iter().map(Progress::describe).collect();
             eprintln!(
                 "{} · {}{}",
-                if shown {
-                    wrote(out, runs)
-                } else {
-                    "waiting".into()
+                match &written {
+                    None => "waiting".to_string(),
+                    Some(Ok(())) => wrote(out, runs),
+                    Some(Err(e)) => format!("not written yet ({e})"),
                 },
                 state.join(" · "),
                 if done {
