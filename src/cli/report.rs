@@ -18,8 +18,8 @@ pub(super) async fn report(
     watch: Option<f64>,
     quiet: bool,
 ) -> Result<()> {
-    let store = store.open()?;
     let Some(secs) = watch else {
+        let store = store.open()?;
         write_report(&store, runs, out, svg_dir.as_deref(), None).await?;
         if !quiet {
             eprintln!("{}", wrote(out, runs));
@@ -32,6 +32,26 @@ pub(super) async fn report(
         ))
         .into());
     }
+    // A store the run has not created yet is waited for, as a run not started.
+    let store = loop {
+        match store.open() {
+            Ok(s) => break s,
+            Err(e) => {
+                if !quiet {
+                    let state: Vec<String> =
+                        runs.iter().map(|r| format!("{r}: not started")).collect();
+                    eprintln!(
+                        "waiting · {} ({e}) · again in {secs} s (Ctrl-C stops)",
+                        state.join(" · ")
+                    );
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => {}
+                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                }
+            }
+        }
+    };
     loop {
         let progress = progress(&store, runs).await?;
         let done = progress.iter().all(|p| p.done);
@@ -156,7 +176,8 @@ impl Progress {
 async fn progress(store: &Store, runs: &[String]) -> Result<Vec<Progress>> {
     let mut out = Vec::new();
     for run in runs {
-        if catalog::read_run(store, run).await?.is_none() {
+        // A store not created yet (the run has not started) is waited for like a missing run.
+        if !matches!(catalog::read_run(store, run).await, Ok(Some(_))) {
             out.push(Progress {
                 run: run.clone(),
                 started: false,

@@ -198,7 +198,7 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     f.rla(&["replay", "--run", "nosuch", "--from", "1", "--into", "x"])
         .fails(1, &["nosuch", "not found"]);
     f.rla(&["replay", "--run", "p"])
-        .fails(1, &["--verify", "--into"]);
+        .fails(2, &["usage error", "--verify", "--into"]);
 
     // A branch of a branch refers to the run that executed each stage.
     f.rla(&["replay", "--run", "lam", "--from", "2", "--into", "lam2"])

@@ -1112,7 +1112,7 @@ fn the_command_line_has_no_rough_edges() {
         .ok();
     assert_eq!(std::fs::read_to_string(&json).unwrap(), "[{\"one\":1}]\n");
     f.rla(&["sql", "--out", "tasks.xlsx", "SELECT 1"])
-        .fails(1, &[".parquet, .csv or .json", "tasks.xlsx"]);
+        .fails(2, &["usage error", ".parquet, .csv or .json", "tasks.xlsx"]);
     assert!(!f.dir.path().join("tasks.xlsx").exists());
 
     // Empty results keep their header.

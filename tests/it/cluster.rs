@@ -397,8 +397,9 @@ fn bad_cluster_addresses_and_worker_flags_are_clear_errors() {
         ("https://127.0.0.1:7001", "host:port"),
         ("127.0.0.1:7001,127.0.0.1:7001", "listed twice"),
     ] {
+        // A usage error (exit 2), as the parser's own.
         let r = run(&f, &store, 1, Some(bad));
-        assert_eq!(r.code, 1, "{bad}: {}", r.stderr);
+        assert_eq!(r.code, 2, "{bad}: {}", r.stderr);
         assert!(r.stderr.contains(says), "{bad}: {}", r.stderr);
     }
     let r = f.rla(&[

@@ -276,5 +276,6 @@ fn schema_describes_the_tables_sql_exposes() {
         md.stdout,
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/schemas/tasks.md")).unwrap()
     );
-    f.rla(&["schema", "nope"]).fails(1, &["nope", "tables:"]);
+    f.rla(&["schema", "nope"])
+        .fails(2, &["error: usage error: no table \"nope\"", "tables:"]);
 }
