@@ -45,9 +45,8 @@ pub(super) async fn report(
                         state.join(" · ")
                     );
                 }
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => {}
-                    _ = tokio::signal::ctrl_c() => return Ok(()),
+                if interrupted_within(secs).await {
+                    return Ok(());
                 }
             }
         }
@@ -88,18 +87,26 @@ pub(super) async fn report(
         if done {
             return Ok(());
         }
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => {}
-            _ = tokio::signal::ctrl_c() => {
-                if shown {
-                    write_report(&store, runs, out, svg_dir.as_deref(), None).await?;
-                }
-                if !quiet {
-                    eprintln!("stopped watching; {} no longer reloads itself", out.display());
-                }
-                return Ok(());
+        if interrupted_within(secs).await {
+            if shown {
+                write_report(&store, runs, out, svg_dir.as_deref(), None).await?;
             }
+            if !quiet {
+                eprintln!(
+                    "stopped watching; {} no longer reloads itself",
+                    out.display()
+                );
+            }
+            return Ok(());
         }
+    }
+}
+
+/// Wait `secs` seconds; true when Ctrl-C came first.
+async fn interrupted_within(secs: f64) -> bool {
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_secs_f64(secs)) => false,
+        _ = tokio::signal::ctrl_c() => true,
     }
 }
 

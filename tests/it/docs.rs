@@ -10,11 +10,16 @@ use std::path::{Path, PathBuf};
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
 fn markdown_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    files_ending(dir, "md", out);
+}
+
+/// Every file under `dir` whose extension is `ext`.
+fn files_ending(dir: &Path, ext: &str, out: &mut Vec<PathBuf>) {
     for e in std::fs::read_dir(dir).unwrap() {
         let p = e.unwrap().path();
         if p.is_dir() {
-            markdown_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "md") {
+            files_ending(&p, ext, out);
+        } else if p.extension().is_some_and(|x| x == ext) {
             out.push(p);
         }
     }
@@ -315,7 +320,7 @@ fn the_book_builds_without_warnings_and_its_links_stay_inside_it() {
     );
 
     let mut pages = Vec::new();
-    html_files(&book, &mut pages);
+    files_ending(&book, "html", &mut pages);
     let ids = |page: &Path| -> BTreeSet<String> {
         let text = std::fs::read_to_string(page).unwrap();
         text.split(" id=\"")
@@ -376,15 +381,4 @@ fn the_book_builds_without_warnings_and_its_links_stay_inside_it() {
         problems.len(),
         problems.join("\n")
     );
-}
-
-fn html_files(dir: &Path, out: &mut Vec<PathBuf>) {
-    for e in std::fs::read_dir(dir).unwrap() {
-        let p = e.unwrap().path();
-        if p.is_dir() {
-            html_files(&p, out);
-        } else if p.extension().is_some_and(|x| x == "html") {
-            out.push(p);
-        }
-    }
 }
