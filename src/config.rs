@@ -69,6 +69,9 @@ pub struct PretrainConfig {
     pub enabled: bool,
     /// Seed of the demonstration tasks' draw.
     pub seed: u64,
+    /// Demonstration tasks drawn (at least `policy_episodes`); the episodes cycle through them.
+    /// Each is a task the environment makes (a TextWorld game is compiled: about a second).
+    pub tasks: u32,
     /// Planner episodes the policy imitates.
     pub policy_episodes: u32,
     /// Passes over the policy's demonstration steps.
@@ -95,6 +98,7 @@ impl Default for PretrainConfig {
         PretrainConfig {
             enabled: true,
             seed: 2_000_003,
+            tasks: 64,
             policy_episodes: 128,
             policy_epochs: 4,
             rm_steps: 2048,

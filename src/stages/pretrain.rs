@@ -186,7 +186,7 @@ impl Stage for Pretrain {
                 cfg.env.name
             ))
         })?;
-        let tasks = demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(64))?;
+        let tasks = demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(p.tasks))?;
         super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
         let cap = cfg.env.max_steps;
         // The planner's episodes (the policy's), then the RM's until rm_steps steps.

@@ -76,7 +76,9 @@ def main():
             episodes(demos_csv, lambda r: (r["purpose"], r["episode"], r["spec"])).items()):
         counts["demo_steps"] += len(rows)
         won = replay(spec, rows, f"{purpose} demonstration {ep}")
-        if all(r["planner"] == "true" for r in rows):
+        # The policy's demonstrations: the planner's whole episodes (the RM's last episode may be
+        # all planner too, but is cut where its step budget ends).
+        if purpose == "policy" and all(r["planner"] == "true" for r in rows):
             counts["planner_episodes"] += 1
             counts["planner_won"] += won
     print(json.dumps(counts))

@@ -883,65 +883,6 @@ fn external_environment_failures_are_clear_and_commit_nothing() {
 }
 
 #[test]
-fn household_pipeline_runs_and_replays() {
-    let f = Fixture::new();
-    let pipeline = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/household.toml");
-    let store = f.store_arg();
-    f.rla(&[
-        "run",
-        pipeline,
-        "--store",
-        &store,
-        "--iterations",
-        "1",
-        "--set",
-        "env.initial_tasks=12",
-        "--set",
-        "update.policy_steps=1",
-        "--set",
-        "update.rm_steps=1",
-        "--set",
-        "update.minibatch=32",
-        "--set",
-        "pretrain.policy_episodes=8",
-        "--set",
-        "pretrain.rm_steps=64",
-    ])
-    .ok();
-    assert_eq!(
-        f.sql("SELECT count(*) FROM trajectories").ok().scalar(),
-        (12 * 8).to_string()
-    );
-    let q = "SELECT count(*) FROM steps WHERE step_idx = 0 AND observation NOT LIKE '%Your task is to:%'";
-    assert_eq!(
-        f.sql(q).ok().scalar(),
-        "0",
-        "the first observation states the goal"
-    );
-    assert_eq!(
-        f.sql("SELECT count(*) FROM steps WHERE oracle_progress IS NULL")
-            .ok()
-            .scalar(),
-        "0"
-    );
-    let r = f
-        .rla(&["replay", "--run", "household", "--iter", "0", "--verify"])
-        .ok();
-    assert!(r.stdout.contains("ok  rollout"), "{}", r.stdout);
-    let bad = f.rla(&[
-        "run",
-        pipeline,
-        "--store",
-        &store,
-        "--run-id",
-        "hh2",
-        "--set",
-        "env.household.goal_types=[\"fly\"]",
-    ]);
-    bad.fails(1, &["env.household"]);
-}
-
-#[test]
 fn runs_survive_config_upgrades_but_not_changed_values() {
     let f = Fixture::new();
     f.run_small(&["--iterations", "1"]).ok();

@@ -9,23 +9,10 @@ const FIXTURE: &str = concat!(
     "/tests/fixtures/store-2026-11-23"
 );
 
-fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
-    std::fs::create_dir_all(to).unwrap();
-    for e in std::fs::read_dir(from).unwrap() {
-        let e = e.unwrap();
-        let dest = to.join(e.file_name());
-        if e.file_type().unwrap().is_dir() {
-            copy_dir(&e.path(), &dest);
-        } else {
-            std::fs::copy(e.path(), dest).unwrap();
-        }
-    }
-}
-
 #[test]
 fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable() {
     let f = Fixture::new();
-    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
     let _ = std::fs::remove_file(f.store().join("README.md"));
 
     // The numbers it held when it was written.
@@ -208,7 +195,7 @@ fn manifests_cannot_name_files_outside_their_run() {
         "fixture/data/../../other/x.parquet",
     ] {
         let f = Fixture::new();
-        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
         let m = f.store().join("fixture/_commits/iter=000000/rollout.json");
         let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
         v["outputs"][0]["path"] = forged.into();
@@ -254,7 +241,7 @@ fn forged_shared_references_are_corrupt_manifests() {
         ),
     ] {
         let f = Fixture::new();
-        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
         let m = f.store().join("fixture/_commits/iter=000000/rollout.json");
         let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&m).unwrap()).unwrap();
         v["shared"] = serde_json::json!({"run": run, "path": path, "digest": "00"});
@@ -269,7 +256,7 @@ fn forged_shared_references_are_corrupt_manifests() {
 #[test]
 fn a_run_of_an_earlier_build_can_be_branched() {
     let f = Fixture::new();
-    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
     let _ = std::fs::remove_file(f.store().join("README.md"));
     f.rla(&[
         "replay",
@@ -303,7 +290,7 @@ fn a_column_whose_type_changed_is_an_error_naming_both_types() {
     use std::sync::Arc;
 
     let f = Fixture::new();
-    copy_dir(std::path::Path::new(FIXTURE), &f.store());
+    crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
     let dir = f.store().join("fixture/data/task_accuracy/iter=000000");
     let file = crate::first_file(&dir);
     let batches: Vec<RecordBatch> =
@@ -382,7 +369,7 @@ fn a_parquet_file_with_a_forged_row_count_is_refused() {
         (100_000, true),
     ] {
         let f = Fixture::new();
-        copy_dir(std::path::Path::new(FIXTURE), &f.store());
+        crate::copy_dir(std::path::Path::new(FIXTURE), &f.store());
         let dir = f.store().join("fixture/data/steps/iter=000000");
         let file = crate::first_file(&dir);
         let bytes = std::fs::read(&file).unwrap();

@@ -3,6 +3,7 @@
 mod ablation;
 mod adapt;
 mod branch;
+mod build;
 mod cli;
 mod cluster;
 mod coding;
@@ -150,6 +151,20 @@ pub fn chat_server(
 }
 
 /// The first file of a directory (a table's iteration directory holds one committed file).
+/// Copy directory `from` into `to` (created), recursively.
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}
+
 pub fn first_file(dir: &Path) -> PathBuf {
     std::fs::read_dir(dir)
         .unwrap()

@@ -20,6 +20,7 @@ fn small(cache: &str, family: &str) -> Vec<String> {
         "policy.d_model=16",
         "reward_model.d_model=16",
         "update.rm_steps=2",
+        "pretrain.tasks=6",
         "pretrain.policy_episodes=3",
         "pretrain.policy_epochs=1",
         "pretrain.rm_steps=24",
@@ -39,123 +40,124 @@ fn csv(f: &Fixture, query: &str, to: &std::path::Path) {
     std::fs::write(to, r.stdout).unwrap();
 }
 
-/// Both families: games are made, the planner's episodes win, the uniform policy mostly loses,
-/// and every committed step's admissible actions and oracle equal TextWorld's own `EnvInfos`
-/// at that state (the checker makes each game again from its spec and replays the actions).
-/// The run then replays bit for bit.
 #[test]
-fn textworld_games_match_textworld_itself() {
+fn textworld_custom_games_match_textworld_itself() {
+    games_match_textworld_itself("custom");
+}
+
+#[test]
+fn textworld_cooking_games_match_textworld_itself() {
+    games_match_textworld_itself("cooking");
+}
+
+/// One family (two tests, so they run side by side): games are made, the planner's episodes
+/// win, the uniform policy mostly loses, and every committed step's admissible actions and
+/// oracle equal TextWorld's own `EnvInfos` at that state (the checker makes each game again from
+/// its spec and replays the actions). The run then replays bit for bit.
+fn games_match_textworld_itself(family: &str) {
     python_packages("textworld", &["textworld==1.7.0"]);
-    for family in ["custom", "cooking"] {
-        let f = Fixture::new();
-        let cache = f.store().join("..").join(format!("tw-cache-{family}"));
-        let cache = cache.display().to_string();
-        let sets = small(&cache, family);
-        let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-        f.run_pipeline(TEXTWORLD, "tw", 1, &sets).ok();
-        let dir = f.store().join("..");
-        let steps = dir.join(format!("steps-{family}.csv"));
-        let demos = dir.join(format!("demos-{family}.csv"));
-        csv(
-            &f,
-            "SELECT t.spec, s.traj_id, s.step_idx, s.action, s.admissible, s.oracle_progress \
-             FROM steps s JOIN tasks t ON s.task_id = t.task_id AND s.iter = t.iter",
-            &steps,
-        );
-        csv(
-            &f,
-            "SELECT spec, purpose, episode, step_idx, action, planner, admissible, oracle_progress \
-             FROM demonstrations",
-            &demos,
-        );
-        let out = std::process::Command::new("python3")
-            .args([CHECK, steps.to_str().unwrap(), demos.to_str().unwrap()])
-            .output()
-            .unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "{family}: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let c: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
-        let n = |k: &str| c[k].as_u64().unwrap();
-        assert!(n("trajectories") >= 6 && n("steps") > 0, "{family}: {c}");
-        assert!(n("planner_episodes") >= 3, "{family}: {c}");
-        assert_eq!(n("planner_won"), n("planner_episodes"), "{family}: {c}");
-        assert!(
-            n("won") * 2 < n("trajectories"),
-            "{family}: the uniform policy mostly loses: {c}"
-        );
-        let games = std::fs::read_dir(std::path::Path::new(&cache).join("games"))
-            .unwrap()
-            .count();
-        assert!(games >= 3, "{family}: {games} games in the cache");
-        let verify = || {
-            f.rla(&[
-                "replay",
-                "--store",
-                &f.store_arg(),
-                "--run",
-                "tw",
-                "--iter",
-                "0",
-                "--verify",
-            ])
-        };
-        let r = verify();
-        assert_eq!(
-            r.code, 0,
-            "{family}: replay --verify\n{}{}",
-            r.stdout, r.stderr
-        );
-        // The games are kept in the store: one asset per game played (training pool, held-out,
-        // OOD, demonstrations), and a machine without the cache replays the run from them (a
-        // cooking game made again is not the same bytes, so this fails if they are made again).
-        let mut assets = Vec::new();
-        let artifacts = f.store().join("tw").join("artifacts");
-        for it in std::fs::read_dir(&artifacts).unwrap() {
-            for a in std::fs::read_dir(it.unwrap().path()).unwrap() {
-                let name = a.unwrap().file_name().to_string_lossy().to_string();
-                if name.starts_with("asset-") && name.ends_with(".asset") {
-                    assets.push(name);
-                }
+    let f = Fixture::new();
+    let cache = f.store().join("..").join(format!("tw-cache-{family}"));
+    let cache = cache.display().to_string();
+    let sets = small(&cache, family);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    f.run_pipeline(TEXTWORLD, "tw", 1, &sets).ok();
+    let dir = f.store().join("..");
+    let steps = dir.join(format!("steps-{family}.csv"));
+    let demos = dir.join(format!("demos-{family}.csv"));
+    csv(
+        &f,
+        "SELECT t.spec, s.traj_id, s.step_idx, s.action, s.admissible, s.oracle_progress \
+         FROM steps s JOIN tasks t ON s.task_id = t.task_id AND s.iter = t.iter",
+        &steps,
+    );
+    csv(
+        &f,
+        "SELECT spec, purpose, episode, step_idx, action, planner, admissible, oracle_progress \
+         FROM demonstrations",
+        &demos,
+    );
+    let out = std::process::Command::new("python3")
+        .args([CHECK, steps.to_str().unwrap(), demos.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{family}: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let c: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let n = |k: &str| c[k].as_u64().unwrap();
+    assert!(n("trajectories") >= 6 && n("steps") > 0, "{family}: {c}");
+    assert!(n("planner_episodes") >= 3, "{family}: {c}");
+    assert_eq!(n("planner_won"), n("planner_episodes"), "{family}: {c}");
+    assert!(
+        n("won") * 2 < n("trajectories"),
+        "{family}: the uniform policy mostly loses: {c}"
+    );
+    let games = std::fs::read_dir(std::path::Path::new(&cache).join("games"))
+        .unwrap()
+        .count();
+    assert!(games >= 3, "{family}: {games} games in the cache");
+    let verify = || {
+        f.rla(&[
+            "replay",
+            "--store",
+            &f.store_arg(),
+            "--run",
+            "tw",
+            "--iter",
+            "0",
+            "--verify",
+        ])
+    };
+    // The games are kept in the store: one asset per game played (training pool, held-out,
+    // OOD, demonstrations), and a machine without the cache replays the run bit for bit from
+    // them (a cooking game made again is not the same bytes, so this fails if they are made
+    // again).
+    let mut assets = Vec::new();
+    let artifacts = f.store().join("tw").join("artifacts");
+    for it in std::fs::read_dir(&artifacts).unwrap() {
+        for a in std::fs::read_dir(it.unwrap().path()).unwrap() {
+            let name = a.unwrap().file_name().to_string_lossy().to_string();
+            if name.starts_with("asset-") && name.ends_with(".asset") {
+                assets.push(name);
             }
         }
-        assert!(assets.len() > 3 + 2, "{family}: assets {assets:?}");
-        std::fs::remove_dir_all(&cache).unwrap();
-        let r = verify();
-        assert_eq!(
-            r.code, 0,
-            "{family}: replay --verify without the game cache\n{}{}",
-            r.stdout, r.stderr
-        );
-        let remade = std::fs::read_dir(std::path::Path::new(&cache).join("games"))
-            .unwrap()
-            .count();
-        assert!(remade >= assets.len(), "{family}: {remade} games installed");
-        if family == "custom" {
-            crashed_then_resumed_without_the_cache(&f, &cache, &sets);
-        }
-        // A corrupt asset is refused with its path, never played.
-        let victim = std::fs::read_dir(artifacts.join("iter=000000"))
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| p.extension().is_some_and(|e| e == "asset"))
-            .unwrap();
-        std::fs::write(&victim, b"not a game").unwrap();
-        std::fs::remove_dir_all(&cache).unwrap();
-        let r = verify();
-        assert_eq!(r.code, 1, "{family}: {}{}", r.stdout, r.stderr);
-        let name = victim.file_name().unwrap().to_string_lossy().to_string();
-        assert!(
-            (r.stderr.contains("does not match the digest")
-                || r.stderr.contains("no longer matches"))
-                && r.stderr.contains(&name),
-            "{family}: {}",
-            r.stderr
-        );
     }
+    assert!(assets.len() > 3 + 2, "{family}: assets {assets:?}");
+    std::fs::remove_dir_all(&cache).unwrap();
+    let r = verify();
+    assert_eq!(
+        r.code, 0,
+        "{family}: replay --verify without the game cache\n{}{}",
+        r.stdout, r.stderr
+    );
+    let remade = std::fs::read_dir(std::path::Path::new(&cache).join("games"))
+        .unwrap()
+        .count();
+    assert!(remade >= assets.len(), "{family}: {remade} games installed");
+    if family == "custom" {
+        crashed_then_resumed_without_the_cache(&f, &cache, &sets);
+    }
+    // A corrupt asset is refused with its path, never played.
+    let victim = std::fs::read_dir(artifacts.join("iter=000000"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "asset"))
+        .unwrap();
+    std::fs::write(&victim, b"not a game").unwrap();
+    std::fs::remove_dir_all(&cache).unwrap();
+    let r = verify();
+    assert_eq!(r.code, 1, "{family}: {}{}", r.stdout, r.stderr);
+    let name = victim.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        (r.stderr.contains("does not match the digest") || r.stderr.contains("no longer matches"))
+            && r.stderr.contains(&name),
+        "{family}: {}",
+        r.stderr
+    );
 }
 
 /// The same run, killed right after its rollout wrote its files (bridges running, nothing of the
