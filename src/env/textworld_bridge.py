@@ -180,6 +180,21 @@ def vocabulary():
     return sorted(words)
 
 
+def fixed_hash_seed():
+    """Run this process again with Python's string hashing seeded 0, unless it already is.
+
+    TextWorld's cooking generator iterates over sets of strings, so with Python's per-process
+    hash seed one spec made twice gave two different games. A fixed seed makes every game a
+    function of its spec alone (tests/envs/textworld_check.py makes each game of a run again in
+    another process and compares the bytes). The seed is read only when the interpreter starts,
+    hence the re-exec; call this before anything else.
+    """
+    if os.environ.get("PYTHONHASHSEED") != "0":
+        os.environ["PYTHONHASHSEED"] = "0"
+        sys.stdout.flush()
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+
+
 def main():
     sessions = {}
 
@@ -220,4 +235,5 @@ def main():
 
 
 if __name__ == "__main__":
+    fixed_hash_seed()
     main()

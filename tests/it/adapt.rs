@@ -15,6 +15,12 @@ const GROWTH: &str = concat!(
     "/pipelines/sql/accepted_growth.sql"
 );
 
+/// The learning-signal diagnostics.
+const SIGNAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/learning_signal.sql"
+);
+
 /// A small, quick gridnav loop (learned policy and RM, few optimizer steps).
 const SMALL_GRIDNAV: [&str; 7] = [
     "env.initial_tasks=16",
@@ -156,6 +162,55 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         assert_eq!(row[1], i.to_string());
         total += row[2].parse::<u64>().unwrap();
         assert_eq!(row[3], total.to_string());
+    }
+    // The learning-signal diagnostics: one row per iteration, each figure equal to the same
+    // figure computed another way from the rows it summarises.
+    let signal = f
+        .rla(&["sql", "--format", "csv", "--file", SIGNAL])
+        .ok()
+        .stdout;
+    let mut lines = signal.lines();
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 3, "{signal}");
+    let col = |row: &Vec<&str>, name: &str| -> String {
+        row[header
+            .iter()
+            .position(|h| *h == name)
+            .unwrap_or_else(|| panic!("{name}"))]
+        .to_string()
+    };
+    for (i, row) in rows.iter().enumerate() {
+        let one = |q: &str| f.sql(&q.replace("{i}", &i.to_string())).ok().scalar();
+        assert_eq!(col(row, "iter"), i.to_string());
+        assert_eq!(
+            col(row, "tasks_used"),
+            one(
+                "SELECT count(*) FROM (SELECT DISTINCT task_id FROM policy_advantages \
+                 WHERE iter = {i} AND included)"
+            )
+        );
+        let used: f64 = one("SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included")
+            .parse()
+            .unwrap();
+        let all: f64 = one("SELECT count(*) FROM policy_advantages WHERE iter = {i}")
+            .parse()
+            .unwrap();
+        let share: f64 = col(row, "steps_used").parse().unwrap();
+        assert!(
+            (share - used / all).abs() <= 5e-4,
+            "{share} vs {used}/{all}"
+        );
+        let verdicts: f64 = one("SELECT count(*) FROM rm_samples WHERE iter = {i} AND score <> 0")
+            .parse()
+            .unwrap();
+        let samples: f64 = one("SELECT count(*) FROM rm_samples WHERE iter = {i}")
+            .parse()
+            .unwrap();
+        let rate: f64 = col(row, "rm_verdict_rate").parse().unwrap();
+        assert!((rate - verdicts / samples).abs() <= 5e-4, "{rate}");
+        let kl: f64 = col(row, "policy_kl").parse().unwrap();
+        assert!(kl >= 0.0, "the k3 estimate is never negative: {kl}");
     }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
     let r = f

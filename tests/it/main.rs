@@ -3,7 +3,6 @@
 mod ablation;
 mod adapt;
 mod branch;
-mod build;
 mod cli;
 mod cluster;
 mod coding;

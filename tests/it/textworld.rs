@@ -78,7 +78,12 @@ fn games_match_textworld_itself(family: &str) {
         &demos,
     );
     let out = std::process::Command::new("python3")
-        .args([CHECK, steps.to_str().unwrap(), demos.to_str().unwrap()])
+        .args([
+            CHECK,
+            steps.to_str().unwrap(),
+            demos.to_str().unwrap(),
+            &cache,
+        ])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -91,6 +96,7 @@ fn games_match_textworld_itself(family: &str) {
     let n = |k: &str| c[k].as_u64().unwrap();
     assert!(n("trajectories") >= 6 && n("steps") > 0, "{family}: {c}");
     assert!(n("planner_episodes") >= 3, "{family}: {c}");
+    assert!(n("games") >= 3, "{family}: {c}");
     assert_eq!(n("planner_won"), n("planner_episodes"), "{family}: {c}");
     assert!(
         n("won") * 2 < n("trajectories"),

@@ -120,20 +120,65 @@ impl TextWorldConfig {
         );
     }
 
-    /// One level harder (the OOD evaluation set); knob overrides stay.
+    /// One level harder (the OOD evaluation set). A knob the config sets stays set, one step
+    /// harder and at least the harder level's preset (a longer quest by one, two more objects,
+    /// one more room; one more ingredient in the recipe or to find, the next map): with
+    /// `quest_length = 3` on easy, OOD games have quests of 6 (medium's), and with 8, of 9.
     pub fn harder(&self) -> TextWorldConfig {
-        TextWorldConfig {
-            level: self.level.shifted(1),
-            ..self.clone()
-        }
+        self.shifted(1)
     }
 
-    /// One level easier (where `pretrain` draws its demonstrations).
+    /// One level easier (where `pretrain` draws its demonstrations): the mirror of
+    /// [`Self::harder`], never below a knob's least value.
     pub fn easier(&self) -> TextWorldConfig {
-        TextWorldConfig {
-            level: self.level.shifted(-1),
+        self.shifted(-1)
+    }
+
+    fn shifted(&self, by: i32) -> TextWorldConfig {
+        let mut c = TextWorldConfig {
+            level: self.level.shifted(by),
             ..self.clone()
+        };
+        let up = by > 0;
+        let target = c.clone();
+        // (knob, its step, least value) as the procedural adapter moves them.
+        let knob = |set: u32, name: &str, step: u32, least: u32| -> u32 {
+            if set == 0 {
+                return 0;
+            }
+            let preset = target.preset_knob(name);
+            if up {
+                (set + step).max(preset)
+            } else {
+                set.saturating_sub(step).max(least).min(preset.max(least))
+            }
+        };
+        c.world_size = knob(self.world_size, "world_size", 1, 1);
+        c.nb_objects = knob(self.nb_objects, "nb_objects", 2, 0);
+        c.quest_length = knob(self.quest_length, "quest_length", 1, 1);
+        c.recipe = knob(self.recipe, "recipe", 1, 1);
+        c.take = knob(self.take, "take", 1, 1);
+        if self.go > 0 {
+            const GOS: [u32; 4] = [1, 6, 9, 12];
+            let i = GOS.iter().position(|g| *g == self.go).unwrap_or(0);
+            let next = if up {
+                GOS[(i + 1).min(3)]
+            } else {
+                GOS[i.saturating_sub(1)]
+            };
+            let preset = target.preset_knob("go");
+            c.go = if up {
+                next.max(preset)
+            } else {
+                next.min(preset)
+            };
         }
+        // Never more ingredients to find than the recipe has.
+        let recipe = c.knob("recipe", c.recipe);
+        if c.take > recipe {
+            c.take = recipe;
+        }
+        c
     }
 
     pub(super) fn preset_knob(&self, knob: &str) -> u32 {
@@ -191,5 +236,66 @@ impl TextWorldConfig {
         }
         let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
         home.join(".cache").join("rla-pipe").join("textworld")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn quest(c: &TextWorldConfig) -> u64 {
+        c.spec(1)["quest_length"].as_u64().unwrap()
+    }
+
+    /// Without overrides the OOD and warm-start sets are the neighbouring levels' presets, as
+    /// before; an overridden knob stays at least one step harder (easier) than training.
+    #[test]
+    fn ood_stays_harder_and_the_warm_start_easier_whatever_the_knobs() {
+        let easy = TextWorldConfig::default();
+        assert_eq!(easy.harder().level, Level::Medium);
+        assert_eq!(easy.harder().quest_length, 0, "presets stay presets");
+        assert_eq!(quest(&easy.harder()), 6);
+        for (set, ood, warm) in [(3, 6, 2), (8, 9, 2), (1, 6, 1)] {
+            let c = TextWorldConfig {
+                quest_length: set,
+                ..TextWorldConfig::default()
+            };
+            assert_eq!(quest(&c), set as u64);
+            assert_eq!(quest(&c.harder()), ood, "quest_length = {set}");
+            assert_eq!(quest(&c.easier()), warm, "quest_length = {set}");
+            assert!(quest(&c.harder()) > quest(&c) || set >= 30);
+        }
+        let hard = TextWorldConfig {
+            level: Level::Hard,
+            quest_length: 10,
+            world_size: 10,
+            ..TextWorldConfig::default()
+        };
+        assert_eq!((quest(&hard.harder()), hard.harder().world_size), (11, 11));
+        let cooking = TextWorldConfig {
+            family: Family::Cooking,
+            recipe: 2,
+            take: 2,
+            go: 6,
+            ..TextWorldConfig::default()
+        };
+        let ood = cooking.harder().spec(1);
+        assert_eq!(
+            (
+                ood["recipe"].as_u64(),
+                ood["take"].as_u64(),
+                ood["go"].as_u64()
+            ),
+            (Some(3), Some(3), Some(9))
+        );
+        let warm = cooking.easier().spec(1);
+        assert_eq!(
+            (
+                warm["recipe"].as_u64(),
+                warm["take"].as_u64(),
+                warm["go"].as_u64()
+            ),
+            (Some(1), Some(1), Some(1))
+        );
     }
 }
