@@ -7,9 +7,7 @@
 //! default) from the checkpoint its samples came from, and writes `update_metrics` plus both new
 //! checkpoints as artifacts. A model that is not trained this iteration (uniform policy, RM
 //! disabled, no included samples) is written back unchanged, so the next iteration always finds
-//! both checkpoints here. On the CPU with `update.threads = 1` the two models train at once,
-//! one on a second thread (each update depends on its own inputs only: the same bits; the
-//! README's gridnav run spent 162 s instead of 216 s in this stage on two cores).
+//! both checkpoints here.
 
 use std::collections::BTreeMap;
 
@@ -37,22 +35,6 @@ const CODING_RM_SQL: &str = include_str!("update_coding_rm_samples.sql");
 
 /// Samples whose snapshot log-probabilities are computed per model call.
 const SNAPSHOT_BATCH: usize = 512;
-
-/// A model's update, ready to run: its checkpoint and metrics when there is nothing (more) to
-/// train, or the training itself (run here or on a second thread).
-enum Next<'a> {
-    Done(bytes::Bytes, Vec<StepMetrics>),
-    Train(Box<dyn FnOnce() -> Result<(bytes::Bytes, Vec<StepMetrics>)> + Send + 'a>),
-}
-
-impl Next<'_> {
-    fn run(self) -> Result<(bytes::Bytes, Vec<StepMetrics>)> {
-        match self {
-            Next::Done(ck, metrics) => Ok((ck, metrics)),
-            Next::Train(train) => train(),
-        }
-    }
-}
 
 /// `coding`: the coding setting's samples, whose prompts are rebuilt from the task's problem
 /// (`tasks`) rather than from a trajectory: the policy's reply to the reference's prompt, the
@@ -467,8 +449,8 @@ impl Stage for Update {
         let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
 
         // Policy.
-        let policy_next = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
-            Next::Done(ctx.checkpoint(POLICY).await?, Vec::new())
+        let policy_out = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
+            ctx.checkpoint(POLICY).await?
         } else {
             let spec = super::model_spec(cfg, POLICY)?;
             let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
@@ -532,7 +514,7 @@ impl Stage for Update {
             let policy_in = ctx.checkpoint(POLICY).await?;
             if adv.is_empty() {
                 spec.load(&policy_in)?;
-                Next::Done(policy_in, Vec::new())
+                policy_in
             } else {
                 let ck = spec.load(&policy_in)?;
                 drop(policy_in);
@@ -542,41 +524,29 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.policy.temperature);
-                Next::Train(Box::new(move || {
-                    let (ck, metrics) = super::counted(ctx, || {
-                        if spec.generating().is_some() {
-                            crate::on_backend!(
-                                device,
-                                train,
-                                train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
-                            )
-                        } else {
-                            crate::on_backend!(
-                                device,
-                                train,
-                                train_policy(&spec, ck, &decisions, &chosen, &adv, &s, seed, t)
-                            )
-                        }
-                    })?;
-                    Ok((ck.encode(), metrics))
-                }))
+                let (ck, metrics) = super::counted(ctx, || {
+                    if spec.generating().is_some() {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
+                        )
+                    } else {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            train_policy(&spec, ck, &decisions, &chosen, &adv, &s, seed, t)
+                        )
+                    }
+                })?;
+                rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
+                ck.encode()
             }
-        };
-        // Both models train at once where that keeps two cores busy (CPU, one update thread
-        // each): each update is a function of its own inputs alone, so the bits are the same.
-        // Otherwise the policy trains now, before the reward model's samples and weights are
-        // loaded (one model's memory at a time).
-        let together = device == crate::model::Device::Cpu && cfg.update.threads <= 1;
-        let policy_next = if together {
-            policy_next
-        } else {
-            let (ck, metrics) = policy_next.run()?;
-            Next::Done(ck, metrics)
         };
 
         // Reward model.
-        let rm_next = if !cfg.reward_model.enabled {
-            Next::Done(ctx.checkpoint(RM).await?, Vec::new())
+        let rm_out = if !cfg.reward_model.enabled {
+            ctx.checkpoint(RM).await?
         } else {
             let spec = super::model_spec(cfg, RM)?;
             let (mut prompts, mut responses, mut adv) = if self.coding {
@@ -631,7 +601,7 @@ impl Stage for Update {
             let rm_in = ctx.checkpoint(RM).await?;
             if prompts.is_empty() {
                 spec.load(&rm_in)?;
-                Next::Done(rm_in, Vec::new())
+                rm_in
             } else {
                 let ck = spec.load(&rm_in)?;
                 drop(rm_in);
@@ -641,32 +611,17 @@ impl Stage for Update {
                     .update
                     .logprob_temperature
                     .resolve(cfg.reward_model.temperature);
-                Next::Train(Box::new(move || {
-                    let (ck, metrics) = super::counted(ctx, || {
-                        crate::on_backend!(
-                            device,
-                            train,
-                            train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
-                        )
-                    })?;
-                    Ok((ck.encode(), metrics))
-                }))
+                let (ck, metrics) = super::counted(ctx, || {
+                    crate::on_backend!(
+                        device,
+                        train,
+                        train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
+                    )
+                })?;
+                rows.extend(metrics.into_iter().map(|m| (RM, m)));
+                ck.encode()
             }
         };
-        let (policy, rm) = match (policy_next, rm_next) {
-            (Next::Train(policy), Next::Train(rm)) => std::thread::scope(|s| {
-                let policy = s.spawn(policy);
-                let rm = rm();
-                let policy = policy
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-                (policy, rm)
-            }),
-            (policy, rm) => (policy.run(), rm.run()),
-        };
-        let ((policy_out, policy_rows), (rm_out, rm_rows)) = (policy?, rm?);
-        rows.extend(policy_rows.into_iter().map(|m| (POLICY, m)));
-        rows.extend(rm_rows.into_iter().map(|m| (RM, m)));
         ctx.emit_artifact(POLICY, policy_out);
         ctx.emit_artifact(RM, rm_out);
 
