@@ -832,7 +832,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "training",
         "Training signal",
         format!(
-            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share: the share of rows it trains on. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("reward"),
             chart_of("episode_length"),
             training.html()

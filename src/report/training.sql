@@ -1,6 +1,8 @@
 -- The training signal per iteration: the mean integrated step reward, the spread of the policy
--- advantages (population std over the rows the update trains on, and the share of rows it
--- trains on), and the mean episode length of the sampled rollouts. NULL where a run has none.
+-- advantages (population std over the rows the update trains on, the share of rows it trains
+-- on and the share of tasks with any), the reward model's verdict rate (samples with a
+-- parsable verdict) and the mean episode length of the sampled rollouts. NULL where a run has
+-- none (pipelines/sql/learning_signal.sql has more).
 WITH episodes AS (
     SELECT run_id, iter, AVG(CAST(num_steps AS DOUBLE)) AS episode_length
     FROM trajectories
@@ -16,13 +18,23 @@ rewards AS (
 advantages AS (
     SELECT run_id, iter,
            STDDEV_POP(CASE WHEN included THEN advantage END) AS advantage_std,
-           AVG(CASE WHEN included THEN 1.0 ELSE 0.0 END) AS trained_share
+           AVG(CASE WHEN included THEN 1.0 ELSE 0.0 END) AS trained_share,
+           CAST(COUNT(DISTINCT CASE WHEN included THEN task_id END) AS DOUBLE)
+             / CAST(NULLIF(COUNT(DISTINCT task_id), 0) AS DOUBLE) AS trained_task_share
     FROM policy_advantages
     WHERE run_id IN (${runs})
     GROUP BY run_id, iter
+),
+verdicts AS (
+    SELECT run_id, iter, AVG(CASE WHEN score <> 0 THEN 1.0 ELSE 0.0 END) AS rm_verdict_rate
+    FROM rm_samples
+    WHERE run_id IN (${runs})
+    GROUP BY run_id, iter
 )
-SELECT e.run_id, e.iter, r.mean_reward, a.advantage_std, a.trained_share, e.episode_length
+SELECT e.run_id, e.iter, r.mean_reward, a.advantage_std, a.trained_share, a.trained_task_share,
+       v.rm_verdict_rate, e.episode_length
 FROM episodes e
 LEFT JOIN rewards r ON r.run_id = e.run_id AND r.iter = e.iter
 LEFT JOIN advantages a ON a.run_id = e.run_id AND a.iter = e.iter
+LEFT JOIN verdicts v ON v.run_id = e.run_id AND v.iter = e.iter
 ORDER BY e.run_id, e.iter

@@ -198,6 +198,19 @@ fn report_has_every_section_and_the_right_numbers() {
         "SELECT avg(reward) FROM step_rewards WHERE run_id = 'full' AND iter = 1",
     );
     assert_eq!(row(&html, "training", "full", "1")[2], fmt(reward));
+    // ... the share of tasks the update trains on, and the RM's verdict rate.
+    let tasks = num(
+        &f,
+        "SELECT count(DISTINCT CASE WHEN included THEN task_id END) * 1.0 / count(DISTINCT task_id) \
+         FROM policy_advantages WHERE run_id = 'full' AND iter = 1",
+    );
+    let verdicts = num(
+        &f,
+        "SELECT avg(CASE WHEN score <> 0 THEN 1.0 ELSE 0.0 END) FROM rm_samples \
+         WHERE run_id = 'full' AND iter = 1",
+    );
+    let training = row(&html, "training", "full", "1");
+    assert_eq!(training[5..7], [fmt(tasks), fmt(verdicts)]);
 
     // A branch: its header names the parent, branch point and override; its shared iterations
     // are drawn once (the parent's) and not counted as its time.
