@@ -190,26 +190,20 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
                  WHERE iter = {i} AND included)"
             )
         );
-        let used: f64 = one("SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included")
-            .parse()
-            .unwrap();
-        let all: f64 = one("SELECT count(*) FROM policy_advantages WHERE iter = {i}")
-            .parse()
-            .unwrap();
-        let share: f64 = col(row, "steps_used").parse().unwrap();
+        let count = |q: &str| -> f64 { one(q).parse().unwrap() };
+        let num = |name: &str| -> f64 { col(row, name).parse().unwrap() };
+        let used = count("SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included");
+        let all = count("SELECT count(*) FROM policy_advantages WHERE iter = {i}");
+        let share = num("steps_used");
         assert!(
             (share - used / all).abs() <= 5e-4,
             "{share} vs {used}/{all}"
         );
-        let verdicts: f64 = one("SELECT count(*) FROM rm_samples WHERE iter = {i} AND score <> 0")
-            .parse()
-            .unwrap();
-        let samples: f64 = one("SELECT count(*) FROM rm_samples WHERE iter = {i}")
-            .parse()
-            .unwrap();
-        let rate: f64 = col(row, "rm_verdict_rate").parse().unwrap();
+        let verdicts = count("SELECT count(*) FROM rm_samples WHERE iter = {i} AND score <> 0");
+        let samples = count("SELECT count(*) FROM rm_samples WHERE iter = {i}");
+        let rate = num("rm_verdict_rate");
         assert!((rate - verdicts / samples).abs() <= 5e-4, "{rate}");
-        let kl: f64 = col(row, "policy_kl").parse().unwrap();
+        let kl = num("policy_kl");
         assert!(kl >= 0.0, "the k3 estimate is never negative: {kl}");
     }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.

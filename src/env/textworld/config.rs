@@ -279,23 +279,11 @@ mod tests {
             go: 6,
             ..TextWorldConfig::default()
         };
-        let ood = cooking.harder().spec(1);
-        assert_eq!(
-            (
-                ood["recipe"].as_u64(),
-                ood["take"].as_u64(),
-                ood["go"].as_u64()
-            ),
-            (Some(3), Some(3), Some(9))
-        );
-        let warm = cooking.easier().spec(1);
-        assert_eq!(
-            (
-                warm["recipe"].as_u64(),
-                warm["take"].as_u64(),
-                warm["go"].as_u64()
-            ),
-            (Some(1), Some(1), Some(1))
-        );
+        let knobs = |c: &TextWorldConfig| {
+            let spec = c.spec(1);
+            ["recipe", "take", "go"].map(|k| spec[k].as_u64().unwrap())
+        };
+        assert_eq!(knobs(&cooking.harder()), [3, 3, 9]);
+        assert_eq!(knobs(&cooking.easier()), [1, 1, 1]);
     }
 }
