@@ -59,7 +59,9 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 sets=(--set run.iterations=1 --set env.initial_tasks=4 --set rollout.slots_per_iter=2
   --set eval.tasks=2 --set eval.ood_tasks=2 --set env.max_steps=6
   --set reward_model.max_tokens=16 --set reward.policy_acc_min=0 --set reward.policy_acc_max=1
-  --set "policy.init=hf:$model" --set "reward_model.init=hf:$model")
+  --set "policy.init=hf:$model" --set "reward_model.init=hf:$model"
+  --set pretrain.enabled=false --set policy.lora.rank=0 --set reward_model.lora.rank=0
+  --set update.policy_lr=1e-5 --set update.rm_lr=1e-5)
 # wall seconds and the peak RSS of a command and its children (no /usr/bin/time needed)
 timed() {
   python3 -c 'import resource, subprocess, sys, time

@@ -42,7 +42,9 @@ import argparse, collections, json, os, re, shutil, subprocess, sys, tempfile, t
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "eval.tasks=2",
         "eval.ood_tasks=2", "env.max_steps=6", "reward_model.max_tokens=16",
-        "reward.policy_acc_min=0", "reward.policy_acc_max=1"]
+        "reward.policy_acc_min=0", "reward.policy_acc_max=1",
+        "pretrain.enabled=false", "policy.lora.rank=0", "reward_model.lora.rank=0",
+        "update.policy_lr=1e-5", "update.rm_lr=1e-5"]
 STAGE_START = re.compile(r"stage started.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)")
 STAGE_DONE = re.compile(r"stage committed.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)\"?.*\bseconds=([0-9.e+-]+)")
 # cubecl's profiler: `| 12.3µs     | kernel name`

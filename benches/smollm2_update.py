@@ -71,7 +71,9 @@ LP_TOL, LOSS_TOL = (1e-3, 1e-3) if DEVICE == "cpu" else (5e-3, 5e-2)
 PIPELINE = "pipelines/household-smollm2.toml"
 DEFAULT_SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "eval.tasks=2",
                 "eval.ood_tasks=2", "env.max_steps=6", "reward_model.max_tokens=16",
-                "reward.policy_acc_min=0", "reward.policy_acc_max=1"]
+                "reward.policy_acc_min=0", "reward.policy_acc_max=1",
+                "pretrain.enabled=false", "policy.lora.rank=0", "reward_model.lora.rank=0",
+                "update.policy_lr=1e-5", "update.rm_lr=1e-5"]
 
 # src/stages/update.rs, src/model/reward.rs, src/model/tree.rs.
 SNAPSHOT_BATCH = 512

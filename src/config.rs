@@ -631,6 +631,8 @@ mod tests {
             "synthetic.toml",
             "coding-smollm2.toml",
             "coding.toml",
+            "household-smollm2.toml",
+            "textworld-smollm2.toml",
         ] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("pipelines")

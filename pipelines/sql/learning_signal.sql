@@ -1,8 +1,9 @@
 -- Where a run's learning signal lives or dies, per iteration: how much of the rollout the
 -- policy update can use (steps and tasks the accuracy filter keeps), how strong the signal is
 -- (the spread of the advantages it trains on), how far each update moves its model (KL against
--- the pre-update snapshot, clipped share, gradient norm) and how often the reward model gives a
--- verdict at all. One row per (run, iteration); NULL where a table has no rows for it.
+-- the pre-update snapshot, clipped share, gradient norm), how often the reward model gives a
+-- verdict at all and how often the policy's reply names no admissible action (`generate` mode;
+-- 0 in `score` mode). One row per (run, iteration); NULL where a table has no rows for it.
 -- rla-pipe sql --run gridnav --file pipelines/sql/learning_signal.sql
 WITH acc AS (
     SELECT run_id, iter, count(*) AS tasks, avg(acc) AS mean_task_acc,
@@ -29,6 +30,10 @@ WITH acc AS (
            avg(CASE WHEN score <> 0 THEN 1.0 ELSE 0.0 END) AS rm_verdict_rate,
            avg(CASE WHEN score > 0 THEN 1.0 ELSE 0.0 END) AS rm_good_rate
     FROM rm_samples GROUP BY run_id, iter
+), replies AS (
+    SELECT run_id, iter,
+           avg(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) AS reply_error_rate
+    FROM steps GROUP BY run_id, iter
 )
 SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task_acc,
        round(acc.tasks_never_won, 3) AS tasks_never_won,
@@ -39,9 +44,11 @@ SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task
        round(upd.policy_kl, 5) AS policy_kl, round(upd.policy_clip_frac, 3) AS policy_clip_frac,
        round(upd.policy_grad_norm, 3) AS policy_grad_norm,
        round(upd.rm_kl, 5) AS rm_kl, round(upd.rm_grad_norm, 3) AS rm_grad_norm,
-       round(rm.rm_verdict_rate, 3) AS rm_verdict_rate, round(rm.rm_good_rate, 3) AS rm_good_rate
+       round(rm.rm_verdict_rate, 3) AS rm_verdict_rate, round(rm.rm_good_rate, 3) AS rm_good_rate,
+       round(replies.reply_error_rate, 3) AS reply_error_rate
 FROM acc
 LEFT JOIN adv ON adv.run_id = acc.run_id AND adv.iter = acc.iter
 LEFT JOIN upd ON upd.run_id = acc.run_id AND upd.iter = acc.iter
 LEFT JOIN rm ON rm.run_id = acc.run_id AND rm.iter = acc.iter
+LEFT JOIN replies ON replies.run_id = acc.run_id AND replies.iter = acc.iter
 ORDER BY acc.run_id, acc.iter

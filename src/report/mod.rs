@@ -627,6 +627,25 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             Axis::Data,
         )?,
     ));
+    // Where the learning signal dies: tasks the accuracy filter keeps, verdicts the reward
+    // model gives, replies the policy gets wrong (pipelines/sql/learning_signal.sql has more).
+    charts.push((
+        "signal".to_string(),
+        chart(
+            "Learning signal per iteration",
+            "share",
+            &lines_of(
+                &training,
+                runs,
+                &[
+                    ("trained_task_share", "tasks trained on"),
+                    ("rm_verdict_rate", "RM verdict rate"),
+                    ("reply_error_rate", "reply errors"),
+                ],
+            ),
+            rate,
+        )?,
+    ));
     charts.push((
         "episode_length".to_string(),
         chart(
@@ -832,8 +851,9 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "training",
         "Training signal",
         format!(
-            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict; reply_error_rate: the share of sampled steps whose reply named no admissible action (generate mode; 0 in score mode). When a run does not learn, the second chart shows where its signal dies. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("reward"),
+            chart_of("signal"),
             chart_of("episode_length"),
             training.html()
         ),

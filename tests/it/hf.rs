@@ -910,11 +910,36 @@ fn generative_policy_writes_replies_and_trains_on_them() {
             "pretrain.policy_epochs=12",
             "pretrain.minibatch=16",
             "pretrain.lr=0.02",
+            "pretrain.rm_epochs=4",
         ],
     );
-    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    let r = f.run_pipeline(GRIDNAV, "gen", 2, &sets);
+    let mut args = vec!["run", "-v", GRIDNAV, "--run-id", "gen", "--iterations", "2"];
+    for s in &sets {
+        args.extend(["--set", s.as_str()]);
+    }
+    let r = f.rla(&args);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // The warm start taught both models in their own reply formats: each one's loss fell.
+    for model in ["policy", "rm"] {
+        let line = r
+            .stderr
+            .lines()
+            .find(|l| {
+                l.contains("supervised warm start") && l.contains(&format!("model=\"{model}\""))
+            })
+            .unwrap_or_else(|| panic!("no warm-start line for {model}: {}", r.stderr));
+        let field = |name: &str| -> f64 {
+            let at = line.find(&format!("{name}=")).unwrap() + name.len() + 1;
+            line[at..]
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        };
+        let (first, last) = (field("first_loss"), field("last_loss"));
+        assert!(last < first, "{model}: warm-start loss {first} -> {last}");
+    }
     // Every step holds its reply; a valid one names an admissible action, an invalid one
     // observes "Nothing happens.".
     let r = f.sql(
@@ -938,6 +963,34 @@ fn generative_policy_writes_replies_and_trains_on_them() {
         "the warm start taught \\boxed{{index}} replies: {}",
         r.stdout
     );
+    // The learning-signal diagnostics' reply-format error rate is the invalid share, per
+    // iteration (the counts above, split by iteration).
+    let signal = f
+        .rla(&[
+            "sql",
+            "--format",
+            "csv",
+            "--file",
+            concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/pipelines/sql/learning_signal.sql"
+            ),
+        ])
+        .ok()
+        .stdout;
+    let header: Vec<&str> = signal.lines().next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    for line in signal.lines().skip(1) {
+        let cells: Vec<&str> = line.split(',').collect();
+        let q = format!(
+            "SELECT sum(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) / count(*) \
+             FROM steps WHERE run_id = 'gen' AND iter = {}",
+            cells[at("iter")]
+        );
+        let want: f64 = f.sql(&q).ok().scalar().parse().unwrap();
+        let got: f64 = cells[at("reply_error_rate")].parse().unwrap();
+        assert!((got - want).abs() <= 5e-4, "{got} vs {want}: {signal}");
+    }
     // The update trained the policy on replies (token counts above one token per sample).
     let r =
         f.sql("SELECT sum(tokens) FROM update_metrics WHERE run_id = 'gen' AND model = 'policy'");

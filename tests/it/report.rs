@@ -62,11 +62,11 @@ fn report_has_every_section_and_the_right_numbers() {
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
     }
-    // Self-contained: 11 inline charts, nothing fetched, no script.
-    assert_eq!(html.matches("<svg").count(), 11);
+    // Self-contained: 12 inline charts, nothing fetched, no script.
+    assert_eq!(html.matches("<svg").count(), 12);
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
     assert!(!html.contains("<script"));
-    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 11);
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 12);
     // Both runs are overlaid in the charts' legends, each in its own colour throughout: the
     // first run's blue, the second's vermillion, no third colour in the success chart.
     assert!(html.contains("full · train") && html.contains("static · held-out"));
@@ -198,7 +198,8 @@ fn report_has_every_section_and_the_right_numbers() {
         "SELECT avg(reward) FROM step_rewards WHERE run_id = 'full' AND iter = 1",
     );
     assert_eq!(row(&html, "training", "full", "1")[2], fmt(reward));
-    // ... the share of tasks the update trains on, and the RM's verdict rate.
+    // ... the share of tasks the update trains on, the RM's verdict rate, and the policy's
+    // reply-format error rate (a score-mode policy's action is always an admissible one).
     let tasks = num(
         &f,
         "SELECT count(DISTINCT CASE WHEN included THEN task_id END) * 1.0 / count(DISTINCT task_id) \
@@ -210,7 +211,12 @@ fn report_has_every_section_and_the_right_numbers() {
          WHERE run_id = 'full' AND iter = 1",
     );
     let training = row(&html, "training", "full", "1");
-    assert_eq!(training[5..7], [fmt(tasks), fmt(verdicts)]);
+    assert_eq!(training[5..8], [fmt(tasks), fmt(verdicts), fmt(0.0)]);
+    assert!(
+        std::fs::read_to_string(svgs.join("signal.svg"))
+            .unwrap()
+            .contains("RM verdict rate")
+    );
 
     // A branch: its header names the parent, branch point and override; its shared iterations
     // are drawn once (the parent's) and not counted as its time.
@@ -260,7 +266,7 @@ fn report_has_every_section_and_the_right_numbers() {
     let small = f.dir.path().join("small.html").display().to_string();
     f.rla(&["report", "small", "--out", &small]).ok();
     let html = std::fs::read_to_string(&small).unwrap();
-    assert_eq!(html.matches("<svg").count(), 11);
+    assert_eq!(html.matches("<svg").count(), 12);
     let train = num(
         &f,
         "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
