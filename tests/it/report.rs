@@ -24,6 +24,75 @@ fn num(f: &Fixture, q: &str) -> f64 {
     f.sql(q).ok().scalar().parse().unwrap()
 }
 
+/// A headless Chromium, installed with apt when missing (Debian's `chromium`, as the test
+/// command installs TextWorld with pip). Installs are serialized across tests.
+pub(crate) fn chromium() -> std::path::PathBuf {
+    static INSTALL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = INSTALL.lock().unwrap_or_else(|e| e.into_inner());
+    let find = || {
+        ["chromium", "chromium-browser", "google-chrome"]
+            .iter()
+            .find_map(|name| {
+                std::env::var_os("PATH").and_then(|paths| {
+                    std::env::split_paths(&paths)
+                        .map(|d| d.join(name))
+                        .find(|p| p.is_file())
+                })
+            })
+    };
+    if let Some(p) = find() {
+        return p;
+    }
+    let apt = |args: &[&str]| {
+        std::process::Command::new("apt-get")
+            .args(args)
+            .env("DEBIAN_FRONTEND", "noninteractive")
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let install = ["install", "-y", "-q", "--no-install-recommends", "chromium"];
+    // Stale package lists: refresh them once and try again.
+    let ok = apt(&install) || (apt(&["update", "-q"]) && apt(&install));
+    find().unwrap_or_else(|| {
+        panic!("this test needs a headless Chromium: apt-get install chromium (apt-get ok: {ok})")
+    })
+}
+
+/// The report's layout in a real browser window `width` px wide: the page's own width against
+/// the window's, and each chart's rendered width, measured by a script added to a copy of the
+/// page (`--dump-dom` prints the DOM after it ran).
+fn layout_in_chromium(html: &str, dir: &std::path::Path, width: u32) -> serde_json::Value {
+    let probe = "<script>window.addEventListener('load',()=>{const f=[...document.querySelectorAll('figure svg')];\
+const o={inner:window.innerWidth,scroll:document.documentElement.scrollWidth,\
+charts:f.map(s=>s.getBoundingClientRect().width),\
+tips:document.querySelectorAll('svg title').length};\
+const p=document.createElement('pre');p.id='layout';p.textContent=JSON.stringify(o);document.body.appendChild(p);});</script>";
+    let page = dir.join(format!("layout-{width}.html"));
+    std::fs::write(&page, html.replace("</body>", &format!("{probe}</body>"))).unwrap();
+    let out = std::process::Command::new(chromium())
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            &format!("--window-size={width},1000"),
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .expect("run chromium");
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let start = dom.find("<pre id=\"layout\">").unwrap_or_else(|| {
+        panic!(
+            "no layout from chromium at {width} px: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    }) + "<pre id=\"layout\">".len();
+    let end = start + dom[start..].find("</pre>").unwrap();
+    serde_json::from_str(&dom[start..end].replace("&amp;", "&")).unwrap()
+}
+
 #[test]
 fn report_has_every_section_and_the_right_numbers() {
     let f = Fixture::new();
@@ -51,6 +120,38 @@ fn report_has_every_section_and_the_right_numbers() {
     .ok();
     let html = std::fs::read_to_string(&out).unwrap();
     assert!(html.starts_with("<!DOCTYPE html>") && html.trim_end().ends_with("</html>"));
+    // In a real browser: at 700 px nothing runs off the side and every chart fits the window;
+    // at 1400 px the charts grow with it (up to the page's 1,100 px); every point has a tooltip.
+    let (narrow, wide) = (
+        layout_in_chromium(&html, f.dir.path(), 700),
+        layout_in_chromium(&html, f.dir.path(), 1400),
+    );
+    for (layout, px) in [(&narrow, 700.0), (&wide, 1400.0)] {
+        let inner = layout["inner"].as_f64().unwrap();
+        assert_eq!(inner, px, "{layout}");
+        assert!(
+            layout["scroll"].as_f64().unwrap() <= inner,
+            "overflows at {px} px: {layout}"
+        );
+        let charts: Vec<f64> = layout["charts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_f64().unwrap())
+            .collect();
+        assert_eq!(charts.len(), 12, "{layout}");
+        assert!(
+            charts
+                .iter()
+                .all(|w| *w > 0.8 * px.min(1100.0) && *w <= inner),
+            "{layout}"
+        );
+        assert!(layout["tips"].as_u64().unwrap() > 0, "{layout}");
+    }
+    assert!(
+        wide["charts"][0].as_f64().unwrap() > narrow["charts"][0].as_f64().unwrap() + 300.0,
+        "{narrow} vs {wide}"
+    );
     for id in [
         "runs",
         "success",
