@@ -202,6 +202,10 @@ pub enum EvalMode {
     Greedy,
     /// `eval.rollouts` rollouts per task sampled at `eval.temperature` (the reference: 3 at 0.8).
     Sampled,
+    /// Both, as a user evaluates a model: the sampled rollouts (splits `held_out` and `ood`,
+    /// what the summary, the report and the ablation read) and one greedy rollout per task
+    /// (splits `held_out_greedy` and `ood_greedy`).
+    Both,
 }
 
 /// How policy advantages are standardized within a (task, step) group.

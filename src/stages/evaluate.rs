@@ -3,7 +3,9 @@
 //! every iteration of a run), minus any task that is also in this iteration's training pool.
 //! With `eval.mode = "sampled"` (the default, as the reference: 3 rollouts at T = 0.8) each task
 //! gets `eval.rollouts` seeded rollouts sampled at `eval.temperature`; with `"greedy"` the
-//! learned policy plays each once, taking its most likely action every step. The uniform policy
+//! learned policy plays each once, taking its most likely action every step; with `"both"` it
+//! does both, the greedy rows under the splits `held_out_greedy` and `ood_greedy` (the sampled
+//! ones keep `held_out` and `ood`, which the summary and the report read). The uniform policy
 //! always plays `eval.rollouts` seeded rollouts.
 //!
 //! A second, out-of-distribution set (`split = 'ood'`, `eval.ood_tasks` tasks) is drawn the same
@@ -98,10 +100,13 @@ impl Stage for Evaluate {
         }
         let eval = &ctx.config.eval;
         let uniform = ctx.config.policy.kind == crate::config::PolicyKind::Uniform;
-        let (per_task, temperature) = match eval.mode {
-            _ if uniform => (eval.rollouts, Some(eval.temperature)),
-            crate::config::EvalMode::Sampled => (eval.rollouts, Some(eval.temperature)),
-            crate::config::EvalMode::Greedy => (1, None),
+        // The passes over every split: (rollouts per task, temperature, the split's suffix).
+        let sampled = (eval.rollouts, Some(eval.temperature), "");
+        let passes = match eval.mode {
+            _ if uniform => vec![sampled],
+            crate::config::EvalMode::Sampled => vec![sampled],
+            crate::config::EvalMode::Greedy => vec![(1, None, "")],
+            crate::config::EvalMode::Both => vec![sampled, (1, None, "_greedy")],
         };
         let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
             bytes::Bytes::new()
@@ -113,40 +118,43 @@ impl Stage for Evaluate {
         for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
             tasks.retain(|(id, _)| !training.contains(id));
             super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
-            let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
-                .flat_map(|t| (0..per_task).map(move |r| (t, r)))
-                .map(|(t, r)| {
-                    let (id, r_s) = (tasks[t].0.as_str(), r.to_string());
-                    let seed = match split {
-                        "held_out" => derive_seed(ctx.seed, &[id, &r_s]),
-                        _ => derive_seed(ctx.seed, &[id, &r_s, split]),
-                    };
-                    (t, r, seed)
-                })
-                .collect();
-            let jobs: Vec<Job<'_>> = seeds
-                .iter()
-                .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
-                .collect();
-            let rolled = super::counted(ctx, || {
-                play_policy(
-                    &ctx.config,
-                    policy_ck,
-                    &environment,
-                    &jobs,
-                    temperature,
-                    None,
-                )
-            })?;
-            for (t, (task_id, _)) in tasks.iter().enumerate() {
-                let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+            for &(per_task, temperature, suffix) in &passes {
+                let name = format!("{split}{suffix}");
+                let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
+                    .flat_map(|t| (0..per_task).map(move |r| (t, r)))
+                    .map(|(t, r)| {
+                        let (id, r_s) = (tasks[t].0.as_str(), r.to_string());
+                        let seed = match name.as_str() {
+                            "held_out" => derive_seed(ctx.seed, &[id, &r_s]),
+                            _ => derive_seed(ctx.seed, &[id, &r_s, &name]),
+                        };
+                        (t, r, seed)
+                    })
+                    .collect();
+                let jobs: Vec<Job<'_>> = seeds
                     .iter()
-                    .filter(|r| r.outcome > 0)
-                    .count() as u32;
-                out.push_str(task_id)
-                    .push_u32(per_task)
-                    .push_u32(won)
-                    .push_str(split);
+                    .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
+                    .collect();
+                let rolled = super::counted(ctx, || {
+                    play_policy(
+                        &ctx.config,
+                        policy_ck,
+                        &environment,
+                        &jobs,
+                        temperature,
+                        None,
+                    )
+                })?;
+                for (t, (task_id, _)) in tasks.iter().enumerate() {
+                    let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+                        .iter()
+                        .filter(|r| r.outcome > 0)
+                        .count() as u32;
+                    out.push_str(task_id)
+                        .push_u32(per_task)
+                        .push_u32(won)
+                        .push_str(&name);
+                }
             }
         }
         let batch = out.finish_with(&ctx.run_id, ctx.iter)?;

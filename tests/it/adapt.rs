@@ -693,3 +693,56 @@ fn household_runs_replays_and_resumes_after_ctrl_c_to_the_same_tables() {
         .scalar();
     assert_ne!(adapted, "0", "the run adapted tasks");
 }
+
+/// `eval.mode = "both"`: the sampled evaluation exactly as `"sampled"` makes it (the splits the
+/// summary and the report read), plus one greedy rollout per task under `held_out_greedy` and
+/// `ood_greedy`.
+#[test]
+fn evaluation_both_ways_adds_greedy_rows_beside_the_sampled_ones() {
+    let f = Fixture::new();
+    let small = [
+        "env.initial_tasks=4",
+        "pretrain.enabled=false",
+        "update.policy_steps=1",
+        "update.rm_steps=1",
+        "eval.tasks=6",
+        "eval.ood_tasks=6",
+        "eval.rollouts=2",
+    ];
+    for mode in ["sampled", "both"] {
+        let set = format!("eval.mode=\"{mode}\"");
+        let sets: Vec<&str> = small.iter().copied().chain([set.as_str()]).collect();
+        f.run_pipeline(GRIDNAV, mode, 1, &sets).ok();
+    }
+    let rows = |run: &str, splits: &str| {
+        f.sql(&format!(
+            "SELECT split, task_id, rollouts, successes FROM evaluations \
+             WHERE run_id = '{run}' AND split IN ({splits}) ORDER BY split, task_id"
+        ))
+        .ok()
+        .csv()
+    };
+    let sampled = rows("sampled", "'held_out', 'ood'");
+    assert_eq!(sampled.len(), 12, "{sampled:?}");
+    assert_eq!(rows("both", "'held_out', 'ood'"), sampled);
+    let greedy = rows("both", "'held_out_greedy', 'ood_greedy'");
+    assert_eq!(greedy.len(), 12, "{greedy:?}");
+    for (g, s) in greedy.iter().zip(&sampled) {
+        // The same tasks, one rollout each.
+        assert_eq!(
+            (g[0].as_str(), &g[1], g[2].as_str()),
+            (format!("{}_greedy", s[0]).as_str(), &s[1], "1")
+        );
+        assert_eq!(s[2], "2");
+    }
+    // The held-out figure the summary line and the report read is the sampled one in both.
+    let held = |run: &str| {
+        f.sql(&format!(
+            "SELECT sum(successes) * 1.0 / sum(rollouts) FROM evaluations \
+             WHERE run_id = '{run}' AND split = 'held_out'"
+        ))
+        .ok()
+        .scalar()
+    };
+    assert_eq!(held("both"), held("sampled"));
+}
