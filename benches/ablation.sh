@@ -11,15 +11,32 @@
 # commit in REPORT_DIR/measured.txt) that the test `ablation_tables_are_current` recomputes: a
 # code change that moves the tables fails it. Runs resume: rerunning continues where it stopped.
 #
-#   [SEEDS=5] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+# Also the learning curve (pipelines/sql/learning_curve.sql → benches/learning_curve.py): per
+# setting and iteration held-out and OOD success with intervals over the seeds, after the warm
+# start first, and the RL gain (last iteration minus the warm start, paired per seed).
+#
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [SETS="k=v ..."] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
+# ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
+# e.g. a pretrained model's curve: the full loop over 5 seeds, the other two settings over the
+# first 3, every run evaluated sampled and greedy:
+#   ABL_SEEDS=3 SETS="eval.mode=both" benches/ablation.sh 10 ./runs-curve/household \
+#     docs/src/ablation/household-smollm2 pipelines/household-smollm2.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
 iters=${1:-8}
 env=${4:-household}
+if [[ "$env" == *.toml ]]; then
+  pipeline=$env
+  env=$(basename "$env" .toml)
+else
+  pipeline=pipelines/ablation/$env.toml
+fi
 store=${2:-./runs-ablation/$env}
 out=${3:-docs/src/ablation/$env}
+extra=()
+for kv in ${SETS:-}; do extra+=(--set "$kv"); done
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 if [ -n "${RLA_PIPE_BIN:-}" ]; then
@@ -28,15 +45,17 @@ else
   cargo build --quiet
   bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
 fi
-pipeline=pipelines/ablation/$env.toml
 started=$(date +%s)
 runs=()
 seeds=${SEEDS:-5}
+abl_seeds=${ABL_SEEDS:-$seeds}
 for ((seed = 0; seed < seeds; seed++)); do
   echo "== pre-s$seed" >&2
-  "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 \
+  "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
     --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
-  for setting in policy rm rmadapt; do
+  settings=(policy rm rmadapt)
+  if ((seed >= abl_seeds)); then settings=(rmadapt); fi
+  for setting in "${settings[@]}"; do
     case "$setting" in
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
       rm) sets=(--set adapt.enabled=false) ;;
@@ -45,7 +64,7 @@ for ((seed = 0; seed < seeds; seed++)); do
     run="abl-$setting-s$seed"
     runs+=("$run")
     echo "== $run" >&2
-    "$bin" run "$pipeline" --store "$store" --run-id "$run" --iterations "$iters" \
+    "$bin" run "$pipeline" --store "$store" --run-id "$run" --iterations "$iters" "${extra[@]}" \
       --set "run.seed=$seed" "${sets[@]}"
   done
 done
@@ -57,6 +76,9 @@ echo "== the warm start alone (pretrain, before any update)"
 "$bin" sql --store "$store" --file pipelines/sql/pretrain_alone.sql
 echo "== held-out success and RM process accuracy per iteration"
 "$bin" sql --store "$store" --file pipelines/sql/ablation_curves.sql
+echo "== the learning curve: after the warm start, then every iteration; the RL gain"
+"$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$store/learning_curve.csv"
+python3 benches/learning_curve.py "$store/learning_curve.csv"
 mkdir -p "$out"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
 echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
