@@ -69,7 +69,10 @@ tips:document.querySelectorAll('svg title').length};\
 const p=document.createElement('pre');p.id='layout';p.textContent=JSON.stringify(o);document.body.appendChild(p);});</script>";
     let page = dir.join(format!("layout-{width}.html"));
     std::fs::write(&page, html.replace("</body>", &format!("{probe}</body>"))).unwrap();
-    let out = std::process::Command::new(chromium())
+    // At most two minutes: a hung browser fails the test instead of stalling the suite.
+    let out = std::process::Command::new("timeout")
+        .arg("120")
+        .arg(chromium())
         .args([
             "--headless",
             "--no-sandbox",
