@@ -108,7 +108,7 @@ impl Stage for Evaluate {
             crate::config::EvalMode::Greedy => vec![(1, None, "")],
             crate::config::EvalMode::Both => vec![sampled, (1, None, "_greedy")],
         };
-        let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
+        let policy_ck = if uniform {
             bytes::Bytes::new()
         } else {
             ctx.checkpoint(crate::model::POLICY).await?

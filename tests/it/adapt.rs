@@ -15,12 +15,6 @@ const GROWTH: &str = concat!(
     "/pipelines/sql/accepted_growth.sql"
 );
 
-/// The learning-signal diagnostics.
-const SIGNAL: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/pipelines/sql/learning_signal.sql"
-);
-
 /// A small, quick gridnav loop (learned policy and RM, few optimizer steps).
 const SMALL_GRIDNAV: [&str; 7] = [
     "env.initial_tasks=16",
@@ -165,33 +159,23 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     }
     // The learning-signal diagnostics: one row per iteration, each figure equal to the same
     // figure computed another way from the rows it summarises.
-    let signal = f
-        .rla(&["sql", "--format", "csv", "--file", SIGNAL])
+    let rows = f
+        .rla(&["sql", "--format", "csv", "--file", crate::LEARNING_SIGNAL])
         .ok()
-        .stdout;
-    let mut lines = signal.lines();
-    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
-    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
-    assert_eq!(rows.len(), 3, "{signal}");
-    let col = |row: &Vec<&str>, name: &str| -> String {
-        row[header
-            .iter()
-            .position(|h| *h == name)
-            .unwrap_or_else(|| panic!("{name}"))]
-        .to_string()
-    };
+        .records();
+    assert_eq!(rows.len(), 3, "{rows:?}");
     for (i, row) in rows.iter().enumerate() {
         let one = |q: &str| f.sql(&q.replace("{i}", &i.to_string())).ok().scalar();
-        assert_eq!(col(row, "iter"), i.to_string());
+        assert_eq!(row["iter"], i.to_string());
         assert_eq!(
-            col(row, "tasks_used"),
+            row["tasks_used"],
             one(
                 "SELECT count(*) FROM (SELECT DISTINCT task_id FROM policy_advantages \
                  WHERE iter = {i} AND included)"
             )
         );
         let count = |q: &str| -> f64 { one(q).parse().unwrap() };
-        let num = |name: &str| -> f64 { col(row, name).parse().unwrap() };
+        let num = |name: &str| -> f64 { row[name].parse().unwrap() };
         let used = count("SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included");
         let all = count("SELECT count(*) FROM policy_advantages WHERE iter = {i}");
         let share = num("steps_used");

@@ -965,31 +965,20 @@ fn generative_policy_writes_replies_and_trains_on_them() {
     );
     // The learning-signal diagnostics' reply-format error rate is the invalid share, per
     // iteration (the counts above, split by iteration).
-    let signal = f
-        .rla(&[
-            "sql",
-            "--format",
-            "csv",
-            "--file",
-            concat!(
-                env!("CARGO_MANIFEST_DIR"),
-                "/pipelines/sql/learning_signal.sql"
-            ),
-        ])
+    let rows = f
+        .rla(&["sql", "--format", "csv", "--file", crate::LEARNING_SIGNAL])
         .ok()
-        .stdout;
-    let header: Vec<&str> = signal.lines().next().unwrap().split(',').collect();
-    let at = |name: &str| header.iter().position(|h| *h == name).unwrap();
-    for line in signal.lines().skip(1) {
-        let cells: Vec<&str> = line.split(',').collect();
+        .records();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
         let q = format!(
             "SELECT sum(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) / count(*) \
              FROM steps WHERE run_id = 'gen' AND iter = {}",
-            cells[at("iter")]
+            row["iter"]
         );
         let want: f64 = f.sql(&q).ok().scalar().parse().unwrap();
-        let got: f64 = cells[at("reply_error_rate")].parse().unwrap();
-        assert!((got - want).abs() <= 5e-4, "{got} vs {want}: {signal}");
+        let got: f64 = row["reply_error_rate"].parse().unwrap();
+        assert!((got - want).abs() <= 5e-4, "{got} vs {want}: {rows:?}");
     }
     // The update trained the policy on replies (token counts above one token per sample).
     let r =

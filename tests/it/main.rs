@@ -30,6 +30,11 @@ use std::process::{Command, Output};
 
 /// The main job's pipeline.
 pub const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
+/// The learning-signal diagnostics (one row per run and iteration).
+pub const LEARNING_SIGNAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/learning_signal.sql"
+);
 
 /// A small gridnav run (8 tasks, small models, a small warm start): the settings the upgrade
 /// fixture `tests/fixtures/store-2026-11-23` was written with (its README), also used by the
@@ -340,6 +345,20 @@ impl Run {
             .lines()
             .skip(1)
             .map(|l| l.split(',').map(str::to_string).collect())
+            .collect()
+    }
+    /// CSV output → rows as maps from column name to field.
+    pub fn records(&self) -> Vec<std::collections::BTreeMap<String, String>> {
+        let mut lines = self.stdout.lines();
+        let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+        lines
+            .map(|l| {
+                header
+                    .iter()
+                    .zip(l.split(','))
+                    .map(|(h, v)| (h.to_string(), v.to_string()))
+                    .collect()
+            })
             .collect()
     }
     /// The single value of a one-row, one-column CSV result.
