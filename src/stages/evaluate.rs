@@ -23,7 +23,7 @@ use crate::determinism::derive_seed;
 use crate::env;
 use crate::error::Result;
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::stage::sql::collect;
 use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Evaluate;
@@ -90,11 +90,7 @@ impl Stage for Evaluate {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         super::install_assets(ctx).await?;
         let mut training = BTreeSet::new();
-        for b in query(&ctx.session, "SELECT task_id FROM tasks")
-            .await?
-            .collect()
-            .await?
-        {
+        for b in collect(&ctx.session, "SELECT task_id FROM tasks").await? {
             let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
             training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
         }

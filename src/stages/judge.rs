@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use crate::adapt::{self, Decision, parse_direction};
 use crate::error::{Error, Result};
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::stage::sql::collect;
 use crate::stage::{Stage, StageContext, TableOutput};
 
 const JUDGE: &str = include_str!("judge.sql");
@@ -38,7 +38,7 @@ impl Stage for Judge {
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         let cfg = &ctx.config.adapt;
         let mut out = TableBuilder::new("judgements")?;
-        for b in query(&ctx.session, JUDGE).await?.collect().await? {
+        for b in collect(&ctx.session, JUDGE).await? {
             let c = Columns::new(&b, "stages/judge.sql");
             let slot = c.u32("slot")?;
             let (cand, parent, dir) = (

@@ -30,7 +30,7 @@ use crate::model::tree::{SeqCache, encode_reusing};
 use crate::model::{ModelSpec, Weights, policy};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::query;
+use crate::stage::sql::collect;
 use crate::stage::{Stage, StageContext, TableOutput};
 
 pub struct Rollout;
@@ -475,13 +475,11 @@ impl Stage for Rollout {
     }
     async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
         super::install_assets(ctx).await?;
-        let tasks = query(
+        let tasks = collect(
             &ctx.session,
             // Runs made before slot sampling have no `rolled_out`: every task was rolled out.
             "SELECT DISTINCT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true) ORDER BY task_id",
         )
-        .await?
-        .collect()
         .await?;
         let mut pool: Vec<(String, serde_json::Value)> = Vec::new();
         for b in &tasks {

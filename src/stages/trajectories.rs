@@ -9,18 +9,16 @@ use crate::error::{Error, Result};
 pub use crate::model::prompt::{StepRow, Trajectory};
 use crate::schema::rows::Columns;
 use crate::stage::StageContext;
-use crate::stage::sql::query;
+use crate::stage::sql::collect;
 
 /// Every trajectory of the stage's `steps` table, keyed by traj_id.
 pub async fn load(ctx: &StageContext) -> Result<BTreeMap<String, Trajectory>> {
-    let batches: Vec<RecordBatch> = query(
+    let batches: Vec<RecordBatch> = collect(
         &ctx.session,
         "SELECT task_id, traj_id, step_idx, observation, action, next_observation, admissible, \
          response \
          FROM steps ORDER BY task_id, traj_id, step_idx",
     )
-    .await?
-    .collect()
     .await?;
     let mut out: BTreeMap<String, Trajectory> = BTreeMap::new();
     for b in &batches {

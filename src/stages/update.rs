@@ -25,7 +25,7 @@ use crate::model::reward::{packed_response_log_probs, response_log_probs};
 use crate::model::transformer::{bool_tensor, float_tensor};
 use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
-use crate::stage::sql::{collect, query};
+use crate::stage::sql::collect;
 use crate::stage::{Stage, StageContext, TableOutput};
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
@@ -51,7 +51,7 @@ async fn coding_samples(
     sql: &str,
 ) -> Result<(Vec<Vec<u32>>, Vec<Vec<u32>>, Vec<f64>)> {
     let (mut prompts, mut responses, mut adv) = (Vec::new(), Vec::new(), Vec::new());
-    for b in query(&ctx.session, sql).await?.collect().await? {
+    for b in collect(&ctx.session, sql).await? {
         let c = Columns::new(&b, "stages/update_coding_*.sql");
         let (ids, a) = (c.str("sample_key")?, c.f64("advantage")?);
         let (resp, specs) = (c.str("response")?, c.str("spec")?);
