@@ -13,7 +13,6 @@ pub mod sql;
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
@@ -202,7 +201,6 @@ pub enum TableOutput {
 }
 
 /// A stage of the iteration DAG.
-#[async_trait]
 pub trait Stage: Send + Sync {
     /// Stage name: the manifest file name and the `stage` column of `stage_runs`.
     fn name(&self) -> &'static str;
@@ -263,7 +261,19 @@ pub trait Stage: Send + Sync {
         true
     }
     /// Compute the outputs.
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>>;
+    ///
+    /// A boxed future written out rather than an `async fn` under `#[async_trait]`: that macro
+    /// bounds the method by `Self: 'async_trait`, and under such bounds rustc proves the future
+    /// `Send` afresh for every stage — down through every DataFusion type a stage holds — with
+    /// nothing shared between stages. Without them the proofs are cached once for all: the
+    /// library compiles in 31 s instead of 168 s (cold, non-incremental; docs/src/quick-start.md,
+    /// "First build time"). An implementation:
+    /// `fn run<'a>(&'a self, ctx: &'a StageContext) -> BoxFuture<'a, Result<…>> {
+    /// Box::pin(async move { … }) }`.
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>>;
 }
 
 #[cfg(test)]

@@ -20,7 +20,6 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use arrow::array::{Array, RecordBatch};
-use async_trait::async_trait;
 use serde_json::Value;
 
 use crate::adapt::{
@@ -101,7 +100,6 @@ pub struct Row {
     pub critic: Option<String>,
 }
 
-#[async_trait]
 impl Stage for Adapt {
     fn name(&self) -> &'static str {
         "adapt"
@@ -133,18 +131,23 @@ impl Stage for Adapt {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        super::install_assets(ctx).await?;
-        let rows = if ctx.config.adapt.enabled {
-            adapt_pool(ctx, self.coding).await?
-        } else {
-            Vec::new()
-        };
-        let batch = to_batch(ctx, &rows)?;
-        Ok(vec![(
-            "adaptations",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            super::install_assets(ctx).await?;
+            let rows = if ctx.config.adapt.enabled {
+                adapt_pool(ctx, self.coding).await?
+            } else {
+                Vec::new()
+            };
+            let batch = to_batch(ctx, &rows)?;
+            Ok(vec![(
+                "adaptations",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }
 

@@ -3,7 +3,6 @@
 //! this iteration's `judgements` decide which tasks may train at all: the active tasks rolled
 //! out and the accepted candidates, never a rejected one.
 
-use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render, str_lit};
@@ -24,7 +23,6 @@ pub struct Advantage {
     pub judged: bool,
 }
 
-#[async_trait]
 impl Stage for Advantage {
     fn name(&self) -> &'static str {
         "advantage"
@@ -51,47 +49,52 @@ impl Stage for Advantage {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        if !self.judged {
-            let def = crate::schema::table_def("judgements").expect("a table of the schema");
-            let empty = datafusion::catalog::MemTable::try_new(def.schema, vec![vec![]])?;
-            let _ = ctx.session.deregister_table("judgements")?;
-            ctx.session
-                .register_table("judgements", std::sync::Arc::new(empty))?;
-        }
-        let r = &ctx.config.reward;
-        let policy = render(
-            POLICY_SQL,
-            &[
-                ("mode", str_lit(r.advantage_mode.as_str())),
-                ("verl_eps", f64_lit(VERL_EPS)),
-                ("min_std", f64_lit(MIN_STD)),
-                ("acc_min", f64_lit(r.policy_acc_min)),
-                ("acc_max", f64_lit(r.policy_acc_max)),
-                ("trained", TRAINED_SQL.to_string()),
-            ],
-        )?;
-        let rm = render(
-            RM_SQL,
-            &[
-                ("mode", str_lit(r.advantage_mode.as_str())),
-                ("unparsable", f64_lit(r.unparsable_reward)),
-                ("min_std", f64_lit(MIN_STD)),
-                ("acc_min", f64_lit(r.rm_acc_min)),
-                ("acc_max", f64_lit(r.rm_acc_max)),
-                ("trained", TRAINED_SQL.to_string()),
-            ],
-        )?;
-        Ok(vec![
-            (
-                "policy_advantages",
-                TableOutput::Frame(query(&ctx.session, &policy).await?),
-            ),
-            (
-                "rm_advantages",
-                TableOutput::Frame(query(&ctx.session, &rm).await?),
-            ),
-        ])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            if !self.judged {
+                let def = crate::schema::table_def("judgements").expect("a table of the schema");
+                let empty = datafusion::catalog::MemTable::try_new(def.schema, vec![vec![]])?;
+                let _ = ctx.session.deregister_table("judgements")?;
+                ctx.session
+                    .register_table("judgements", std::sync::Arc::new(empty))?;
+            }
+            let r = &ctx.config.reward;
+            let policy = render(
+                POLICY_SQL,
+                &[
+                    ("mode", str_lit(r.advantage_mode.as_str())),
+                    ("verl_eps", f64_lit(VERL_EPS)),
+                    ("min_std", f64_lit(MIN_STD)),
+                    ("acc_min", f64_lit(r.policy_acc_min)),
+                    ("acc_max", f64_lit(r.policy_acc_max)),
+                    ("trained", TRAINED_SQL.to_string()),
+                ],
+            )?;
+            let rm = render(
+                RM_SQL,
+                &[
+                    ("mode", str_lit(r.advantage_mode.as_str())),
+                    ("unparsable", f64_lit(r.unparsable_reward)),
+                    ("min_std", f64_lit(MIN_STD)),
+                    ("acc_min", f64_lit(r.rm_acc_min)),
+                    ("acc_max", f64_lit(r.rm_acc_max)),
+                    ("trained", TRAINED_SQL.to_string()),
+                ],
+            )?;
+            Ok(vec![
+                (
+                    "policy_advantages",
+                    TableOutput::Frame(query(&ctx.session, &policy).await?),
+                ),
+                (
+                    "rm_advantages",
+                    TableOutput::Frame(query(&ctx.session, &rm).await?),
+                ),
+            ])
+        })
     }
 }
 

@@ -10,7 +10,6 @@
 //!   [`reward.rm_acc_min`, `rm_acc_max`] (the reference's band, [0.2, 0.8]: its band check skips
 //!   the whole task).
 
-use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
@@ -27,7 +26,6 @@ const TRAINED_SQL: &str = include_str!("advantage_trained.sql");
 /// `task_accuracy` of the coding setting.
 pub struct CodingAccuracy;
 
-#[async_trait]
 impl Stage for CodingAccuracy {
     fn name(&self) -> &'static str {
         "task_accuracy"
@@ -41,32 +39,36 @@ impl Stage for CodingAccuracy {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let accuracy = render(ACCURACY_SQL, &[("programs", PROGRAMS_SQL.to_string())])?;
-        let quality = render(
-            QUALITY_SQL,
-            &[
-                ("programs", PROGRAMS_SQL.to_string()),
-                ("generated", GENERATED_SQL.to_string()),
-            ],
-        )?;
-        Ok(vec![
-            (
-                "task_accuracy",
-                TableOutput::Frame(query(&ctx.session, &accuracy).await?),
-            ),
-            (
-                "test_quality",
-                TableOutput::Frame(query(&ctx.session, &quality).await?),
-            ),
-        ])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let accuracy = render(ACCURACY_SQL, &[("programs", PROGRAMS_SQL.to_string())])?;
+            let quality = render(
+                QUALITY_SQL,
+                &[
+                    ("programs", PROGRAMS_SQL.to_string()),
+                    ("generated", GENERATED_SQL.to_string()),
+                ],
+            )?;
+            Ok(vec![
+                (
+                    "task_accuracy",
+                    TableOutput::Frame(query(&ctx.session, &accuracy).await?),
+                ),
+                (
+                    "test_quality",
+                    TableOutput::Frame(query(&ctx.session, &quality).await?),
+                ),
+            ])
+        })
     }
 }
 
 /// `advantage` of the coding setting.
 pub struct CodingAdvantage;
 
-#[async_trait]
 impl Stage for CodingAdvantage {
     fn name(&self) -> &'static str {
         "advantage"
@@ -89,41 +91,46 @@ impl Stage for CodingAdvantage {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let r = &ctx.config.reward;
-        let min_std = f64_lit(super::advantage::MIN_STD);
-        let policy = render(
-            POLICY_SQL,
-            &[
-                ("programs", PROGRAMS_SQL.to_string()),
-                ("trained", TRAINED_SQL.to_string()),
-                ("lambda", f64_lit(r.lambda)),
-                ("min_std", min_std.clone()),
-                ("acc_min", f64_lit(r.policy_acc_min)),
-                ("acc_max", f64_lit(r.policy_acc_max)),
-            ],
-        )?;
-        let rm = render(
-            RM_SQL,
-            &[
-                ("programs", PROGRAMS_SQL.to_string()),
-                ("generated", GENERATED_SQL.to_string()),
-                ("trained", TRAINED_SQL.to_string()),
-                ("min_std", min_std),
-                ("acc_min", f64_lit(r.rm_acc_min)),
-                ("acc_max", f64_lit(r.rm_acc_max)),
-            ],
-        )?;
-        Ok(vec![
-            (
-                "policy_advantages",
-                TableOutput::Frame(query(&ctx.session, &policy).await?),
-            ),
-            (
-                "rm_advantages",
-                TableOutput::Frame(query(&ctx.session, &rm).await?),
-            ),
-        ])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let r = &ctx.config.reward;
+            let min_std = f64_lit(super::advantage::MIN_STD);
+            let policy = render(
+                POLICY_SQL,
+                &[
+                    ("programs", PROGRAMS_SQL.to_string()),
+                    ("trained", TRAINED_SQL.to_string()),
+                    ("lambda", f64_lit(r.lambda)),
+                    ("min_std", min_std.clone()),
+                    ("acc_min", f64_lit(r.policy_acc_min)),
+                    ("acc_max", f64_lit(r.policy_acc_max)),
+                ],
+            )?;
+            let rm = render(
+                RM_SQL,
+                &[
+                    ("programs", PROGRAMS_SQL.to_string()),
+                    ("generated", GENERATED_SQL.to_string()),
+                    ("trained", TRAINED_SQL.to_string()),
+                    ("min_std", min_std),
+                    ("acc_min", f64_lit(r.rm_acc_min)),
+                    ("acc_max", f64_lit(r.rm_acc_max)),
+                ],
+            )?;
+            Ok(vec![
+                (
+                    "policy_advantages",
+                    TableOutput::Frame(query(&ctx.session, &policy).await?),
+                ),
+                (
+                    "rm_advantages",
+                    TableOutput::Frame(query(&ctx.session, &rm).await?),
+                ),
+            ])
+        })
     }
 }
 

@@ -18,7 +18,6 @@
 //! sampler uses 1.0). `policy.kind = "uniform"` submits a program of `env.coding.candidates`
 //! drawn uniformly (log-probability −ln k): no model, the floor of an ablation.
 
-use async_trait::async_trait;
 
 use super::execute::{self, problems};
 use crate::determinism::{Rng, derive_seed};
@@ -189,7 +188,6 @@ pub(crate) async fn write_programs(
 /// `rollout` of the coding setting.
 pub struct CodingRollout;
 
-#[async_trait]
 impl Stage for CodingRollout {
     fn name(&self) -> &'static str {
         "rollout"
@@ -206,45 +204,49 @@ impl Stage for CodingRollout {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[POLICY]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let problems = problems(ctx).await?;
-        let replies = write_programs(
-            ctx,
-            &problems,
-            ctx.config.rollout.n,
-            ctx.config.policy.temperature,
-            ctx.seed,
-            false,
-        )
-        .await?;
-        let mut steps = TableBuilder::new("steps")?;
-        for ((task_id, problem), replies) in problems.iter().zip(replies) {
-            for (r, reply) in replies.into_iter().enumerate() {
-                steps
-                    .push_str(task_id)
-                    .push_str(&schema::traj_id(task_id, r as u32))
-                    .push_u32(0)
-                    .push_str(&problem.question)
-                    .push_str(&extract_program(&reply.text))
-                    .push_f64(reply.logprob)
-                    .push_opt_i8(None)
-                    .push_str("")
-                    .push_str("[]")
-                    .push_opt_str(Some(&reply.response));
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let problems = problems(ctx).await?;
+            let replies = write_programs(
+                ctx,
+                &problems,
+                ctx.config.rollout.n,
+                ctx.config.policy.temperature,
+                ctx.seed,
+                false,
+            )
+            .await?;
+            let mut steps = TableBuilder::new("steps")?;
+            for ((task_id, problem), replies) in problems.iter().zip(replies) {
+                for (r, reply) in replies.into_iter().enumerate() {
+                    steps
+                        .push_str(task_id)
+                        .push_str(&schema::traj_id(task_id, r as u32))
+                        .push_u32(0)
+                        .push_str(&problem.question)
+                        .push_str(&extract_program(&reply.text))
+                        .push_f64(reply.logprob)
+                        .push_opt_i8(None)
+                        .push_str("")
+                        .push_str("[]")
+                        .push_opt_str(Some(&reply.response));
+                }
             }
-        }
-        let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "steps",
-            TableOutput::Frame(ctx.session.read_batch(steps)?),
-        )])
+            let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "steps",
+                TableOutput::Frame(ctx.session.read_batch(steps)?),
+            )])
+        })
     }
 }
 
 /// `rm_score` of the coding setting: the reward model writes unit tests.
 pub struct CodingRm;
 
-#[async_trait]
 impl Stage for CodingRm {
     fn name(&self) -> &'static str {
         "rm_score"
@@ -261,45 +263,51 @@ impl Stage for CodingRm {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[RM]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let rm = &ctx.config.reward_model;
-        let mut out = TableBuilder::new("rm_samples")?;
-        if rm.enabled {
-            let problems = problems(ctx).await?;
-            let texts: Vec<String> = problems.iter().map(|(_, p)| p.unit_test_prompt()).collect();
-            let seeds: Vec<u64> = problems
-                .iter()
-                .map(|(id, _)| derive_seed(ctx.seed, &[id]))
-                .collect();
-            let written = write_replies(
-                ctx,
-                RM,
-                &texts,
-                &seeds,
-                rm.samples as usize,
-                rm.max_tokens,
-                rm.temperature,
-            )
-            .await?;
-            for ((task_id, _), tests) in problems.iter().zip(written) {
-                for (j, t) in tests.into_iter().enumerate() {
-                    let read = extract_test(&t.text).is_some();
-                    out.push_str(task_id)
-                        .push_str("")
-                        .push_u32(0)
-                        .push_u32(j as u32)
-                        .push_str(&t.text)
-                        .push_i8(i8::from(read))
-                        .push_str(&t.response)
-                        .push_f64(t.logprob);
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let rm = &ctx.config.reward_model;
+            let mut out = TableBuilder::new("rm_samples")?;
+            if rm.enabled {
+                let problems = problems(ctx).await?;
+                let texts: Vec<String> =
+                    problems.iter().map(|(_, p)| p.unit_test_prompt()).collect();
+                let seeds: Vec<u64> = problems
+                    .iter()
+                    .map(|(id, _)| derive_seed(ctx.seed, &[id]))
+                    .collect();
+                let written = write_replies(
+                    ctx,
+                    RM,
+                    &texts,
+                    &seeds,
+                    rm.samples as usize,
+                    rm.max_tokens,
+                    rm.temperature,
+                )
+                .await?;
+                for ((task_id, _), tests) in problems.iter().zip(written) {
+                    for (j, t) in tests.into_iter().enumerate() {
+                        let read = extract_test(&t.text).is_some();
+                        out.push_str(task_id)
+                            .push_str("")
+                            .push_u32(0)
+                            .push_u32(j as u32)
+                            .push_str(&t.text)
+                            .push_i8(i8::from(read))
+                            .push_str(&t.response)
+                            .push_f64(t.logprob);
+                    }
                 }
             }
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "rm_samples",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "rm_samples",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }
 
@@ -310,7 +318,6 @@ impl Stage for CodingRm {
 /// harder level.
 pub struct CodingEvaluate;
 
-#[async_trait]
 impl Stage for CodingEvaluate {
     fn name(&self) -> &'static str {
         "evaluate"
@@ -327,56 +334,61 @@ impl Stage for CodingEvaluate {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[POLICY]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let cfg = &ctx.config;
-        let mut training = std::collections::BTreeSet::new();
-        for b in collect(&ctx.session, "SELECT task_id FROM tasks").await? {
-            let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
-            training.extend((0..b.num_rows()).map(|i| ids.value(i).to_string()));
-        }
-        let file = if cfg.env.coding.eval_problems.is_empty() {
-            &cfg.env.coding.problems
-        } else {
-            &cfg.env.coding.eval_problems
-        };
-        let environment = coding::Coding::new(file);
-        use crate::env::Environment;
-        let mut held: Vec<(String, Problem)> = Vec::new();
-        for spec in
-            environment.generate(derive_seed(cfg.eval.seed, &["held-out"]), cfg.eval.tasks)?
-        {
-            let id = crate::env::task_id("coding", &spec);
-            if !training.contains(&id) {
-                let p = Problem::parse(&spec).map_err(Error::data)?;
-                held.push((id, p));
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let cfg = &ctx.config;
+            let mut training = std::collections::BTreeSet::new();
+            for b in collect(&ctx.session, "SELECT task_id FROM tasks").await? {
+                let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
+                training.extend((0..b.num_rows()).map(|i| ids.value(i).to_string()));
             }
-        }
-        held.sort_by(|a, b| a.0.cmp(&b.0));
-        let (per_task, temperature) = (cfg.eval.rollouts, cfg.eval.temperature);
-        let replies = write_programs(ctx, &held, per_task, temperature, ctx.seed, true).await?;
-        let programs: Vec<Vec<String>> = replies
-            .iter()
-            .map(|rs| rs.iter().map(|r| extract_program(&r.text)).collect())
-            .collect();
-        let items: Vec<(&Problem, &str)> = held
-            .iter()
-            .zip(&programs)
-            .flat_map(|((_, p), ps)| ps.iter().map(move |x| (p, x.as_str())))
-            .collect();
-        let passed = execute::passes_all(&cfg.env.coding, &items)?;
-        let mut out = TableBuilder::new("evaluations")?;
-        for (t, (task_id, _)) in held.iter().enumerate() {
-            let n = per_task as usize;
-            let won = passed[t * n..(t + 1) * n].iter().filter(|x| **x).count() as u32;
-            out.push_str(task_id)
-                .push_u32(per_task)
-                .push_u32(won)
-                .push_str("held_out");
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "evaluations",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+            let file = if cfg.env.coding.eval_problems.is_empty() {
+                &cfg.env.coding.problems
+            } else {
+                &cfg.env.coding.eval_problems
+            };
+            let environment = coding::Coding::new(file);
+            use crate::env::Environment;
+            let mut held: Vec<(String, Problem)> = Vec::new();
+            for spec in
+                environment.generate(derive_seed(cfg.eval.seed, &["held-out"]), cfg.eval.tasks)?
+            {
+                let id = crate::env::task_id("coding", &spec);
+                if !training.contains(&id) {
+                    let p = Problem::parse(&spec).map_err(Error::data)?;
+                    held.push((id, p));
+                }
+            }
+            held.sort_by(|a, b| a.0.cmp(&b.0));
+            let (per_task, temperature) = (cfg.eval.rollouts, cfg.eval.temperature);
+            let replies = write_programs(ctx, &held, per_task, temperature, ctx.seed, true).await?;
+            let programs: Vec<Vec<String>> = replies
+                .iter()
+                .map(|rs| rs.iter().map(|r| extract_program(&r.text)).collect())
+                .collect();
+            let items: Vec<(&Problem, &str)> = held
+                .iter()
+                .zip(&programs)
+                .flat_map(|((_, p), ps)| ps.iter().map(move |x| (p, x.as_str())))
+                .collect();
+            let passed = execute::passes_all(&cfg.env.coding, &items)?;
+            let mut out = TableBuilder::new("evaluations")?;
+            for (t, (task_id, _)) in held.iter().enumerate() {
+                let n = per_task as usize;
+                let won = passed[t * n..(t + 1) * n].iter().filter(|x| **x).count() as u32;
+                out.push_str(task_id)
+                    .push_u32(per_task)
+                    .push_u32(won)
+                    .push_str("held_out");
+            }
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "evaluations",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }

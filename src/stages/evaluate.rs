@@ -16,7 +16,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use arrow::array::Array;
-use async_trait::async_trait;
 
 use super::rollout::{Job, play_policy};
 use crate::determinism::derive_seed;
@@ -67,7 +66,6 @@ pub(crate) fn eval_sets(cfg: &crate::config::Config) -> Result<Vec<EvalSet>> {
     Ok(out)
 }
 
-#[async_trait]
 impl Stage for Evaluate {
     fn name(&self) -> &'static str {
         "evaluate"
@@ -87,76 +85,81 @@ impl Stage for Evaluate {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        super::install_assets(ctx).await?;
-        let mut training = BTreeSet::new();
-        for b in collect(&ctx.session, "SELECT task_id FROM tasks").await? {
-            let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
-            training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
-        }
-        let eval = &ctx.config.eval;
-        let uniform = ctx.config.policy.kind == crate::config::PolicyKind::Uniform;
-        // The passes over every split: (rollouts per task, temperature, the split's suffix).
-        let sampled = (eval.rollouts, Some(eval.temperature), "");
-        let passes = match eval.mode {
-            _ if uniform => vec![sampled],
-            crate::config::EvalMode::Sampled => vec![sampled],
-            crate::config::EvalMode::Greedy => vec![(1, None, "")],
-            crate::config::EvalMode::Both => vec![sampled, (1, None, "_greedy")],
-        };
-        let policy_ck = if uniform {
-            bytes::Bytes::new()
-        } else {
-            ctx.checkpoint(crate::model::POLICY).await?
-        };
-        let policy_ck = &policy_ck;
-        let mut out = TableBuilder::new("evaluations")?;
-        for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
-            tasks.retain(|(id, _)| !training.contains(id));
-            super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
-            for &(per_task, temperature, suffix) in &passes {
-                let name = format!("{split}{suffix}");
-                let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
-                    .flat_map(|t| (0..per_task).map(move |r| (t, r)))
-                    .map(|(t, r)| {
-                        let (id, r_s) = (tasks[t].0.as_str(), r.to_string());
-                        let seed = match name.as_str() {
-                            "held_out" => derive_seed(ctx.seed, &[id, &r_s]),
-                            _ => derive_seed(ctx.seed, &[id, &r_s, &name]),
-                        };
-                        (t, r, seed)
-                    })
-                    .collect();
-                let jobs: Vec<Job<'_>> = seeds
-                    .iter()
-                    .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
-                    .collect();
-                let rolled = super::counted(ctx, || {
-                    play_policy(
-                        &ctx.config,
-                        policy_ck,
-                        &environment,
-                        &jobs,
-                        temperature,
-                        None,
-                    )
-                })?;
-                for (t, (task_id, _)) in tasks.iter().enumerate() {
-                    let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            super::install_assets(ctx).await?;
+            let mut training = BTreeSet::new();
+            for b in collect(&ctx.session, "SELECT task_id FROM tasks").await? {
+                let ids = Columns::new(&b, "the evaluate stage's tasks").str("task_id")?;
+                training.extend((0..ids.len()).map(|i| ids.value(i).to_string()));
+            }
+            let eval = &ctx.config.eval;
+            let uniform = ctx.config.policy.kind == crate::config::PolicyKind::Uniform;
+            // The passes over every split: (rollouts per task, temperature, the split's suffix).
+            let sampled = (eval.rollouts, Some(eval.temperature), "");
+            let passes = match eval.mode {
+                _ if uniform => vec![sampled],
+                crate::config::EvalMode::Sampled => vec![sampled],
+                crate::config::EvalMode::Greedy => vec![(1, None, "")],
+                crate::config::EvalMode::Both => vec![sampled, (1, None, "_greedy")],
+            };
+            let policy_ck = if uniform {
+                bytes::Bytes::new()
+            } else {
+                ctx.checkpoint(crate::model::POLICY).await?
+            };
+            let policy_ck = &policy_ck;
+            let mut out = TableBuilder::new("evaluations")?;
+            for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
+                tasks.retain(|(id, _)| !training.contains(id));
+                super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
+                for &(per_task, temperature, suffix) in &passes {
+                    let name = format!("{split}{suffix}");
+                    let seeds: Vec<(usize, u32, u64)> = (0..tasks.len())
+                        .flat_map(|t| (0..per_task).map(move |r| (t, r)))
+                        .map(|(t, r)| {
+                            let (id, r_s) = (tasks[t].0.as_str(), r.to_string());
+                            let seed = match name.as_str() {
+                                "held_out" => derive_seed(ctx.seed, &[id, &r_s]),
+                                _ => derive_seed(ctx.seed, &[id, &r_s, &name]),
+                            };
+                            (t, r, seed)
+                        })
+                        .collect();
+                    let jobs: Vec<Job<'_>> = seeds
                         .iter()
-                        .filter(|r| r.outcome > 0)
-                        .count() as u32;
-                    out.push_str(task_id)
-                        .push_u32(per_task)
-                        .push_u32(won)
-                        .push_str(&name);
+                        .map(|(t, r, seed)| (tasks[*t].0.as_str(), &tasks[*t].1, *r, *seed))
+                        .collect();
+                    let rolled = super::counted(ctx, || {
+                        play_policy(
+                            &ctx.config,
+                            policy_ck,
+                            &environment,
+                            &jobs,
+                            temperature,
+                            None,
+                        )
+                    })?;
+                    for (t, (task_id, _)) in tasks.iter().enumerate() {
+                        let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
+                            .iter()
+                            .filter(|r| r.outcome > 0)
+                            .count() as u32;
+                        out.push_str(task_id)
+                            .push_u32(per_task)
+                            .push_u32(won)
+                            .push_str(&name);
+                    }
                 }
             }
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "evaluations",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "evaluations",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }

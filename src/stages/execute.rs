@@ -18,7 +18,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
 
 use crate::env::coding::format::{NO_CODE, extract_program, extract_test};
 use crate::env::coding::{Problem, TestCase, Verdict};
@@ -42,7 +41,6 @@ struct Run {
     digest: Option<String>,
 }
 
-#[async_trait]
 impl Stage for Execute {
     fn name(&self) -> &'static str {
         "execute"
@@ -56,15 +54,19 @@ impl Stage for Execute {
     fn config_sections(&self) -> &'static [&'static str] {
         &["env"]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let problems: BTreeMap<String, Problem> = problems(ctx).await?.into_iter().collect();
-        // Written tests, per task, in sample order, read from the replies' text without special
-        // tokens (`reasoning`; `response` keeps them, e.g. a final `<|im_end|>`).
-        let mut written: BTreeMap<
-            String,
-            Vec<(u32, Option<crate::env::coding::format::WrittenTest>)>,
-        > = BTreeMap::new();
-        for b in collect(
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let problems: BTreeMap<String, Problem> = problems(ctx).await?.into_iter().collect();
+            // Written tests, per task, in sample order, read from the replies' text without special
+            // tokens (`reasoning`; `response` keeps them, e.g. a final `<|im_end|>`).
+            let mut written: BTreeMap<
+                String,
+                Vec<(u32, Option<crate::env::coding::format::WrittenTest>)>,
+            > = BTreeMap::new();
+            for b in collect(
             &ctx.session,
             "SELECT task_id, sample_idx, reasoning FROM rm_samples WHERE traj_id = '' ORDER BY task_id, sample_idx",
         )
@@ -79,20 +81,20 @@ impl Stage for Execute {
                     .push((k.value(i), extract_test(reply.value(i))));
             }
         }
-        let mut tests_out = TableBuilder::new("unit_tests")?;
-        for (task, ts) in &written {
-            for (k, t) in ts {
-                tests_out
-                    .push_str(task)
-                    .push_u32(*k)
-                    .push_bool(t.is_some())
-                    .push_str(t.as_ref().map_or("", |t| t.input.as_str()))
-                    .push_str(t.as_ref().map_or("", |t| t.output.as_str()));
+            let mut tests_out = TableBuilder::new("unit_tests")?;
+            for (task, ts) in &written {
+                for (k, t) in ts {
+                    tests_out
+                        .push_str(task)
+                        .push_u32(*k)
+                        .push_bool(t.is_some())
+                        .push_str(t.as_ref().map_or("", |t| t.input.as_str()))
+                        .push_str(t.as_ref().map_or("", |t| t.output.as_str()));
+                }
             }
-        }
-        // Programs, in key order.
-        let mut programs: Vec<(String, String, String)> = Vec::new();
-        for b in collect(
+            // Programs, in key order.
+            let mut programs: Vec<(String, String, String)> = Vec::new();
+            for b in collect(
             &ctx.session,
             "SELECT task_id, traj_id, COALESCE(response, action) AS reply FROM steps WHERE step_idx = 0 ORDER BY task_id, traj_id",
         )
@@ -108,115 +110,117 @@ impl Stage for Execute {
                 ));
             }
         }
-        // Every (program, test) in key order, and the runs to make: each distinct one once.
-        let mut rows: Vec<(usize, &'static str, u32, Result<JobRef, &'static str>)> = Vec::new();
-        let mut jobs = Jobs::default();
-        for (p, (task, _, program)) in programs.iter().enumerate() {
-            let problem = problems.get(task).ok_or_else(|| {
-                Error::data(format!(
-                    "steps: task {task} is not among this iteration's tasks"
-                ))
-            })?;
-            let mut tests: Vec<Test> = written
-                .get(task)
-                .map(|ts| {
-                    ts.iter()
-                        .map(|(k, t)| {
-                            let case = t
-                                .as_ref()
-                                .map(|t| problem.written_test(&t.input, &t.output));
-                            ("generated", *k, case)
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            tests.extend(
-                problem
-                    .ground_truth()
-                    .into_iter()
-                    .enumerate()
-                    .map(|(i, t)| ("truth", i as u32, Some(t))),
-            );
-            for (kind, idx, case) in tests {
-                let job = match case.filter(TestCase::is_valid) {
-                    None => Err("invalid_test"),
-                    Some(_) if program == NO_CODE => Err("no_program"),
-                    Some(case) => Ok(jobs.add(problem, program, case)),
+            // Every (program, test) in key order, and the runs to make: each distinct one once.
+            let mut rows: Vec<(usize, &'static str, u32, Result<JobRef, &'static str>)> =
+                Vec::new();
+            let mut jobs = Jobs::default();
+            for (p, (task, _, program)) in programs.iter().enumerate() {
+                let problem = problems.get(task).ok_or_else(|| {
+                    Error::data(format!(
+                        "steps: task {task} is not among this iteration's tasks"
+                    ))
+                })?;
+                let mut tests: Vec<Test> = written
+                    .get(task)
+                    .map(|ts| {
+                        ts.iter()
+                            .map(|(k, t)| {
+                                let case = t
+                                    .as_ref()
+                                    .map(|t| problem.written_test(&t.input, &t.output));
+                                ("generated", *k, case)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                tests.extend(
+                    problem
+                        .ground_truth()
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, t)| ("truth", i as u32, Some(t))),
+                );
+                for (kind, idx, case) in tests {
+                    let job = match case.filter(TestCase::is_valid) {
+                        None => Err("invalid_test"),
+                        Some(_) if program == NO_CODE => Err("no_program"),
+                        Some(case) => Ok(jobs.add(problem, program, case)),
+                    };
+                    rows.push((p, kind, idx, job));
+                }
+            }
+            let coding = &ctx.config.env.coding;
+            let results = if jobs.list.is_empty() {
+                Vec::new()
+            } else {
+                let sandbox = Sandbox::new(coding.sandbox.clone())?;
+                tracing::info!(
+                    runs = jobs.list.len(),
+                    isolation = %sandbox.describe(),
+                    "execute: running programs"
+                );
+                run_all(&sandbox, &jobs.list, coding.workers())?
+            };
+            let mut out = TableBuilder::new("executions")?;
+            // A program's outcome: +1 when it passes every ground-truth test.
+            let mut wins = vec![true; programs.len()];
+            for (p, kind, idx, job) in rows {
+                let (task, traj, _) = &programs[p];
+                let not_run = |status| Run {
+                    passed: false,
+                    status,
+                    seconds: 0.0,
+                    digest: None,
                 };
-                rows.push((p, kind, idx, job));
+                let r = match job {
+                    Ok((j, c)) => &results[j][c],
+                    Err(status) => &not_run(status),
+                };
+                if kind == "truth" && !r.passed {
+                    wins[p] = false;
+                }
+                out.push_str(task)
+                    .push_str(traj)
+                    .push_str(kind)
+                    .push_u32(idx)
+                    .push_bool(r.passed)
+                    .push_str(r.status)
+                    .push_f64(r.seconds)
+                    .push_opt_str(r.digest.as_deref());
             }
-        }
-        let coding = &ctx.config.env.coding;
-        let results = if jobs.list.is_empty() {
-            Vec::new()
-        } else {
-            let sandbox = Sandbox::new(coding.sandbox.clone())?;
-            tracing::info!(
-                runs = jobs.list.len(),
-                isolation = %sandbox.describe(),
-                "execute: running programs"
-            );
-            run_all(&sandbox, &jobs.list, coding.workers())?
-        };
-        let mut out = TableBuilder::new("executions")?;
-        // A program's outcome: +1 when it passes every ground-truth test.
-        let mut wins = vec![true; programs.len()];
-        for (p, kind, idx, job) in rows {
-            let (task, traj, _) = &programs[p];
-            let not_run = |status| Run {
-                passed: false,
-                status,
-                seconds: 0.0,
-                digest: None,
-            };
-            let r = match job {
-                Ok((j, c)) => &results[j][c],
-                Err(status) => &not_run(status),
-            };
-            if kind == "truth" && !r.passed {
-                wins[p] = false;
+            let mut trajs = TableBuilder::new("trajectories")?;
+            // Programs are in (task, traj) order and traj ids end in the zero-padded rollout index
+            // (`schema::traj_id`): a program's rollout is its rank within its task.
+            let mut rank: BTreeMap<&str, u32> = BTreeMap::new();
+            for ((task, traj, _), won) in programs.iter().zip(wins) {
+                let r = rank.entry(task.as_str()).or_default();
+                let rollout = *r;
+                *r += 1;
+                trajs
+                    .push_str(task)
+                    .push_str(traj)
+                    .push_u32(rollout)
+                    .push_i8(if won { 1 } else { -1 })
+                    .push_u32(1);
             }
-            out.push_str(task)
-                .push_str(traj)
-                .push_str(kind)
-                .push_u32(idx)
-                .push_bool(r.passed)
-                .push_str(r.status)
-                .push_f64(r.seconds)
-                .push_opt_str(r.digest.as_deref());
-        }
-        let mut trajs = TableBuilder::new("trajectories")?;
-        // Programs are in (task, traj) order and traj ids end in the zero-padded rollout index
-        // (`schema::traj_id`): a program's rollout is its rank within its task.
-        let mut rank: BTreeMap<&str, u32> = BTreeMap::new();
-        for ((task, traj, _), won) in programs.iter().zip(wins) {
-            let r = rank.entry(task.as_str()).or_default();
-            let rollout = *r;
-            *r += 1;
-            trajs
-                .push_str(task)
-                .push_str(traj)
-                .push_u32(rollout)
-                .push_i8(if won { 1 } else { -1 })
-                .push_u32(1);
-        }
-        let tests_batch = tests_out.finish_with(&ctx.run_id, ctx.iter)?;
-        let runs_batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        let trajs_batch = trajs.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![
-            (
-                "trajectories",
-                TableOutput::Frame(ctx.session.read_batch(trajs_batch)?),
-            ),
-            (
-                "unit_tests",
-                TableOutput::Frame(ctx.session.read_batch(tests_batch)?),
-            ),
-            (
-                "executions",
-                TableOutput::Frame(ctx.session.read_batch(runs_batch)?),
-            ),
-        ])
+            let tests_batch = tests_out.finish_with(&ctx.run_id, ctx.iter)?;
+            let runs_batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            let trajs_batch = trajs.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![
+                (
+                    "trajectories",
+                    TableOutput::Frame(ctx.session.read_batch(trajs_batch)?),
+                ),
+                (
+                    "unit_tests",
+                    TableOutput::Frame(ctx.session.read_batch(tests_batch)?),
+                ),
+                (
+                    "executions",
+                    TableOutput::Frame(ctx.session.read_batch(runs_batch)?),
+                ),
+            ])
+        })
     }
 }
 

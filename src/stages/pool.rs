@@ -9,7 +9,6 @@
 //! implementation does: every pending candidate, plus `rollout.slots_per_iter` slots drawn
 //! (seeded) from the slots without a pending candidate, all of them when it is 0 (the default).
 
-use async_trait::async_trait;
 
 use crate::determinism::canonical;
 use crate::determinism::derive_seed;
@@ -24,7 +23,6 @@ const POOL_SAMPLE: &str = include_str!("pool_sample.sql");
 
 pub struct Pool;
 
-#[async_trait]
 impl Stage for Pool {
     fn name(&self) -> &'static str {
         "pool"
@@ -42,32 +40,37 @@ impl Stage for Pool {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        if ctx.iter == 0 {
-            super::install_assets(ctx).await?;
-        }
-        let pool = if ctx.iter > 0 {
-            let sql = render(POOL_NEXT, &[("iter", ctx.iter.to_string())])?;
-            query(&ctx.session, &sql).await?
-        } else {
-            ctx.session.read_batch(seed_pool(ctx)?)?
-        };
-        let _ = ctx.session.deregister_table("pool_all")?;
-        ctx.session.register_table("pool_all", pool.into_view())?;
-        let _ = ctx.session.deregister_table("slot_draws")?;
-        ctx.session.register_table(
-            "slot_draws",
-            slot_draws(ctx.seed, ctx.config.env.initial_tasks)?,
-        )?;
-        let slots = match ctx.config.rollout.slots_per_iter {
-            0 => u32::MAX,
-            n => n,
-        };
-        let sql = render(POOL_SAMPLE, &[("slots", slots.to_string())])?;
-        Ok(vec![(
-            "tasks",
-            TableOutput::Frame(query(&ctx.session, &sql).await?),
-        )])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            if ctx.iter == 0 {
+                super::install_assets(ctx).await?;
+            }
+            let pool = if ctx.iter > 0 {
+                let sql = render(POOL_NEXT, &[("iter", ctx.iter.to_string())])?;
+                query(&ctx.session, &sql).await?
+            } else {
+                ctx.session.read_batch(seed_pool(ctx)?)?
+            };
+            let _ = ctx.session.deregister_table("pool_all")?;
+            ctx.session.register_table("pool_all", pool.into_view())?;
+            let _ = ctx.session.deregister_table("slot_draws")?;
+            ctx.session.register_table(
+                "slot_draws",
+                slot_draws(ctx.seed, ctx.config.env.initial_tasks)?,
+            )?;
+            let slots = match ctx.config.rollout.slots_per_iter {
+                0 => u32::MAX,
+                n => n,
+            };
+            let sql = render(POOL_SAMPLE, &[("slots", slots.to_string())])?;
+            Ok(vec![(
+                "tasks",
+                TableOutput::Frame(query(&ctx.session, &sql).await?),
+            )])
+        })
     }
 }
 

@@ -15,7 +15,6 @@
 //! checkpoints every later stage starts from (content-addressed artifacts like the update's).
 //! Deterministic on the CPU backend: `replay --verify` re-executes it.
 
-use async_trait::async_trait;
 
 use crate::config::{Config, PolicyKind};
 use crate::determinism::{Rng, canonical, derive_seed};
@@ -145,7 +144,6 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
     }
 }
 
-#[async_trait]
 impl Stage for Pretrain {
     fn name(&self) -> &'static str {
         "pretrain"
@@ -176,83 +174,88 @@ impl Stage for Pretrain {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        super::install_assets(ctx).await?;
-        let cfg = &ctx.config;
-        let p = &cfg.pretrain;
-        let environment = env::easier_from_config(&cfg.env)?.ok_or_else(|| {
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            super::install_assets(ctx).await?;
+            let cfg = &ctx.config;
+            let p = &cfg.pretrain;
+            let environment = env::easier_from_config(&cfg.env)?.ok_or_else(|| {
             Error::config(format!(
                 "key `pretrain.enabled`: the {:?} environment has no planner to imitate; set pretrain.enabled = false",
                 cfg.env.name
             ))
         })?;
-        let tasks = demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(p.tasks))?;
-        super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
-        let cap = cfg.env.max_steps;
-        // The planner's episodes (the policy's), then the RM's until rm_steps steps.
-        let mut policy_eps = Vec::new();
-        let mut rng = Rng::new(derive_seed(ctx.seed, &["policy"]));
-        for k in 0..p.policy_episodes as usize {
-            let (id, spec) = &tasks[k % tasks.len()];
-            policy_eps.push(play(environment.as_ref(), id, spec, 0.0, &mut rng, cap)?);
-        }
-        let mut rm_eps = Vec::new();
-        let mut rng = Rng::new(derive_seed(ctx.seed, &["rm"]));
-        let mut gathered = 0usize;
-        let mut k = p.policy_episodes as usize;
-        while gathered < p.rm_steps as usize {
-            let (id, spec) = &tasks[k % tasks.len()];
-            let mut ep = play(
-                environment.as_ref(),
-                id,
-                spec,
-                p.random_action_prob,
-                &mut rng,
-                cap,
-            )?;
-            ep.steps.truncate(p.rm_steps as usize - gathered);
-            gathered += ep.steps.len();
-            rm_eps.push(ep);
-            k += 1;
-        }
+            let tasks =
+                demonstration_tasks(cfg, environment.as_ref(), p.policy_episodes.max(p.tasks))?;
+            super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
+            let cap = cfg.env.max_steps;
+            // The planner's episodes (the policy's), then the RM's until rm_steps steps.
+            let mut policy_eps = Vec::new();
+            let mut rng = Rng::new(derive_seed(ctx.seed, &["policy"]));
+            for k in 0..p.policy_episodes as usize {
+                let (id, spec) = &tasks[k % tasks.len()];
+                policy_eps.push(play(environment.as_ref(), id, spec, 0.0, &mut rng, cap)?);
+            }
+            let mut rm_eps = Vec::new();
+            let mut rng = Rng::new(derive_seed(ctx.seed, &["rm"]));
+            let mut gathered = 0usize;
+            let mut k = p.policy_episodes as usize;
+            while gathered < p.rm_steps as usize {
+                let (id, spec) = &tasks[k % tasks.len()];
+                let mut ep = play(
+                    environment.as_ref(),
+                    id,
+                    spec,
+                    p.random_action_prob,
+                    &mut rng,
+                    cap,
+                )?;
+                ep.steps.truncate(p.rm_steps as usize - gathered);
+                gathered += ep.steps.len();
+                rm_eps.push(ep);
+                k += 1;
+            }
 
-        let mut out = TableBuilder::new("demonstrations")?;
-        for (purpose, eps) in [("policy", &policy_eps), ("rm", &rm_eps)] {
-            for (e, ep) in eps.iter().enumerate() {
-                for d in &ep.steps {
-                    out.push_str(purpose)
-                        .push_str(&ep.task_id)
-                        .push_u32(e as u32)
-                        .push_u32(d.row.step_idx)
-                        .push_str(&d.row.observation)
-                        .push_str(&d.row.action)
-                        .push_bool(d.planner)
-                        .push_opt_i8(d.oracle)
-                        .push_str(&d.row.next_observation)
-                        .push_str(&serde_json::to_string(&d.row.admissible).expect("strings"))
-                        .push_str(&ep.spec);
+            let mut out = TableBuilder::new("demonstrations")?;
+            for (purpose, eps) in [("policy", &policy_eps), ("rm", &rm_eps)] {
+                for (e, ep) in eps.iter().enumerate() {
+                    for d in &ep.steps {
+                        out.push_str(purpose)
+                            .push_str(&ep.task_id)
+                            .push_u32(e as u32)
+                            .push_u32(d.row.step_idx)
+                            .push_str(&d.row.observation)
+                            .push_str(&d.row.action)
+                            .push_bool(d.planner)
+                            .push_opt_i8(d.oracle)
+                            .push_str(&d.row.next_observation)
+                            .push_str(&serde_json::to_string(&d.row.admissible).expect("strings"))
+                            .push_str(&ep.spec);
+                    }
                 }
             }
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        let device = cfg.run.device;
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            let device = cfg.run.device;
 
-        // Policy: behaviour cloning on the planner's steps.
-        let policy_in = ctx.checkpoint(POLICY).await?;
-        let policy_out = if cfg.policy.kind == PolicyKind::Uniform || policy_eps.is_empty() {
-            policy_in
-        } else {
-            let spec = super::model_spec(cfg, POLICY)?;
-            let ck = spec.load(&policy_in)?;
-            // `score` mode: decisions among the admissible actions; `generate` mode: the reply
-            // naming the planner's action, token by token.
-            let generating = spec.generating().map(|(_, h)| h);
-            let (mut decisions, mut chosen): (Vec<Decision>, Vec<usize>) = (vec![], vec![]);
-            let (mut prompts, mut replies) = (vec![], vec![]);
-            for ep in &policy_eps {
-                let t = trajectory(ep);
-                for (i, d) in ep.steps.iter().enumerate() {
-                    let k = d
+            // Policy: behaviour cloning on the planner's steps.
+            let policy_in = ctx.checkpoint(POLICY).await?;
+            let policy_out = if cfg.policy.kind == PolicyKind::Uniform || policy_eps.is_empty() {
+                policy_in
+            } else {
+                let spec = super::model_spec(cfg, POLICY)?;
+                let ck = spec.load(&policy_in)?;
+                // `score` mode: decisions among the admissible actions; `generate` mode: the reply
+                // naming the planner's action, token by token.
+                let generating = spec.generating().map(|(_, h)| h);
+                let (mut decisions, mut chosen): (Vec<Decision>, Vec<usize>) = (vec![], vec![]);
+                let (mut prompts, mut replies) = (vec![], vec![]);
+                for ep in &policy_eps {
+                    let t = trajectory(ep);
+                    for (i, d) in ep.steps.iter().enumerate() {
+                        let k = d
                         .row
                         .admissible
                         .iter()
@@ -263,90 +266,92 @@ impl Stage for Pretrain {
                                 d.row.action, ep.task_id
                             ))
                         })?;
-                    let (task, past, obs, adm) =
-                        (t.task(), t.past(i), &d.row.observation, &d.row.admissible);
-                    match generating {
-                        Some(h) => {
-                            prompts.push(spec.reply_prompt(task, &past, obs, adm)?);
-                            replies.push(crate::model::hf::prompt::choice_reply(&h.tokenizer, k)?);
+                        let (task, past, obs, adm) =
+                            (t.task(), t.past(i), &d.row.observation, &d.row.admissible);
+                        match generating {
+                            Some(h) => {
+                                prompts.push(spec.reply_prompt(task, &past, obs, adm)?);
+                                replies
+                                    .push(crate::model::hf::prompt::choice_reply(&h.tokenizer, k)?);
+                            }
+                            None => decisions.push(spec.decision(task, &past, obs, adm)?),
                         }
-                        None => decisions.push(spec.decision(task, &past, obs, adm)?),
+                        chosen.push(k);
                     }
-                    chosen.push(k);
                 }
-            }
-            let s = settings(cfg, chosen.len(), p.policy_epochs);
-            let seed = derive_seed(ctx.seed, &["train", POLICY]);
-            let (ck, metrics) = super::counted(ctx, || {
-                if generating.is_some() {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
-                    )
-                } else {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
-                    )
-                }
-            })?;
-            report(POLICY, &metrics);
-            ck.encode()
-        };
+                let s = settings(cfg, chosen.len(), p.policy_epochs);
+                let seed = derive_seed(ctx.seed, &["train", POLICY]);
+                let (ck, metrics) = super::counted(ctx, || {
+                    if generating.is_some() {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            teach_responses(&spec, &ck, &prompts, &replies, &s, seed)
+                        )
+                    } else {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            clone_policy(&spec, &ck, &decisions, &chosen, &s, seed)
+                        )
+                    }
+                })?;
+                report(POLICY, &metrics);
+                ck.encode()
+            };
 
-        // Reward model: the oracle's verdict on every labelled step.
-        let rm_in = ctx.checkpoint(RM).await?;
-        let rm_out = if !cfg.reward_model.enabled || rm_eps.is_empty() {
-            rm_in
-        } else {
-            let spec = super::model_spec(cfg, RM)?;
-            let ck = spec.load(&rm_in)?;
-            let max = cfg.reward_model.max_tokens;
-            let (good, bad) = (
-                spec.taught_verdict(true, max)?,
-                spec.taught_verdict(false, max)?,
-            );
-            let mut labelled = vec![];
-            for ep in &rm_eps {
-                let t = trajectory(ep);
-                for (i, d) in ep.steps.iter().enumerate() {
-                    let Some(label) = d.oracle else { continue };
-                    labelled.push((spec.rm_prompt(max, &t, i)?, label > 0));
-                }
-            }
-            if p.rm_balance {
-                let keep = balanced(&labelled.iter().map(|l| l.1).collect::<Vec<_>>());
-                labelled = keep.into_iter().map(|k| labelled[k].clone()).collect();
-            }
-            let (mut prompts, mut responses) = (vec![], vec![]);
-            for (prompt, good_step) in labelled {
-                prompts.push(prompt);
-                responses.push(if good_step { good.clone() } else { bad.clone() });
-            }
-            if prompts.is_empty() {
+            // Reward model: the oracle's verdict on every labelled step.
+            let rm_in = ctx.checkpoint(RM).await?;
+            let rm_out = if !cfg.reward_model.enabled || rm_eps.is_empty() {
                 rm_in
             } else {
-                let s = settings(cfg, prompts.len(), p.rm_epochs);
-                let seed = derive_seed(ctx.seed, &["train", RM]);
-                let (ck, metrics) = super::counted(ctx, || {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        teach_responses(&spec, &ck, &prompts, &responses, &s, seed)
-                    )
-                })?;
-                report(RM, &metrics);
-                ck.encode()
-            }
-        };
-        ctx.emit_artifact(POLICY, policy_out);
-        ctx.emit_artifact(RM, rm_out);
-        Ok(vec![(
-            "demonstrations",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+                let spec = super::model_spec(cfg, RM)?;
+                let ck = spec.load(&rm_in)?;
+                let max = cfg.reward_model.max_tokens;
+                let (good, bad) = (
+                    spec.taught_verdict(true, max)?,
+                    spec.taught_verdict(false, max)?,
+                );
+                let mut labelled = vec![];
+                for ep in &rm_eps {
+                    let t = trajectory(ep);
+                    for (i, d) in ep.steps.iter().enumerate() {
+                        let Some(label) = d.oracle else { continue };
+                        labelled.push((spec.rm_prompt(max, &t, i)?, label > 0));
+                    }
+                }
+                if p.rm_balance {
+                    let keep = balanced(&labelled.iter().map(|l| l.1).collect::<Vec<_>>());
+                    labelled = keep.into_iter().map(|k| labelled[k].clone()).collect();
+                }
+                let (mut prompts, mut responses) = (vec![], vec![]);
+                for (prompt, good_step) in labelled {
+                    prompts.push(prompt);
+                    responses.push(if good_step { good.clone() } else { bad.clone() });
+                }
+                if prompts.is_empty() {
+                    rm_in
+                } else {
+                    let s = settings(cfg, prompts.len(), p.rm_epochs);
+                    let seed = derive_seed(ctx.seed, &["train", RM]);
+                    let (ck, metrics) = super::counted(ctx, || {
+                        crate::on_backend!(
+                            device,
+                            train,
+                            teach_responses(&spec, &ck, &prompts, &responses, &s, seed)
+                        )
+                    })?;
+                    report(RM, &metrics);
+                    ck.encode()
+                }
+            };
+            ctx.emit_artifact(POLICY, policy_out);
+            ctx.emit_artifact(RM, rm_out);
+            Ok(vec![(
+                "demonstrations",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }
 

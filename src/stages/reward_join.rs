@@ -1,7 +1,6 @@
 //! Stage 3, `reward_join`: `steps` × `trajectories` × `rm_samples` → `step_rewards`
 //! (SQL in `reward_join.sql`).
 
-use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
@@ -11,7 +10,6 @@ const SQL: &str = include_str!("reward_join.sql");
 
 pub struct RewardJoin;
 
-#[async_trait]
 impl Stage for RewardJoin {
     fn name(&self) -> &'static str {
         "reward_join"
@@ -28,12 +26,17 @@ impl Stage for RewardJoin {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let sql = render(SQL, &[("lambda", f64_lit(ctx.config.reward.lambda))])?;
-        Ok(vec![(
-            "step_rewards",
-            TableOutput::Frame(query(&ctx.session, &sql).await?),
-        )])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let sql = render(SQL, &[("lambda", f64_lit(ctx.config.reward.lambda))])?;
+            Ok(vec![(
+                "step_rewards",
+                TableOutput::Frame(query(&ctx.session, &sql).await?),
+            )])
+        })
     }
 }
 

@@ -8,7 +8,6 @@
 //! works on all of them.
 
 use arrow::array::RecordBatch;
-use async_trait::async_trait;
 
 use super::bench;
 use super::trajectories::{self, Trajectory};
@@ -204,7 +203,6 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     Ok(out)
 }
 
-#[async_trait]
 impl Stage for RmScore {
     fn name(&self) -> &'static str {
         "rm_score"
@@ -228,70 +226,75 @@ impl Stage for RmScore {
         let exact = !rm.enabled || !rm.pretrained() || !config.run.device.is_deterministic();
         exact.then_some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let def = schema::table_def("rm_samples").expect("known table");
-        let rm = &ctx.config.reward_model;
-        if !rm.enabled {
-            let empty = RecordBatch::new_empty(def.schema.clone());
-            return Ok(vec![(
-                "rm_samples",
-                TableOutput::Frame(ctx.session.read_batch(empty)?),
-            )]);
-        }
-        let trajs = trajectories::load(ctx).await?;
-        let spec = super::model_spec(&ctx.config, RM)?;
-        let ck = spec.load(&ctx.checkpoint(RM).await?)?;
-        let list: Vec<&Trajectory> = trajs.values().collect();
-        let prompts = prompts(&spec, rm.max_tokens, &list)?;
-        let seeds: Vec<u64> = list
-            .iter()
-            .flat_map(|t| {
-                (0..t.steps.len()).map(|i| derive_seed(ctx.seed, &[&t.traj_id, &i.to_string()]))
-            })
-            .collect();
-        let steps: Vec<usize> = list.iter().map(|t| t.steps.len()).collect();
-        let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
-        let judged = super::counted(ctx, || {
-            crate::on_backend!(
-                ctx.config.run.device,
-                infer,
-                judge_on(
-                    &spec,
-                    &ck,
-                    &prompts,
-                    &seeds,
-                    &steps,
-                    m,
-                    max_tokens,
-                    temperature
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let def = schema::table_def("rm_samples").expect("known table");
+            let rm = &ctx.config.reward_model;
+            if !rm.enabled {
+                let empty = RecordBatch::new_empty(def.schema.clone());
+                return Ok(vec![(
+                    "rm_samples",
+                    TableOutput::Frame(ctx.session.read_batch(empty)?),
+                )]);
+            }
+            let trajs = trajectories::load(ctx).await?;
+            let spec = super::model_spec(&ctx.config, RM)?;
+            let ck = spec.load(&ctx.checkpoint(RM).await?)?;
+            let list: Vec<&Trajectory> = trajs.values().collect();
+            let prompts = prompts(&spec, rm.max_tokens, &list)?;
+            let seeds: Vec<u64> = list
+                .iter()
+                .flat_map(|t| {
+                    (0..t.steps.len()).map(|i| derive_seed(ctx.seed, &[&t.traj_id, &i.to_string()]))
+                })
+                .collect();
+            let steps: Vec<usize> = list.iter().map(|t| t.steps.len()).collect();
+            let (m, max_tokens, temperature) = (rm.samples as usize, rm.max_tokens, rm.temperature);
+            let judged = super::counted(ctx, || {
+                crate::on_backend!(
+                    ctx.config.run.device,
+                    infer,
+                    judge_on(
+                        &spec,
+                        &ck,
+                        &prompts,
+                        &seeds,
+                        &steps,
+                        m,
+                        max_tokens,
+                        temperature
+                    )
                 )
-            )
-        })?;
-        let mut out = TableBuilder::new("rm_samples")?;
-        let mut at = judged.iter();
-        for t in &list {
-            for i in 0..t.steps.len() {
-                for (j, s) in at
-                    .next()
-                    .expect("one judgement list per step")
-                    .iter()
-                    .enumerate()
-                {
-                    out.push_str(&t.task_id)
-                        .push_str(&t.traj_id)
-                        .push_u32(i as u32)
-                        .push_u32(j as u32)
-                        .push_str(&s.reasoning)
-                        .push_i8(s.score)
-                        .push_str(&spec.verdicts().response_text(&s.tokens))
-                        .push_f64(s.logprob);
+            })?;
+            let mut out = TableBuilder::new("rm_samples")?;
+            let mut at = judged.iter();
+            for t in &list {
+                for i in 0..t.steps.len() {
+                    for (j, s) in at
+                        .next()
+                        .expect("one judgement list per step")
+                        .iter()
+                        .enumerate()
+                    {
+                        out.push_str(&t.task_id)
+                            .push_str(&t.traj_id)
+                            .push_u32(i as u32)
+                            .push_u32(j as u32)
+                            .push_str(&s.reasoning)
+                            .push_i8(s.score)
+                            .push_str(&spec.verdicts().response_text(&s.tokens))
+                            .push_f64(s.logprob);
+                    }
                 }
             }
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "rm_samples",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "rm_samples",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }

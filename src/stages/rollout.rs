@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-use async_trait::async_trait;
 
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;
@@ -442,7 +441,6 @@ fn context(e: Error, task_id: &str, rollout: u32, step: Option<u32>) -> Error {
     Error::Environment(format!("task {task_id} rollout {rollout} {at}: {e}"))
 }
 
-#[async_trait]
 impl Stage for Rollout {
     fn name(&self) -> &'static str {
         "rollout"
@@ -473,85 +471,91 @@ impl Stage for Rollout {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        super::install_assets(ctx).await?;
-        let tasks = collect(
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            super::install_assets(ctx).await?;
+            let tasks = collect(
             &ctx.session,
             // Runs made before slot sampling have no `rolled_out`: every task was rolled out.
             "SELECT DISTINCT task_id, spec FROM tasks WHERE COALESCE(rolled_out, true) ORDER BY task_id",
         )
         .await?;
-        let mut pool: Vec<(String, serde_json::Value)> = Vec::new();
-        for b in &tasks {
-            let c = Columns::new(b, "the rollout stage's tasks");
-            let (ids, specs) = (c.str("task_id")?, c.str("spec")?);
-            for i in 0..b.num_rows() {
-                let spec = serde_json::from_str(specs.value(i)).map_err(|e| {
-                    Error::Environment(format!("task {}: spec is not JSON: {e}", ids.value(i)))
-                })?;
-                pool.push((ids.value(i).to_string(), spec));
+            let mut pool: Vec<(String, serde_json::Value)> = Vec::new();
+            for b in &tasks {
+                let c = Columns::new(b, "the rollout stage's tasks");
+                let (ids, specs) = (c.str("task_id")?, c.str("spec")?);
+                for i in 0..b.num_rows() {
+                    let spec = serde_json::from_str(specs.value(i)).map_err(|e| {
+                        Error::Environment(format!("task {}: spec is not JSON: {e}", ids.value(i)))
+                    })?;
+                    pool.push((ids.value(i).to_string(), spec));
+                }
             }
-        }
-        let environment: Arc<dyn Environment> = Arc::from(env::from_config(&ctx.config.env)?);
-        let n = ctx.config.rollout.n;
-        let seeds: Vec<(usize, u32, u64)> = (0..pool.len())
-            .flat_map(|t| (0..n).map(move |r| (t, r)))
-            .map(|(t, r)| (t, r, derive_seed(ctx.seed, &[&pool[t].0, &r.to_string()])))
-            .collect();
-        let jobs: Vec<Job<'_>> = seeds
-            .iter()
-            .map(|(t, r, seed)| (pool[*t].0.as_str(), &pool[*t].1, *r, *seed))
-            .collect();
-        let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
-            bytes::Bytes::new()
-        } else {
-            ctx.checkpoint(crate::model::POLICY).await?
-        };
-        let policy_ck = &policy_ck;
-        let rolled = super::counted(ctx, || {
-            play_policy(
-                &ctx.config,
-                policy_ck,
-                &environment,
-                &jobs,
-                Some(ctx.config.policy.temperature),
-                Some("rollout"),
-            )
-        })?;
-        let mut trajectories = TableBuilder::new("trajectories")?;
-        let mut steps = TableBuilder::new("steps")?;
-        for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {
-            let traj_id = schema::traj_id(task_id, *r);
-            trajectories
-                .push_str(task_id)
-                .push_str(&traj_id)
-                .push_u32(*r)
-                .push_i8(rolled.outcome)
-                .push_u32(rolled.steps.len() as u32);
-            for (i, st) in rolled.steps.into_iter().enumerate() {
-                let admissible = serde_json::to_string(&st.admissible).expect("strings serialize");
-                steps
+            let environment: Arc<dyn Environment> = Arc::from(env::from_config(&ctx.config.env)?);
+            let n = ctx.config.rollout.n;
+            let seeds: Vec<(usize, u32, u64)> = (0..pool.len())
+                .flat_map(|t| (0..n).map(move |r| (t, r)))
+                .map(|(t, r)| (t, r, derive_seed(ctx.seed, &[&pool[t].0, &r.to_string()])))
+                .collect();
+            let jobs: Vec<Job<'_>> = seeds
+                .iter()
+                .map(|(t, r, seed)| (pool[*t].0.as_str(), &pool[*t].1, *r, *seed))
+                .collect();
+            let policy_ck = if ctx.config.policy.kind == crate::config::PolicyKind::Uniform {
+                bytes::Bytes::new()
+            } else {
+                ctx.checkpoint(crate::model::POLICY).await?
+            };
+            let policy_ck = &policy_ck;
+            let rolled = super::counted(ctx, || {
+                play_policy(
+                    &ctx.config,
+                    policy_ck,
+                    &environment,
+                    &jobs,
+                    Some(ctx.config.policy.temperature),
+                    Some("rollout"),
+                )
+            })?;
+            let mut trajectories = TableBuilder::new("trajectories")?;
+            let mut steps = TableBuilder::new("steps")?;
+            for ((task_id, _, r, _), rolled) in jobs.iter().zip(rolled) {
+                let traj_id = schema::traj_id(task_id, *r);
+                trajectories
                     .push_str(task_id)
                     .push_str(&traj_id)
-                    .push_u32(i as u32)
-                    .push_str(&st.observation)
-                    .push_str(&st.action)
-                    .push_f64(st.logprob)
-                    .push_opt_i8(st.oracle)
-                    .push_str(&st.next_observation)
-                    .push_str(&admissible)
-                    .push_opt_str(st.response.as_deref());
+                    .push_u32(*r)
+                    .push_i8(rolled.outcome)
+                    .push_u32(rolled.steps.len() as u32);
+                for (i, st) in rolled.steps.into_iter().enumerate() {
+                    let admissible =
+                        serde_json::to_string(&st.admissible).expect("strings serialize");
+                    steps
+                        .push_str(task_id)
+                        .push_str(&traj_id)
+                        .push_u32(i as u32)
+                        .push_str(&st.observation)
+                        .push_str(&st.action)
+                        .push_f64(st.logprob)
+                        .push_opt_i8(st.oracle)
+                        .push_str(&st.next_observation)
+                        .push_str(&admissible)
+                        .push_opt_str(st.response.as_deref());
+                }
             }
-        }
-        let trajectories = trajectories.finish_with(&ctx.run_id, ctx.iter)?;
-        let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![
-            (
-                "trajectories",
-                TableOutput::Frame(ctx.session.read_batch(trajectories)?),
-            ),
-            ("steps", TableOutput::Frame(ctx.session.read_batch(steps)?)),
-        ])
+            let trajectories = trajectories.finish_with(&ctx.run_id, ctx.iter)?;
+            let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![
+                (
+                    "trajectories",
+                    TableOutput::Frame(ctx.session.read_batch(trajectories)?),
+                ),
+                ("steps", TableOutput::Frame(ctx.session.read_batch(steps)?)),
+            ])
+        })
     }
 }
 

@@ -12,7 +12,6 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use arrow::datatypes::SchemaRef;
-use async_trait::async_trait;
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 
 use crate::determinism::{Rng, derive_seed};
@@ -238,7 +237,6 @@ impl Generator {
 
 use futures::StreamExt;
 
-#[async_trait]
 impl Stage for Synthetic {
     fn name(&self) -> &'static str {
         "synthetic"
@@ -249,9 +247,14 @@ impl Stage for Synthetic {
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "rollout", "reward_model"]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let g = Generator::new(ctx);
-        Ok(self.outputs().iter().map(|t| (*t, g.stream(t))).collect())
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let g = Generator::new(ctx);
+            Ok(self.outputs().iter().map(|t| (*t, g.stream(t))).collect())
+        })
     }
 }
 

@@ -2,7 +2,6 @@
 //! `steps` (oracle labels) → `task_accuracy`
 //! (SQL in `task_accuracy.sql`).
 
-use async_trait::async_trait;
 
 use crate::error::Result;
 use crate::stage::sql::query;
@@ -12,7 +11,6 @@ const SQL: &str = include_str!("task_accuracy.sql");
 
 pub struct TaskAccuracy;
 
-#[async_trait]
 impl Stage for TaskAccuracy {
     fn name(&self) -> &'static str {
         "task_accuracy"
@@ -26,11 +24,16 @@ impl Stage for TaskAccuracy {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        Ok(vec![(
-            "task_accuracy",
-            TableOutput::Frame(query(&ctx.session, SQL).await?),
-        )])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            Ok(vec![(
+                "task_accuracy",
+                TableOutput::Frame(query(&ctx.session, SQL).await?),
+            )])
+        })
     }
 }
 

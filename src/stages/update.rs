@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 
-use async_trait::async_trait;
 use burn::tensor::backend::AutodiffBackend;
 
 use super::trajectories::{self, Trajectory};
@@ -410,7 +409,6 @@ fn train_responses<B: AutodiffBackend>(
     Ok((spec.weights_of(&ppo::snapshot(&model))?, metrics))
 }
 
-#[async_trait]
 impl Stage for Update {
     fn name(&self) -> &'static str {
         "update"
@@ -440,209 +438,216 @@ impl Stage for Update {
     fn checkpoints_out(&self) -> &'static [&'static str] {
         &[POLICY, RM]
     }
-    async fn run(&self, ctx: &StageContext) -> Result<Vec<(&'static str, TableOutput)>> {
-        let cfg = &ctx.config;
-        let device = cfg.run.device;
-        let trajs = trajectories::load(ctx).await?;
-        // Benchmarks: every sample on synthetic advantages (`RLA_PIPE_BENCH_ADVANTAGE`).
-        let synthetic = super::bench::advantage_seed()?;
-        let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
+    fn run<'a>(
+        &'a self,
+        ctx: &'a StageContext,
+    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+        Box::pin(async move {
+            let cfg = &ctx.config;
+            let device = cfg.run.device;
+            let trajs = trajectories::load(ctx).await?;
+            // Benchmarks: every sample on synthetic advantages (`RLA_PIPE_BENCH_ADVANTAGE`).
+            let synthetic = super::bench::advantage_seed()?;
+            let mut rows: Vec<(&'static str, StepMetrics)> = Vec::new();
 
-        // Policy.
-        let policy_out = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
-            ctx.checkpoint(POLICY).await?
-        } else {
-            let spec = super::model_spec(cfg, POLICY)?;
-            let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
-            // `generate` mode: the replies, token by token.
-            let (mut prompts, mut responses) = (Vec::new(), Vec::new());
-            if self.coding {
-                (prompts, responses, adv) = coding_samples(ctx, &spec, CODING_POLICY_SQL).await?;
-            }
-            let plain = if self.coding {
-                Vec::new()
+            // Policy.
+            let policy_out = if cfg.policy.kind == crate::config::PolicyKind::Uniform {
+                ctx.checkpoint(POLICY).await?
             } else {
-                collect(
-                    &ctx.session,
-                    &super::bench::samples_sql(POLICY_SAMPLES_SQL, synthetic.is_some()),
-                )
-                .await?
-            };
-            for b in plain {
-                let c = Columns::new(&b, "stages/update_policy_samples.sql");
-                let (ids, steps, a) = (c.str("traj_id")?, c.u32("step_idx")?, c.f64("advantage")?);
-                for r in 0..b.num_rows() {
-                    let t = traj(&trajs, ids.value(r), steps.value(r))?;
-                    let i = steps.value(r) as usize;
-                    let st = &t.steps[i];
-                    adv.push(a.value(r));
-                    if let Some((_, h)) = spec.generating() {
-                        let reply = st.response.as_deref().ok_or_else(|| {
+                let spec = super::model_spec(cfg, POLICY)?;
+                let (mut decisions, mut chosen, mut adv) = (Vec::new(), Vec::new(), Vec::new());
+                // `generate` mode: the replies, token by token.
+                let (mut prompts, mut responses) = (Vec::new(), Vec::new());
+                if self.coding {
+                    (prompts, responses, adv) =
+                        coding_samples(ctx, &spec, CODING_POLICY_SQL).await?;
+                }
+                let plain = if self.coding {
+                    Vec::new()
+                } else {
+                    collect(
+                        &ctx.session,
+                        &super::bench::samples_sql(POLICY_SAMPLES_SQL, synthetic.is_some()),
+                    )
+                    .await?
+                };
+                for b in plain {
+                    let c = Columns::new(&b, "stages/update_policy_samples.sql");
+                    let (ids, steps, a) =
+                        (c.str("traj_id")?, c.u32("step_idx")?, c.f64("advantage")?);
+                    for r in 0..b.num_rows() {
+                        let t = traj(&trajs, ids.value(r), steps.value(r))?;
+                        let i = steps.value(r) as usize;
+                        let st = &t.steps[i];
+                        adv.push(a.value(r));
+                        if let Some((_, h)) = spec.generating() {
+                            let reply = st.response.as_deref().ok_or_else(|| {
                             Error::data(format!(
                                 "update: trajectory {} step {i} has no response, but policy.action_mode is \"generate\"",
                                 t.traj_id
                             ))
                         })?;
-                        prompts.push(spec.reply_prompt(
-                            t.task(),
-                            &t.past(i),
-                            &st.observation,
-                            &st.admissible,
-                        )?);
-                        responses.push(h.tokenizer.encode(reply, false)?);
-                        continue;
-                    }
-                    let k = st.admissible.iter().position(|x| *x == st.action).ok_or_else(|| {
+                            prompts.push(spec.reply_prompt(
+                                t.task(),
+                                &t.past(i),
+                                &st.observation,
+                                &st.admissible,
+                            )?);
+                            responses.push(h.tokenizer.encode(reply, false)?);
+                            continue;
+                        }
+                        let k = st.admissible.iter().position(|x| *x == st.action).ok_or_else(|| {
                         Error::data(format!(
                             "update: trajectory {} step {i}: action {:?} is not among its admissible actions",
                             t.traj_id, st.action
                         ))
                     })?;
-                    decisions.push(spec.decision(
-                        t.task(),
-                        &t.past(i),
-                        &st.observation,
-                        &st.admissible,
-                    )?);
-                    chosen.push(k);
+                        decisions.push(spec.decision(
+                            t.task(),
+                            &t.past(i),
+                            &st.observation,
+                            &st.admissible,
+                        )?);
+                        chosen.push(k);
+                    }
                 }
-            }
-            if let Some(seed) = synthetic {
-                super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[POLICY]));
-            }
-            // Loaded only now, and held by nothing but the model it becomes while it trains.
-            let policy_in = ctx.checkpoint(POLICY).await?;
-            if adv.is_empty() {
-                spec.load(&policy_in)?;
-                policy_in
+                if let Some(seed) = synthetic {
+                    super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[POLICY]));
+                }
+                // Loaded only now, and held by nothing but the model it becomes while it trains.
+                let policy_in = ctx.checkpoint(POLICY).await?;
+                if adv.is_empty() {
+                    spec.load(&policy_in)?;
+                    policy_in
+                } else {
+                    let ck = spec.load(&policy_in)?;
+                    drop(policy_in);
+                    let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
+                    let seed = derive_seed(ctx.seed, &[POLICY]);
+                    let t = cfg
+                        .update
+                        .logprob_temperature
+                        .resolve(cfg.policy.temperature);
+                    let (ck, metrics) = super::counted(ctx, || {
+                        if spec.generating().is_some() {
+                            crate::on_backend!(
+                                device,
+                                train,
+                                train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
+                            )
+                        } else {
+                            crate::on_backend!(
+                                device,
+                                train,
+                                train_policy(&spec, ck, &decisions, &chosen, &adv, &s, seed, t)
+                            )
+                        }
+                    })?;
+                    rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
+                    ck.encode()
+                }
+            };
+
+            // Reward model.
+            let rm_out = if !cfg.reward_model.enabled {
+                ctx.checkpoint(RM).await?
             } else {
-                let ck = spec.load(&policy_in)?;
-                drop(policy_in);
-                let s = settings(cfg, cfg.update.policy_lr, cfg.update.policy_steps);
-                let seed = derive_seed(ctx.seed, &[POLICY]);
-                let t = cfg
-                    .update
-                    .logprob_temperature
-                    .resolve(cfg.policy.temperature);
-                let (ck, metrics) = super::counted(ctx, || {
-                    if spec.generating().is_some() {
+                let spec = super::model_spec(cfg, RM)?;
+                let (mut prompts, mut responses, mut adv) = if self.coding {
+                    coding_samples(ctx, &spec, CODING_RM_SQL).await?
+                } else {
+                    (Vec::new(), Vec::new(), Vec::new())
+                };
+                let plain = if self.coding {
+                    Vec::new()
+                } else {
+                    collect(
+                        &ctx.session,
+                        &super::bench::samples_sql(RM_SAMPLES_SQL, synthetic.is_some()),
+                    )
+                    .await?
+                };
+                for b in plain {
+                    let c = Columns::new(&b, "stages/update_rm_samples.sql");
+                    let (ids, steps) = (c.str("traj_id")?, c.u32("step_idx")?);
+                    let (a, resp) = (c.f64("advantage")?, c.str("response")?);
+                    for r in 0..b.num_rows() {
+                        let t = traj(&trajs, ids.value(r), steps.value(r))?;
+                        let i = steps.value(r) as usize;
+                        let tokens = spec.verdicts().response_ids(resp.value(r))?;
+                        // A pretrained model's text is re-tokenized canonically, which may differ in
+                        // length from what it sampled.
+                        let limit = if spec.hf.is_some() {
+                            usize::MAX
+                        } else {
+                            cfg.reward_model.max_tokens
+                        };
+                        // Synthetic advantages take every sample: an empty reply has nothing to train.
+                        if tokens.is_empty() && synthetic.is_some() {
+                            continue;
+                        }
+                        if tokens.is_empty() || tokens.len() > limit {
+                            return Err(Error::data(format!(
+                                "update: rm_samples response {:?} of ({}, step {i}) is not a response of at most {} tokens",
+                                resp.value(r),
+                                t.traj_id,
+                                cfg.reward_model.max_tokens
+                            )));
+                        }
+                        prompts.push(spec.rm_prompt(cfg.reward_model.max_tokens, t, i)?);
+                        responses.push(tokens);
+                        adv.push(a.value(r));
+                    }
+                }
+                if let Some(seed) = synthetic {
+                    super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[RM]));
+                }
+                let rm_in = ctx.checkpoint(RM).await?;
+                if prompts.is_empty() {
+                    spec.load(&rm_in)?;
+                    rm_in
+                } else {
+                    let ck = spec.load(&rm_in)?;
+                    drop(rm_in);
+                    let s = settings(cfg, cfg.update.rm_lr, cfg.update.rm_steps);
+                    let seed = derive_seed(ctx.seed, &[RM]);
+                    let t = cfg
+                        .update
+                        .logprob_temperature
+                        .resolve(cfg.reward_model.temperature);
+                    let (ck, metrics) = super::counted(ctx, || {
                         crate::on_backend!(
                             device,
                             train,
                             train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
                         )
-                    } else {
-                        crate::on_backend!(
-                            device,
-                            train,
-                            train_policy(&spec, ck, &decisions, &chosen, &adv, &s, seed, t)
-                        )
-                    }
-                })?;
-                rows.extend(metrics.into_iter().map(|m| (POLICY, m)));
-                ck.encode()
-            }
-        };
-
-        // Reward model.
-        let rm_out = if !cfg.reward_model.enabled {
-            ctx.checkpoint(RM).await?
-        } else {
-            let spec = super::model_spec(cfg, RM)?;
-            let (mut prompts, mut responses, mut adv) = if self.coding {
-                coding_samples(ctx, &spec, CODING_RM_SQL).await?
-            } else {
-                (Vec::new(), Vec::new(), Vec::new())
-            };
-            let plain = if self.coding {
-                Vec::new()
-            } else {
-                collect(
-                    &ctx.session,
-                    &super::bench::samples_sql(RM_SAMPLES_SQL, synthetic.is_some()),
-                )
-                .await?
-            };
-            for b in plain {
-                let c = Columns::new(&b, "stages/update_rm_samples.sql");
-                let (ids, steps) = (c.str("traj_id")?, c.u32("step_idx")?);
-                let (a, resp) = (c.f64("advantage")?, c.str("response")?);
-                for r in 0..b.num_rows() {
-                    let t = traj(&trajs, ids.value(r), steps.value(r))?;
-                    let i = steps.value(r) as usize;
-                    let tokens = spec.verdicts().response_ids(resp.value(r))?;
-                    // A pretrained model's text is re-tokenized canonically, which may differ in
-                    // length from what it sampled.
-                    let limit = if spec.hf.is_some() {
-                        usize::MAX
-                    } else {
-                        cfg.reward_model.max_tokens
-                    };
-                    // Synthetic advantages take every sample: an empty reply has nothing to train.
-                    if tokens.is_empty() && synthetic.is_some() {
-                        continue;
-                    }
-                    if tokens.is_empty() || tokens.len() > limit {
-                        return Err(Error::data(format!(
-                            "update: rm_samples response {:?} of ({}, step {i}) is not a response of at most {} tokens",
-                            resp.value(r),
-                            t.traj_id,
-                            cfg.reward_model.max_tokens
-                        )));
-                    }
-                    prompts.push(spec.rm_prompt(cfg.reward_model.max_tokens, t, i)?);
-                    responses.push(tokens);
-                    adv.push(a.value(r));
+                    })?;
+                    rows.extend(metrics.into_iter().map(|m| (RM, m)));
+                    ck.encode()
                 }
-            }
-            if let Some(seed) = synthetic {
-                super::bench::synthetic_advantages(&mut adv, derive_seed(seed, &[RM]));
-            }
-            let rm_in = ctx.checkpoint(RM).await?;
-            if prompts.is_empty() {
-                spec.load(&rm_in)?;
-                rm_in
-            } else {
-                let ck = spec.load(&rm_in)?;
-                drop(rm_in);
-                let s = settings(cfg, cfg.update.rm_lr, cfg.update.rm_steps);
-                let seed = derive_seed(ctx.seed, &[RM]);
-                let t = cfg
-                    .update
-                    .logprob_temperature
-                    .resolve(cfg.reward_model.temperature);
-                let (ck, metrics) = super::counted(ctx, || {
-                    crate::on_backend!(
-                        device,
-                        train,
-                        train_responses(&spec, ck, &prompts, &responses, &adv, &s, seed, t)
-                    )
-                })?;
-                rows.extend(metrics.into_iter().map(|m| (RM, m)));
-                ck.encode()
-            }
-        };
-        ctx.emit_artifact(POLICY, policy_out);
-        ctx.emit_artifact(RM, rm_out);
+            };
+            ctx.emit_artifact(POLICY, policy_out);
+            ctx.emit_artifact(RM, rm_out);
 
-        let mut out = TableBuilder::new("update_metrics")?;
-        let mut counters: BTreeMap<&str, u32> = BTreeMap::new();
-        for (name, m) in &rows {
-            let k = counters.entry(name).or_default();
-            out.push_str(name)
-                .push_u32(*k)
-                .push_f64(m.loss)
-                .push_f64(m.kl)
-                .push_f64(m.clip_frac)
-                .push_f64(m.grad_norm)
-                .push_u32(m.samples)
-                .push_u64(m.tokens);
-            *k += 1;
-        }
-        let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "update_metrics",
-            TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+            let mut out = TableBuilder::new("update_metrics")?;
+            let mut counters: BTreeMap<&str, u32> = BTreeMap::new();
+            for (name, m) in &rows {
+                let k = counters.entry(name).or_default();
+                out.push_str(name)
+                    .push_u32(*k)
+                    .push_f64(m.loss)
+                    .push_f64(m.kl)
+                    .push_f64(m.clip_frac)
+                    .push_f64(m.grad_norm)
+                    .push_u32(m.samples)
+                    .push_u64(m.tokens);
+                *k += 1;
+            }
+            let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "update_metrics",
+                TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }

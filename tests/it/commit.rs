@@ -98,7 +98,6 @@ struct BadStage {
     nulls: bool,
 }
 
-#[async_trait::async_trait]
 impl rla_pipe::stage::Stage for BadStage {
     fn name(&self) -> &'static str {
         "bad"
@@ -106,22 +105,27 @@ impl rla_pipe::stage::Stage for BadStage {
     fn outputs(&self) -> &'static [&'static str] {
         &["evaluations"]
     }
-    async fn run(
-        &self,
-        ctx: &rla_pipe::stage::StageContext,
-    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>> {
-        let sql = if self.nulls {
-            // task_id is declared non-nullable.
-            "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, CAST(NULL AS VARCHAR) AS task_id, \
+    fn run<'a>(
+        &'a self,
+        ctx: &'a rla_pipe::stage::StageContext,
+    ) -> futures::future::BoxFuture<
+        'a,
+        rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>>,
+    > {
+        Box::pin(async move {
+            let sql = if self.nulls {
+                // task_id is declared non-nullable.
+                "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, CAST(NULL AS VARCHAR) AS task_id, \
              CAST(1 AS INT UNSIGNED) AS rollouts, CAST(1 AS INT UNSIGNED) AS successes, 'held_out' AS split"
-        } else {
-            "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, 'x' AS task_id, 1.5 AS rollouts"
-        };
-        let df = ctx.session.sql(sql).await?;
-        Ok(vec![(
-            "evaluations",
-            rla_pipe::stage::TableOutput::Frame(df),
-        )])
+            } else {
+                "SELECT 'r' AS run_id, CAST(0 AS INT UNSIGNED) AS iter, 'x' AS task_id, 1.5 AS rollouts"
+            };
+            let df = ctx.session.sql(sql).await?;
+            Ok(vec![(
+                "evaluations",
+                rla_pipe::stage::TableOutput::Frame(df),
+            )])
+        })
     }
 }
 
@@ -161,7 +165,6 @@ static FLIP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(
 /// coding setting's `execute`), the other columns fixed unless [`FLIP`] is set.
 struct ToyExec;
 
-#[async_trait::async_trait]
 impl rla_pipe::stage::Stage for ToyExec {
     fn name(&self) -> &'static str {
         "execute"
@@ -169,37 +172,42 @@ impl rla_pipe::stage::Stage for ToyExec {
     fn outputs(&self) -> &'static [&'static str] {
         &["executions"]
     }
-    async fn run(
-        &self,
-        ctx: &rla_pipe::stage::StageContext,
-    ) -> rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .subsec_nanos();
-        let flip = FLIP.load(std::sync::atomic::Ordering::SeqCst);
-        let mut b = rla_pipe::schema::rows::TableBuilder::new("executions")?;
-        for (k, (status, passed)) in [
-            ("ok", true),
-            (if flip { "timeout" } else { "wrong_answer" }, false),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            b.push_str("t")
-                .push_str("p")
-                .push_str("truth")
-                .push_u32(k as u32)
-                .push_bool(passed)
-                .push_str(status)
-                .push_f64(f64::from(nanos) * 1e-9 + k as f64)
-                .push_opt_str(Some("abc"));
-        }
-        let batch = b.finish_with(&ctx.run_id, ctx.iter)?;
-        Ok(vec![(
-            "executions",
-            rla_pipe::stage::TableOutput::Frame(ctx.session.read_batch(batch)?),
-        )])
+    fn run<'a>(
+        &'a self,
+        ctx: &'a rla_pipe::stage::StageContext,
+    ) -> futures::future::BoxFuture<
+        'a,
+        rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>>,
+    > {
+        Box::pin(async move {
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .subsec_nanos();
+            let flip = FLIP.load(std::sync::atomic::Ordering::SeqCst);
+            let mut b = rla_pipe::schema::rows::TableBuilder::new("executions")?;
+            for (k, (status, passed)) in [
+                ("ok", true),
+                (if flip { "timeout" } else { "wrong_answer" }, false),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                b.push_str("t")
+                    .push_str("p")
+                    .push_str("truth")
+                    .push_u32(k as u32)
+                    .push_bool(passed)
+                    .push_str(status)
+                    .push_f64(f64::from(nanos) * 1e-9 + k as f64)
+                    .push_opt_str(Some("abc"));
+            }
+            let batch = b.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![(
+                "executions",
+                rla_pipe::stage::TableOutput::Frame(ctx.session.read_batch(batch)?),
+            )])
+        })
     }
 }
 
