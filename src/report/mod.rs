@@ -646,6 +646,18 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             rate,
         )?,
     ));
+    // How much the policy still explores: the mean −log π(a|s) of the actions it sampled, an
+    // unbiased estimate of its entropy over the admissible actions (score mode; a uniform
+    // policy's is ln #admissible).
+    charts.push((
+        "entropy".to_string(),
+        chart(
+            "Policy entropy over the admissible actions",
+            "nats",
+            &lines_of(&training, runs, &[("policy_entropy", "entropy")]),
+            Axis::Zero { top: 0.0 },
+        )?,
+    ));
     charts.push((
         "episode_length".to_string(),
         chart(
@@ -791,6 +803,44 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         ));
     }
 
+    // The learning rate each model's optimizer steps ran at (the run's config, constant over a
+    // run: the curve tells runs with different rates apart), at the iterations it trained.
+    let mut lr_lines = Vec::new();
+    for (k, model) in ["policy", "rm"].iter().enumerate() {
+        let key = format!("/update/{model}_lr");
+        for (name, points) in
+            update.series_where("loss", |r| r[update.col("model")].text() == *model)
+        {
+            let Some(run) = runs.iter().position(|r| *r == name) else {
+                continue;
+            };
+            let Some(lr) = states[run]
+                .run
+                .config
+                .pointer(&key)
+                .and_then(|v| v.as_f64())
+            else {
+                continue;
+            };
+            lr_lines.push(Line {
+                label: format!("{name} · {model}"),
+                run,
+                style: k,
+                points: points.into_iter().map(|(x, _)| (x, lr)).collect(),
+            });
+        }
+    }
+    lr_lines.sort_by_key(|l| (l.run, l.style));
+    charts.push((
+        "update_lr".to_string(),
+        chart(
+            "Update: learning rate per iteration",
+            "learning rate",
+            &lr_lines,
+            Axis::Zero { top: 0.0 },
+        )?,
+    ));
+
     let chart_of = |name: &str| -> &str {
         charts
             .iter()
@@ -851,9 +901,10 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "training",
         "Training signal",
         format!(
-            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict; reply_error_rate: the share of sampled steps whose reply named no admissible action (generate mode; 0 in score mode). When a run does not learn, the second chart shows where its signal dies. Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict; reply_error_rate: the share of sampled steps whose reply named no admissible action (generate mode; 0 in score mode). When a run does not learn, the second chart shows where its signal dies. Policy entropy: the mean −log π(a|s) of the sampled actions at the rollout temperature, an unbiased estimate of the entropy of the policy's distribution over the admissible actions (score mode; ln #admissible for a uniform policy; not drawn for generate mode, whose replies are token sequences). Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("reward"),
             chart_of("signal"),
+            chart_of("entropy"),
             chart_of("episode_length"),
             training.html()
         ),
@@ -892,11 +943,12 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "update-metrics",
         "Update metrics",
         format!(
-            "<p>Means over each iteration's optimizer steps; policy solid, reward model dashed. KL is the k3 estimator (r − 1 − log r of the probability ratio r) against the pre-update snapshot, the term β·KL of the loss; the gradient norm is taken before clipping.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Means over each iteration's optimizer steps; policy solid, reward model dashed. KL is the k3 estimator (r − 1 − log r of the probability ratio r) against the pre-update snapshot, the term β·KL of the loss; the gradient norm is taken before clipping; the learning rate is the run's (update.policy_lr, update.rm_lr) at each iteration the model trained.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("update_loss"),
             chart_of("update_kl"),
             chart_of("update_clip_frac"),
             chart_of("update_grad_norm"),
+            chart_of("update_lr"),
             update.html()
         ),
     );

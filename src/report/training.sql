@@ -2,8 +2,10 @@
 -- advantages (population std over the rows the update trains on, the share of rows it trains
 -- on and the share of tasks with any), the reward model's verdict rate (samples with a
 -- parsable verdict), the policy's reply-format error rate (`generate` mode: the share of sampled
--- steps whose reply named no admissible action; 0 in `score` mode) and the mean episode length
--- of the sampled rollouts. NULL where a run has none (pipelines/sql/learning_signal.sql has more).
+-- steps whose reply named no admissible action; 0 in `score` mode), the policy's entropy over the
+-- admissible actions (the mean -log pi(a|s) of the sampled actions, an unbiased estimate of it;
+-- `score` mode only: a `generate` reply's log-probability is a whole token sequence's) and the
+-- mean episode length of the sampled rollouts. NULL where a run has none (pipelines/sql/learning_signal.sql has more).
 WITH episodes AS (
     SELECT run_id, iter, AVG(CAST(num_steps AS DOUBLE)) AS episode_length
     FROM trajectories
@@ -34,13 +36,14 @@ verdicts AS (
 ),
 replies AS (
     SELECT run_id, iter,
-           AVG(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) AS reply_error_rate
+           AVG(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) AS reply_error_rate,
+           AVG(CASE WHEN response IS NULL THEN -action_logprob END) AS policy_entropy
     FROM steps
     WHERE run_id IN (${runs})
     GROUP BY run_id, iter
 )
 SELECT e.run_id, e.iter, r.mean_reward, a.advantage_std, a.trained_share, a.trained_task_share,
-       v.rm_verdict_rate, p.reply_error_rate, e.episode_length
+       v.rm_verdict_rate, p.reply_error_rate, p.policy_entropy, e.episode_length
 FROM episodes e
 LEFT JOIN rewards r ON r.run_id = e.run_id AND r.iter = e.iter
 LEFT JOIN advantages a ON a.run_id = e.run_id AND a.iter = e.iter

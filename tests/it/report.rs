@@ -142,7 +142,7 @@ fn report_has_every_section_and_the_right_numbers() {
             .iter()
             .map(|w| w.as_f64().unwrap())
             .collect();
-        assert_eq!(charts.len(), 12, "{layout}");
+        assert_eq!(charts.len(), 14, "{layout}");
         assert!(
             charts
                 .iter()
@@ -166,11 +166,11 @@ fn report_has_every_section_and_the_right_numbers() {
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
     }
-    // Self-contained: 12 inline charts, nothing fetched, no script.
-    assert_eq!(html.matches("<svg").count(), 12);
+    // Self-contained: 14 inline charts, nothing fetched, no script.
+    assert_eq!(html.matches("<svg").count(), 14);
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
     assert!(!html.contains("<script"));
-    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 12);
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 14);
     // Both runs are overlaid in the charts' legends, each in its own colour throughout: the
     // first run's blue, the second's vermillion, no third colour in the success chart.
     assert!(html.contains("full · train") && html.contains("static · held-out"));
@@ -314,8 +314,24 @@ fn report_has_every_section_and_the_right_numbers() {
         "SELECT avg(CASE WHEN score <> 0 THEN 1.0 ELSE 0.0 END) FROM rm_samples \
          WHERE run_id = 'full' AND iter = 1",
     );
+    // ... and the policy's entropy over the admissible actions: the mean -log pi(a|s) of the
+    // actions it sampled.
+    let entropy = num(
+        &f,
+        "SELECT avg(-action_logprob) FROM steps WHERE run_id = 'full' AND iter = 1",
+    );
+    assert!(entropy > 0.0);
     let training = row(&html, "training", "full", "1");
-    assert_eq!(training[5..8], [fmt(tasks), fmt(verdicts), fmt(0.0)]);
+    assert_eq!(
+        training[5..9],
+        [fmt(tasks), fmt(verdicts), fmt(0.0), fmt(entropy)]
+    );
+    // The learning rate of each model's update, at each iteration it trained.
+    let lr = std::fs::read_to_string(svgs.join("update_lr.svg")).unwrap();
+    assert!(
+        lr.contains("full · policy") && lr.contains("full · rm"),
+        "{lr}"
+    );
     assert!(
         std::fs::read_to_string(svgs.join("signal.svg"))
             .unwrap()
@@ -370,7 +386,7 @@ fn report_has_every_section_and_the_right_numbers() {
     let small = f.dir.path().join("small.html").display().to_string();
     f.rla(&["report", "small", "--out", &small]).ok();
     let html = std::fs::read_to_string(&small).unwrap();
-    assert_eq!(html.matches("<svg").count(), 12);
+    assert_eq!(html.matches("<svg").count(), 14);
     let train = num(
         &f,
         "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
