@@ -3,7 +3,8 @@
 -- (the spread of the advantages it trains on), how far each update moves its model (KL against
 -- the pre-update snapshot, clipped share, gradient norm), how often the reward model gives a
 -- verdict at all and how often the policy's reply names no admissible action (`generate` mode;
--- 0 in `score` mode). One row per (run, iteration); NULL where a table has no rows for it.
+-- 0 in `score` mode), and how much the policy still explores (its entropy over the admissible
+-- actions, estimated as the mean -log pi(a|s) of the actions it sampled; `score` mode). One row per (run, iteration); NULL where a table has no rows for it.
 -- rla-pipe sql --run gridnav --file pipelines/sql/learning_signal.sql
 WITH acc AS (
     SELECT run_id, iter, count(*) AS tasks, avg(acc) AS mean_task_acc,
@@ -32,7 +33,8 @@ WITH acc AS (
     FROM rm_samples GROUP BY run_id, iter
 ), replies AS (
     SELECT run_id, iter,
-           avg(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) AS reply_error_rate
+           avg(CASE WHEN action = '(invalid reply)' THEN 1.0 ELSE 0.0 END) AS reply_error_rate,
+           avg(CASE WHEN response IS NULL THEN -action_logprob END) AS policy_entropy
     FROM steps GROUP BY run_id, iter
 )
 SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task_acc,
@@ -45,7 +47,8 @@ SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task
        round(upd.policy_grad_norm, 3) AS policy_grad_norm,
        round(upd.rm_kl, 5) AS rm_kl, round(upd.rm_grad_norm, 3) AS rm_grad_norm,
        round(rm.rm_verdict_rate, 3) AS rm_verdict_rate, round(rm.rm_good_rate, 3) AS rm_good_rate,
-       round(replies.reply_error_rate, 3) AS reply_error_rate
+       round(replies.reply_error_rate, 3) AS reply_error_rate,
+       round(replies.policy_entropy, 3) AS policy_entropy
 FROM acc
 LEFT JOIN adv ON adv.run_id = acc.run_id AND adv.iter = acc.iter
 LEFT JOIN upd ON upd.run_id = acc.run_id AND upd.iter = acc.iter

@@ -189,6 +189,12 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         assert!((rate - verdicts / samples).abs() <= 5e-4, "{rate}");
         let kl = num("policy_kl");
         assert!(kl >= 0.0, "the k3 estimate is never negative: {kl}");
+        let entropy = num("policy_entropy");
+        let sampled = count("SELECT avg(-action_logprob) FROM steps WHERE iter = {i}");
+        assert!(
+            entropy > 0.0 && (entropy - sampled).abs() <= 5e-4,
+            "{entropy} vs {sampled}"
+        );
     }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
     let r = f
