@@ -3,7 +3,6 @@
 //! this iteration's `judgements` decide which tasks may train at all: the active tasks rolled
 //! out and the accepted candidates, never a rejected one.
 
-
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render, str_lit};
 use crate::stage::{Stage, StageContext, TableOutput};

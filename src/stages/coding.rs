@@ -10,7 +10,6 @@
 //!   [`reward.rm_acc_min`, `rm_acc_max`] (the reference's band, [0.2, 0.8]: its band check skips
 //!   the whole task).
 
-
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
 use crate::stage::{Stage, StageContext, TableOutput};

@@ -18,7 +18,6 @@
 //! sampler uses 1.0). `policy.kind = "uniform"` submits a program of `env.coding.candidates`
 //! drawn uniformly (log-probability −ln k): no model, the floor of an ablation.
 
-
 use super::execute::{self, problems};
 use crate::determinism::{Rng, derive_seed};
 use crate::env::coding::format::{extract_program, extract_test};

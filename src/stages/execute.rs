@@ -18,7 +18,6 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-
 use crate::env::coding::format::{NO_CODE, extract_program, extract_test};
 use crate::env::coding::{Problem, TestCase, Verdict};
 use crate::error::{Error, Result};

@@ -7,7 +7,6 @@
 //!
 //! With `adapt.enabled = false` nothing is ever pending and the table is empty.
 
-
 use crate::adapt::{self, Decision, parse_direction};
 use crate::error::{Error, Result};
 use crate::schema::rows::{Columns, TableBuilder};

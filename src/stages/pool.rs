@@ -9,7 +9,6 @@
 //! implementation does: every pending candidate, plus `rollout.slots_per_iter` slots drawn
 //! (seeded) from the slots without a pending candidate, all of them when it is 0 (the default).
 
-
 use crate::determinism::canonical;
 use crate::determinism::derive_seed;
 use crate::env;

@@ -15,7 +15,6 @@
 //! checkpoints every later stage starts from (content-addressed artifacts like the update's).
 //! Deterministic on the CPU backend: `replay --verify` re-executes it.
 
-
 use crate::config::{Config, PolicyKind};
 use crate::determinism::{Rng, canonical, derive_seed};
 use crate::env::{self, Environment};

@@ -1,7 +1,6 @@
 //! Stage 3, `reward_join`: `steps` × `trajectories` × `rm_samples` → `step_rewards`
 //! (SQL in `reward_join.sql`).
 
-
 use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
 use crate::stage::{Stage, StageContext, TableOutput};

@@ -18,7 +18,6 @@
 
 use std::sync::Arc;
 
-
 use crate::determinism::Rng;
 use crate::determinism::derive_seed;
 use crate::env::{self, Environment};

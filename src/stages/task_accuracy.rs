@@ -2,7 +2,6 @@
 //! `steps` (oracle labels) → `task_accuracy`
 //! (SQL in `task_accuracy.sql`).
 
-
 use crate::error::Result;
 use crate::stage::sql::query;
 use crate::stage::{Stage, StageContext, TableOutput};
