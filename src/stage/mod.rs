@@ -268,13 +268,12 @@ pub trait Stage: Send + Sync {
     /// nothing shared between stages. Without them the proofs are cached once for all: the
     /// library compiles in 31 s instead of 168 s (cold, non-incremental; docs/src/quick-start.md,
     /// "First build time"). An implementation:
-    /// `fn run<'a>(&'a self, ctx: &'a StageContext) -> BoxFuture<'a, Result<…>> {
-    /// Box::pin(async move { … }) }`.
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>>;
+    /// `fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> { Box::pin(async move { … }) }`.
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a>;
 }
+
+/// What [`Stage::run`] returns: the stage's outputs, by table name, once computed.
+pub type StageRun<'a> = futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>>;
 
 #[cfg(test)]
 mod tests {

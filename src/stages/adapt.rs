@@ -30,7 +30,7 @@ use crate::env::{self, CriticSummary, FailedRollout, StepVerdicts};
 use crate::error::{Error, Result};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::{collect, render};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const SLOTS: &str = include_str!("adapt_slots.sql");
 const CRITIC_STEPS: &str = include_str!("adapt_critic_steps.sql");
@@ -131,10 +131,7 @@ impl Stage for Adapt {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             super::install_assets(ctx).await?;
             let rows = if ctx.config.adapt.enabled {

@@ -3,9 +3,8 @@
 //! this iteration's `judgements` decide which tasks may train at all: the active tasks rolled
 //! out and the accepted candidates, never a rejected one.
 
-use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render, str_lit};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const POLICY_SQL: &str = include_str!("policy_advantages.sql");
 const RM_SQL: &str = include_str!("rm_advantages.sql");
@@ -48,10 +47,7 @@ impl Stage for Advantage {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             if !self.judged {
                 let def = crate::schema::table_def("judgements").expect("a table of the schema");

@@ -10,9 +10,8 @@
 //!   [`reward.rm_acc_min`, `rm_acc_max`] (the reference's band, [0.2, 0.8]: its band check skips
 //!   the whole task).
 
-use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const PROGRAMS_SQL: &str = include_str!("coding_programs.sql");
 const GENERATED_SQL: &str = include_str!("coding_generated.sql");
@@ -38,10 +37,7 @@ impl Stage for CodingAccuracy {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let accuracy = render(ACCURACY_SQL, &[("programs", PROGRAMS_SQL.to_string())])?;
             let quality = render(
@@ -90,10 +86,7 @@ impl Stage for CodingAdvantage {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let r = &ctx.config.reward;
             let min_std = f64_lit(super::advantage::MIN_STD);

@@ -29,7 +29,7 @@ use crate::model::{POLICY, RM, Weights};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 /// A written reply: its text (special tokens kept: what the update re-tokenizes), the text
 /// without them (what is parsed) and its log-probability.
@@ -203,10 +203,7 @@ impl Stage for CodingRollout {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[POLICY]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let problems = problems(ctx).await?;
             let replies = write_programs(
@@ -262,10 +259,7 @@ impl Stage for CodingRm {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[RM]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let rm = &ctx.config.reward_model;
             let mut out = TableBuilder::new("rm_samples")?;
@@ -333,10 +327,7 @@ impl Stage for CodingEvaluate {
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[POLICY]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let cfg = &ctx.config;
             let mut training = std::collections::BTreeSet::new();

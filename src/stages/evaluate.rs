@@ -23,7 +23,7 @@ use crate::env;
 use crate::error::Result;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct Evaluate;
 
@@ -85,10 +85,7 @@ impl Stage for Evaluate {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             super::install_assets(ctx).await?;
             let mut training = BTreeSet::new();

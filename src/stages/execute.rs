@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::sandbox::{Sandbox, Status};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct Execute;
 
@@ -53,10 +53,7 @@ impl Stage for Execute {
     fn config_sections(&self) -> &'static [&'static str] {
         &["env"]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let problems: BTreeMap<String, Problem> = problems(ctx).await?.into_iter().collect();
             // Written tests, per task, in sample order, read from the replies' text without special

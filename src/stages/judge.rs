@@ -8,10 +8,10 @@
 //! With `adapt.enabled = false` nothing is ever pending and the table is empty.
 
 use crate::adapt::{self, Decision, parse_direction};
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const JUDGE: &str = include_str!("judge.sql");
 
@@ -32,10 +32,7 @@ impl Stage for Judge {
     fn config_sections(&self) -> &'static [&'static str] {
         &["adapt"]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let cfg = &ctx.config.adapt;
             let mut out = TableBuilder::new("judgements")?;

@@ -15,7 +15,7 @@ use crate::env;
 use crate::error::{Error, Result};
 use crate::schema::rows::TableBuilder;
 use crate::stage::sql::{query, render};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const POOL_NEXT: &str = include_str!("pool_next.sql");
 const POOL_SAMPLE: &str = include_str!("pool_sample.sql");
@@ -39,10 +39,7 @@ impl Stage for Pool {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             if ctx.iter == 0 {
                 super::install_assets(ctx).await?;

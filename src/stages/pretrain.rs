@@ -24,7 +24,7 @@ use crate::model::ppo::{PpoSettings, Schedule};
 use crate::model::pretrain::{clone_policy, teach_responses};
 use crate::model::{POLICY, RM, StepRow, Trajectory};
 use crate::schema::rows::TableBuilder;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct Pretrain;
 
@@ -173,10 +173,7 @@ impl Stage for Pretrain {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             super::install_assets(ctx).await?;
             let cfg = &ctx.config;

@@ -1,9 +1,8 @@
 //! Stage 3, `reward_join`: `steps` × `trajectories` × `rm_samples` → `step_rewards`
 //! (SQL in `reward_join.sql`).
 
-use crate::error::Result;
 use crate::stage::sql::{f64_lit, query, render};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const SQL: &str = include_str!("reward_join.sql");
 
@@ -25,10 +24,7 @@ impl Stage for RewardJoin {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let sql = render(SQL, &[("lambda", f64_lit(ctx.config.reward.lambda))])?;
             Ok(vec![(

@@ -19,7 +19,7 @@ use crate::model::tree::{self, SeqCache, encode_reusing};
 use crate::model::{Lm, ModelSpec, RM, Weights};
 use crate::schema;
 use crate::schema::rows::TableBuilder;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct RmScore;
 
@@ -226,10 +226,7 @@ impl Stage for RmScore {
         let exact = !rm.enabled || !rm.pretrained() || !config.run.device.is_deterministic();
         exact.then_some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let def = schema::table_def("rm_samples").expect("known table");
             let rm = &ctx.config.reward_model;

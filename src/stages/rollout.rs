@@ -29,7 +29,7 @@ use crate::model::{ModelSpec, Weights, policy};
 use crate::schema;
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct Rollout;
 
@@ -470,10 +470,7 @@ impl Stage for Rollout {
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             super::install_assets(ctx).await?;
             let tasks = collect(

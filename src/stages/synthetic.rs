@@ -17,7 +17,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
 use crate::schema::{self, rows::TableBuilder};
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 pub struct Synthetic;
 
@@ -247,10 +247,7 @@ impl Stage for Synthetic {
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "rollout", "reward_model"]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let g = Generator::new(ctx);
             Ok(self.outputs().iter().map(|t| (*t, g.stream(t))).collect())

@@ -2,9 +2,8 @@
 //! `steps` (oracle labels) → `task_accuracy`
 //! (SQL in `task_accuracy.sql`).
 
-use crate::error::Result;
 use crate::stage::sql::query;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const SQL: &str = include_str!("task_accuracy.sql");
 
@@ -23,10 +22,7 @@ impl Stage for TaskAccuracy {
     fn partition_column(&self) -> Option<&'static str> {
         Some("task_id")
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             Ok(vec![(
                 "task_accuracy",

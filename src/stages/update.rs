@@ -25,7 +25,7 @@ use crate::model::transformer::{bool_tensor, float_tensor};
 use crate::model::{Lm, ModelSpec, POLICY, RM, Weights};
 use crate::schema::rows::{Columns, TableBuilder};
 use crate::stage::sql::collect;
-use crate::stage::{Stage, StageContext, TableOutput};
+use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const POLICY_SAMPLES_SQL: &str = include_str!("update_policy_samples.sql");
 const RM_SAMPLES_SQL: &str = include_str!("update_rm_samples.sql");
@@ -438,10 +438,7 @@ impl Stage for Update {
     fn checkpoints_out(&self) -> &'static [&'static str] {
         &[POLICY, RM]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a StageContext,
-    ) -> futures::future::BoxFuture<'a, Result<Vec<(&'static str, TableOutput)>>> {
+    fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let cfg = &ctx.config;
             let device = cfg.run.device;

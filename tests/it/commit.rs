@@ -105,13 +105,7 @@ impl rla_pipe::stage::Stage for BadStage {
     fn outputs(&self) -> &'static [&'static str] {
         &["evaluations"]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a rla_pipe::stage::StageContext,
-    ) -> futures::future::BoxFuture<
-        'a,
-        rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>>,
-    > {
+    fn run<'a>(&'a self, ctx: &'a rla_pipe::stage::StageContext) -> rla_pipe::stage::StageRun<'a> {
         Box::pin(async move {
             let sql = if self.nulls {
                 // task_id is declared non-nullable.
@@ -172,13 +166,7 @@ impl rla_pipe::stage::Stage for ToyExec {
     fn outputs(&self) -> &'static [&'static str] {
         &["executions"]
     }
-    fn run<'a>(
-        &'a self,
-        ctx: &'a rla_pipe::stage::StageContext,
-    ) -> futures::future::BoxFuture<
-        'a,
-        rla_pipe::Result<Vec<(&'static str, rla_pipe::stage::TableOutput)>>,
-    > {
+    fn run<'a>(&'a self, ctx: &'a rla_pipe::stage::StageContext) -> rla_pipe::stage::StageRun<'a> {
         Box::pin(async move {
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
