@@ -12,6 +12,7 @@ pub mod gridnav;
 pub mod household;
 pub mod synthetic;
 pub mod textworld;
+pub mod web;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -39,6 +40,8 @@ pub enum EnvKind {
     /// Programming problems: the policy writes programs, the reward model unit tests, both run
     /// in a sandbox ([`coding`]).
     Coding,
+    /// Web tasks in a headless Chromium, observed as the accessibility tree ([`web`]).
+    Web,
 }
 
 impl EnvKind {
@@ -53,7 +56,7 @@ impl EnvKind {
     pub fn has_planner(self) -> bool {
         matches!(
             self,
-            EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld
+            EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld | EnvKind::Web
         )
     }
 
@@ -75,7 +78,7 @@ impl EnvKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct EnvConfig {
-    /// Environment name: synthetic, gridnav, household, textworld, coding or external.
+    /// Environment name: synthetic, gridnav, household, textworld, coding, web or external.
     pub name: EnvKind,
     /// Number of tasks in the pool.
     pub initial_tasks: u32,
@@ -93,6 +96,8 @@ pub struct EnvConfig {
     pub textworld: textworld::TextWorldConfig,
     /// The coding setting's problems and sandbox (src/env/coding/).
     pub coding: coding::CodingConfig,
+    /// Web tasks in a headless Chromium: families, knobs, the browser (src/env/web/).
+    pub web: web::WebConfig,
 }
 
 impl Default for EnvConfig {
@@ -107,6 +112,7 @@ impl Default for EnvConfig {
             household: Default::default(),
             textworld: Default::default(),
             coding: Default::default(),
+            web: Default::default(),
         }
     }
 }
@@ -130,6 +136,7 @@ impl EnvConfig {
         self.external.validate(self.name == EnvKind::External, c);
         self.textworld.validate(c);
         self.coding.validate(c);
+        self.web.validate(c);
     }
 }
 
@@ -141,6 +148,7 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
         EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
         EnvKind::Textworld => Ok(Box::new(textworld::TextWorld::new(cfg.textworld.clone()))),
         EnvKind::Coding => Ok(Box::new(coding::Coding::new(&cfg.coding.problems))),
+        EnvKind::Web => Ok(Box::new(web::Web::new(cfg.web.clone()))),
         EnvKind::Synthetic => Err(Error::config(
             "key `env.name`: the synthetic environment has no episodes (it generates rollouts in the `synthetic` stage)",
         )),
@@ -154,6 +162,7 @@ pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
         EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.harder()))),
+        EnvKind::Web => Some(Box::new(web::Web::new(cfg.web.harder()))),
         EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }
@@ -166,6 +175,7 @@ pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>
         EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.easier()))),
         EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.easier()))),
         EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.easier()))),
+        EnvKind::Web => Some(Box::new(web::Web::new(cfg.web.easier()))),
         EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }

@@ -24,6 +24,7 @@ mod report;
 mod s3;
 mod sandbox;
 mod textworld;
+mod web;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

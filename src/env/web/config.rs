@@ -1,0 +1,118 @@
+//! `[env.web]`: which families, how hard, and the browser.
+
+use serde::{Deserialize, Serialize};
+
+use super::task::{FAMILIES, Knobs};
+use crate::error::Checks;
+
+/// The web environment's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WebConfig {
+    /// Task families drawn uniformly: click_button, fill_form, pick_row, navigate,
+    /// login_setting.
+    pub families: Vec<String>,
+    /// Buttons, rows or links per page (2..=12).
+    pub elements: u32,
+    /// Fields to fill or settings to change (1..=5).
+    pub fields: u32,
+    /// Navigation depth (1..=4).
+    pub pages: u32,
+    /// Fields not asked for, and decoy values offered for typing (0..=4).
+    pub distractors: u32,
+    /// The browser: a path, or empty for the first of chromium, chromium-browser,
+    /// google-chrome on PATH.
+    pub chromium: String,
+    /// Seconds one browser command may take; past it the browser counts as hung, is killed,
+    /// and the episode fails with that error.
+    pub action_timeout_secs: f64,
+}
+
+impl Default for WebConfig {
+    fn default() -> Self {
+        let k = Knobs::default();
+        WebConfig {
+            families: FAMILIES.iter().map(|f| f.to_string()).collect(),
+            elements: k.elements,
+            fields: k.fields,
+            pages: k.pages,
+            distractors: k.distractors,
+            chromium: String::new(),
+            action_timeout_secs: 20.0,
+        }
+    }
+}
+
+impl WebConfig {
+    pub fn knobs(&self) -> Knobs {
+        Knobs {
+            elements: self.elements,
+            fields: self.fields,
+            pages: self.pages,
+            distractors: self.distractors,
+        }
+    }
+
+    fn with(&self, k: Knobs) -> WebConfig {
+        WebConfig {
+            elements: k.elements,
+            fields: k.fields,
+            pages: k.pages,
+            distractors: k.distractors,
+            ..self.clone()
+        }
+    }
+
+    /// One level harder (the out-of-distribution set): every knob one up, within its bounds.
+    pub fn harder(&self) -> WebConfig {
+        self.with(self.knobs().shifted(1))
+    }
+
+    /// One level easier (the warm start's demonstrations): every knob one down.
+    pub fn easier(&self) -> WebConfig {
+        self.with(self.knobs().shifted(-1))
+    }
+
+    pub fn validate(&self, c: &mut Checks) {
+        c.check(
+            !self.families.is_empty(),
+            "env.web.families",
+            "must name at least one family",
+        );
+        for f in &self.families {
+            c.check(
+                FAMILIES.contains(&f.as_str()),
+                "env.web.families",
+                format!("{f:?} is not one of {FAMILIES:?}"),
+            );
+        }
+        let range = |c: &mut Checks, key: &str, v: u32, lo: u32, hi: u32| {
+            c.check(
+                (lo..=hi).contains(&v),
+                key,
+                format!("{v} is outside {lo}..={hi}"),
+            )
+        };
+        range(
+            c,
+            "env.web.elements",
+            self.elements,
+            2,
+            super::task::MAX_ELEMENTS,
+        );
+        range(c, "env.web.fields", self.fields, 1, super::task::MAX_FIELDS);
+        range(c, "env.web.pages", self.pages, 1, super::task::MAX_PAGES);
+        range(
+            c,
+            "env.web.distractors",
+            self.distractors,
+            0,
+            super::task::MAX_DISTRACTORS,
+        );
+        c.check(
+            self.action_timeout_secs > 0.0,
+            "env.web.action_timeout_secs",
+            "must be positive",
+        );
+    }
+}

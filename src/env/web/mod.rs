@@ -1,0 +1,504 @@
+//! `web`: the seed's GUI setting in its accessibility-tree mode — web tasks in a real headless
+//! Chromium (MiniWoB-like families, `task`), observed as the page's accessibility tree in text
+//! with element ids (`axtree`), acted on by id, judged by a JavaScript predicate over the page's
+//! state (`Task::verifier`).
+//!
+//! Actions: `click(N)` (a real mouse click: buttons, links), `type(N, "text")` (a text field;
+//! the texts offered are the values the task asks for and decoys), `select(N, "option")`,
+//! `check(N)` (toggle a checkbox), and `submit` (the visible form) where the page has one. The
+//! admissible set is what the current tree allows.
+//!
+//! The browser (`cdp`): one Chromium per environment (per process), shared by the episodes that
+//! run at once, each in a fresh browser context; every command has a time limit; a browser that
+//! crashed or hung fails its episode with an error that says so and is replaced for the next.
+//!
+//! Step oracle: +1 when a step leaves fewer unmet subgoals (navigation counts the clicks still
+//! needed), −1 otherwise and on a losing end. Planner: the first unmet subgoal's action.
+
+pub mod axtree;
+pub mod cdp;
+mod config;
+pub mod task;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::contract::{CriticSummary, Direction, Environment, Episode, Observation, Step};
+use crate::determinism::{Rng, derive_seed};
+use crate::error::Result;
+
+pub use config::WebConfig;
+use task::{Control, Spec, Subgoal, Task, Want, err};
+
+/// The web environment: its settings and the browser its episodes share.
+pub struct Web {
+    cfg: WebConfig,
+    browser: Mutex<Option<Arc<cdp::Browser>>>,
+}
+
+impl Web {
+    pub fn new(cfg: WebConfig) -> Web {
+        Web {
+            cfg,
+            browser: Mutex::new(None),
+        }
+    }
+
+    /// The running browser, started (again) when there is none or it died.
+    fn browser(&self) -> Result<Arc<cdp::Browser>> {
+        let mut b = self.browser.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(x) = b.as_ref()
+            && x.alive()
+        {
+            return Ok(x.clone());
+        }
+        let chromium = cdp::find_chromium(&self.cfg.chromium)?;
+        let fresh = Arc::new(cdp::Browser::launch(
+            &chromium,
+            Duration::from_secs_f64(self.cfg.action_timeout_secs),
+        )?);
+        *b = Some(fresh.clone());
+        Ok(fresh)
+    }
+
+    /// The running browser's process id, if one runs.
+    pub fn browser_pid(&self) -> Option<u32> {
+        let b = self.browser.lock().unwrap_or_else(|e| e.into_inner());
+        b.as_ref().filter(|b| b.alive()).map(|b| b.pid())
+    }
+
+    /// Start an episode (the concrete type; `reset` boxes it).
+    pub fn start(&self, spec: &Value) -> Result<WebEpisode> {
+        let task = Task::parse(spec)?;
+        let page = cdp::Page::open(self.browser()?)?;
+        page.load(&task.html)?;
+        WebEpisode::new(task, page)
+    }
+}
+
+impl Environment for Web {
+    fn name(&self) -> &'static str {
+        "web"
+    }
+
+    fn generate(&self, seed: u64, count: u32) -> Result<Vec<Value>> {
+        let knobs = self.cfg.knobs();
+        (0..count)
+            .map(|i| {
+                let mut rng = Rng::new(derive_seed(seed, &["web", &i.to_string()]));
+                let spec = task::sample(&mut rng, &self.cfg.families, &knobs);
+                spec.check()?;
+                Ok(spec.to_value())
+            })
+            .collect()
+    }
+
+    fn reset(&self, spec: &Value) -> Result<Box<dyn Episode>> {
+        Ok(Box::new(self.start(spec)?))
+    }
+
+    /// A spec is valid when it makes a page: every page is solvable by construction (its
+    /// planner's plan), so no browser is needed to check one.
+    fn validate(&self, spec: &Value) -> Result<()> {
+        Task::parse(spec).map(|_| ())
+    }
+
+    /// Harder: one knob the family reads one up (each in turn), or the same knobs with a new
+    /// seed (a different page of the same difficulty); easier: one down.
+    fn mutate(
+        &self,
+        spec: &Value,
+        direction: Direction,
+        _critic: &CriticSummary,
+        seed: u64,
+    ) -> Result<Vec<Value>> {
+        let s = Spec::parse(spec)?;
+        let step: i64 = if direction == Direction::Harder {
+            1
+        } else {
+            -1
+        };
+        let knobs: &[&str] = match s.family.as_str() {
+            "click_button" | "pick_row" => &["elements"],
+            "fill_form" => &["fields", "distractors"],
+            "navigate" => &["pages", "elements"],
+            _ => &["fields", "distractors"],
+        };
+        let mut rng = Rng::new(seed);
+        let mut out = Vec::new();
+        for k in knobs {
+            let mut v = s.to_value();
+            let now = v[*k].as_i64().unwrap_or(0);
+            v[*k] = json!(now + step);
+            if let Ok(m) = Spec::parse(&v) {
+                out.push(m.to_value());
+            }
+        }
+        let mut reseeded = s.clone();
+        reseeded.seed = rng.next_u64() >> 16;
+        out.push(reseeded.to_value());
+        Ok(out)
+    }
+
+    fn vocabulary(&self) -> Vec<String> {
+        task::vocabulary()
+    }
+}
+
+/// A running web episode: its page in the browser and the last read of its tree.
+pub struct WebEpisode {
+    task: Task,
+    page: cdp::Page,
+    obs: Observation,
+    tree: axtree::Tree,
+    /// The `data-rla` key of each actionable node (by DOM node), for the planner.
+    keys: HashMap<i64, String>,
+    /// The page's `window.__rla.state()` after the last step.
+    state: Value,
+    steps: u32,
+    done: bool,
+}
+
+/// One action, parsed from its text.
+#[derive(Debug, Clone, PartialEq)]
+enum Action {
+    Click(u32),
+    Check(u32),
+    Type(u32, String),
+    Select(u32, String),
+    Submit,
+}
+
+impl Action {
+    fn text(&self) -> String {
+        match self {
+            Action::Click(n) => format!("click({n})"),
+            Action::Check(n) => format!("check({n})"),
+            Action::Type(n, t) => format!("type({n}, \"{t}\")"),
+            Action::Select(n, t) => format!("select({n}, \"{t}\")"),
+            Action::Submit => "submit".into(),
+        }
+    }
+}
+
+const STATE: &str = "window.__rla.state()";
+
+impl WebEpisode {
+    fn new(task: Task, page: cdp::Page) -> Result<WebEpisode> {
+        let mut ep = WebEpisode {
+            task,
+            page,
+            obs: Observation {
+                text: String::new(),
+                admissible: Vec::new(),
+            },
+            tree: axtree::Tree {
+                text: String::new(),
+                actionable: Vec::new(),
+            },
+            keys: HashMap::new(),
+            state: Value::Null,
+            steps: 0,
+            done: false,
+        };
+        ep.state = ep.page.eval(STATE)?;
+        ep.observe()?;
+        Ok(ep)
+    }
+
+    /// Read the tree again: the observation, the admissible actions and the planner's keys.
+    fn observe(&mut self) -> Result<()> {
+        self.tree = axtree::render(&self.page.ax_tree()?);
+        self.keys = dom_keys(&self.page.call("DOM.getDocument", json!({ "depth": -1 }))?);
+        let mut actions = Vec::new();
+        for a in &self.tree.actionable {
+            match a.role.as_str() {
+                "button" | "link" => actions.push(Action::Click(a.id)),
+                "checkbox" | "radio" | "switch" => actions.push(Action::Check(a.id)),
+                "textbox" | "searchbox" => actions.extend(
+                    self.task
+                        .typeable
+                        .iter()
+                        .map(|t| Action::Type(a.id, t.clone())),
+                ),
+                "combobox" => {
+                    actions.extend(a.options.iter().map(|o| Action::Select(a.id, o.clone())))
+                }
+                _ => {}
+            }
+        }
+        if self
+            .page
+            .eval("[...document.forms].some(f => f.offsetParent !== null)")?
+            == Value::Bool(true)
+        {
+            actions.push(Action::Submit);
+        }
+        self.obs = Observation {
+            text: format!("Task: {}\n{}", self.task.instruction, self.tree.text),
+            admissible: actions.iter().map(Action::text).collect(),
+        };
+        Ok(())
+    }
+
+    fn node(&self, id: u32) -> Result<&axtree::Actionable> {
+        self.tree
+            .actionable
+            .iter()
+            .find(|a| a.id == id)
+            .ok_or_else(|| err(format!("no element [{id}]")))
+    }
+
+    fn parse_action(action: &str) -> Result<Action> {
+        let bad = || err(format!("not an action: {action:?}"));
+        if action == "submit" {
+            return Ok(Action::Submit);
+        }
+        let (verb, rest) = action.split_once('(').ok_or_else(bad)?;
+        let args = rest.strip_suffix(')').ok_or_else(bad)?;
+        let (id, text) = match args.split_once(", ") {
+            Some((id, t)) => (
+                id,
+                Some(
+                    t.strip_prefix('"')
+                        .and_then(|t| t.strip_suffix('"'))
+                        .ok_or_else(bad)?
+                        .to_string(),
+                ),
+            ),
+            None => (args, None),
+        };
+        let id: u32 = id.parse().map_err(|_| bad())?;
+        Ok(match (verb, text) {
+            ("click", None) => Action::Click(id),
+            ("check", None) => Action::Check(id),
+            ("type", Some(t)) => Action::Type(id, t),
+            ("select", Some(t)) => Action::Select(id, t),
+            _ => return Err(bad()),
+        })
+    }
+
+    fn act(&self, action: &Action) -> Result<()> {
+        match action {
+            Action::Click(n) | Action::Check(n) => self.page.click(self.node(*n)?.backend),
+            Action::Type(n, t) => {
+                let b = self.node(*n)?.backend;
+                self.page.call("DOM.focus", json!({ "backendNodeId": b }))?;
+                self.page
+                    .call_on(b, "function () { this.value = ''; }", vec![])?;
+                self.page.call("Input.insertText", json!({ "text": t }))?;
+                Ok(())
+            }
+            Action::Select(n, t) => {
+                let b = self.node(*n)?.backend;
+                self.page.call_on(
+                    b,
+                    "function (v) { const i = [...this.options].findIndex(o => o.text === v); \
+                     this.selectedIndex = i; \
+                     this.dispatchEvent(new Event('change', { bubbles: true })); }",
+                    vec![json!(t)],
+                )?;
+                Ok(())
+            }
+            Action::Submit => {
+                self.page.eval(
+                    "(() => { const f = [...document.forms].find(f => f.offsetParent !== null); \
+                     if (f) f.requestSubmit(); })()",
+                )?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The node id of the control whose `data-rla` is `key` in the current tree.
+    fn id_of(&self, key: &str) -> Option<u32> {
+        self.tree
+            .actionable
+            .iter()
+            .find(|a| self.keys.get(&a.backend).map(String::as_str) == Some(key))
+            .map(|a| a.id)
+    }
+}
+
+/// Tests only: `RLA_PIPE_WEB_CRASH_AFTER=N` sends SIGKILL to the browser before the process's
+/// N-th web step (a browser crash at a known point; the step then fails as a real crash does).
+fn crash_hook(page: &cdp::Page) {
+    static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let Some(n) = std::env::var("RLA_PIPE_WEB_CRASH_AFTER")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    else {
+        return;
+    };
+    if STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n {
+        // SAFETY: kill(2) on the browser this process started.
+        unsafe { libc::kill(page.browser_pid() as i32, libc::SIGKILL) };
+        // Let the reader thread see the pipe close, as it would after a real crash.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// `data-rla` of every DOM node that has one, by backend node id (`DOM.getDocument`'s tree).
+fn dom_keys(doc: &Value) -> HashMap<i64, String> {
+    let mut out = HashMap::new();
+    let mut stack = vec![&doc["root"]];
+    while let Some(n) = stack.pop() {
+        if let Some(attrs) = n["attributes"].as_array() {
+            for pair in attrs.chunks(2) {
+                if pair[0] == "data-rla"
+                    && let (Some(b), Some(k)) = (n["backendNodeId"].as_i64(), pair[1].as_str())
+                {
+                    out.insert(b, k.to_string());
+                }
+            }
+        }
+        if let Some(kids) = n["children"].as_array() {
+            stack.extend(kids);
+        }
+    }
+    out
+}
+
+impl Episode for WebEpisode {
+    fn observation(&self) -> &Observation {
+        &self.obs
+    }
+
+    fn step(&mut self, action: &str) -> Result<Step> {
+        if self.done {
+            return Err(err("the episode has ended"));
+        }
+        if !self.obs.admissible.iter().any(|a| a == action) {
+            return Err(err(format!("{action:?} is not admissible here")));
+        }
+        let parsed = WebEpisode::parse_action(action)?;
+        crash_hook(&self.page);
+        let before = self.task.remaining(&self.state);
+        self.act(&parsed)?;
+        self.steps += 1;
+        self.state = self.page.eval(STATE)?;
+        let ended = self.state["done"] == Value::Bool(true);
+        let won = ended
+            && self
+                .page
+                .eval(&format!("{}({STATE})", self.task.verifier()))?
+                == Value::Bool(true);
+        let after = self.task.remaining(&self.state);
+        self.done = ended || self.steps >= self.task.budget;
+        let progress = if won || (!ended && after < before) {
+            1
+        } else {
+            -1
+        };
+        if !self.done {
+            self.observe()?;
+        }
+        Ok(Step {
+            done: self.done,
+            won,
+            oracle_progress: Some(progress),
+        })
+    }
+
+    fn max_steps(&self) -> u32 {
+        self.task.budget
+    }
+
+    fn oracle_action(&self) -> Option<String> {
+        if self.done {
+            return None;
+        }
+        for g in &self.task.goal {
+            let action = match g {
+                Subgoal::Field { key, control, want } => {
+                    if task::holds(&self.state, key, want) {
+                        continue;
+                    }
+                    let id = self.id_of(key)?;
+                    match (control, want) {
+                        (Control::TextField, Want::Text(t)) => Action::Type(id, t.clone()),
+                        (Control::Select, Want::Text(t)) => Action::Select(id, t.clone()),
+                        _ => Action::Check(id),
+                    }
+                }
+                Subgoal::SignedIn => {
+                    if self.state["signed_in"] == Value::Bool(true) {
+                        continue;
+                    }
+                    Action::Click(self.id_of("signin")?)
+                }
+                Subgoal::View { path } => {
+                    let at = self.state["view"].as_str().unwrap_or("home").to_string();
+                    let to = path.join("/");
+                    if at == to {
+                        continue;
+                    }
+                    let next = if to.starts_with(&format!("{at}/")) {
+                        let depth = at.split('/').count();
+                        format!("go:{}", path[..=depth].join("/"))
+                    } else {
+                        format!("back:{at}")
+                    };
+                    Action::Click(self.id_of(&next)?)
+                }
+                Subgoal::Final { key } => Action::Click(self.id_of(key)?),
+            };
+            return Some(action.text());
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mutations_move_the_familys_knobs_and_stay_valid() {
+        let web = Web::new(WebConfig::default());
+        let spec = json!({"family": "navigate", "seed": 5, "elements": 3, "fields": 1,
+                          "pages": 2, "distractors": 0});
+        let harder = web
+            .mutate(&spec, Direction::Harder, &CriticSummary::default(), 1)
+            .unwrap();
+        assert!(harder.iter().any(|s| s["pages"] == 3));
+        assert!(harder.iter().any(|s| s["elements"] == 4));
+        let easier = web
+            .mutate(&spec, Direction::Easier, &CriticSummary::default(), 1)
+            .unwrap();
+        assert!(easier.iter().any(|s| s["pages"] == 1));
+        for s in harder.iter().chain(&easier) {
+            web.validate(s).unwrap();
+        }
+        // At a bound the knob does not move past it.
+        let low = json!({"family": "click_button", "seed": 5, "elements": 2});
+        let e = web
+            .mutate(&low, Direction::Easier, &CriticSummary::default(), 1)
+            .unwrap();
+        assert!(e.iter().all(|s| s["elements"] == 2));
+    }
+
+    #[test]
+    fn actions_parse_back_from_their_text() {
+        for a in [
+            Action::Click(3),
+            Action::Check(12),
+            Action::Type(2, "lena".into()),
+            Action::Select(4, "large".into()),
+            Action::Submit,
+        ] {
+            let text = a.text();
+            let parsed = parse_text(&text).unwrap();
+            assert_eq!(parsed, a, "{text}");
+        }
+        assert!(parse_text("click(x)").is_err());
+        assert!(parse_text("type(2, lena)").is_err());
+    }
+
+    fn parse_text(s: &str) -> Result<Action> {
+        WebEpisode::parse_action(s)
+    }
+}

@@ -1,0 +1,210 @@
+//! `env.name = "web"`: web tasks in a real headless Chromium (installed with apt when missing,
+//! as the report's browser check does).
+
+use rla_pipe::determinism::Rng;
+use rla_pipe::env::Environment;
+use rla_pipe::env::web::task::FAMILIES;
+use rla_pipe::env::web::{Web, WebConfig};
+use serde_json::{Value, json};
+
+use super::Fixture;
+use crate::report::chromium;
+
+const WEB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/web.toml");
+
+fn web() -> Web {
+    Web::new(WebConfig {
+        chromium: chromium().display().to_string(),
+        ..WebConfig::default()
+    })
+}
+
+fn spec(family: &str, seed: u64) -> Value {
+    json!({"family": family, "seed": seed, "elements": 4, "fields": 2, "pages": 2,
+           "distractors": 1})
+}
+
+/// Each family, two pages each: the planner wins every one, each of its steps judged progress
+/// by the oracle; the uniform policy (seeded) loses most of eight.
+#[test]
+fn every_family_is_won_by_the_planner_and_mostly_lost_at_random() {
+    let env = web();
+    for family in FAMILIES {
+        for seed in 0..2 {
+            let s = spec(family, seed);
+            let mut ep = env.reset(&s).unwrap();
+            let mut steps = 0;
+            loop {
+                let a = ep
+                    .oracle_action()
+                    .unwrap_or_else(|| panic!("{family} {seed}: no plan at step {steps}"));
+                assert!(
+                    ep.observation().admissible.contains(&a),
+                    "{family} {seed}: the planner's {a} is not admissible:\n{}",
+                    ep.observation().text
+                );
+                let r = ep.step(&a).unwrap();
+                steps += 1;
+                assert_eq!(r.oracle_progress, Some(1), "{family} {seed}: {a}");
+                if r.done {
+                    assert!(r.won, "{family} {seed}: the plan ended without a win");
+                    break;
+                }
+            }
+            assert!(steps <= ep.max_steps(), "{family} {seed}: {steps} steps");
+        }
+        let mut rng = Rng::new(7);
+        let (mut won, episodes) = (0, 8);
+        for seed in 0..episodes {
+            let mut ep = env.reset(&spec(family, 100 + seed)).unwrap();
+            for _ in 0..ep.max_steps() {
+                let adm = &ep.observation().admissible;
+                let a = adm[(rng.next_u64() % adm.len() as u64) as usize].clone();
+                let r = ep.step(&a).unwrap();
+                if r.done {
+                    won += u32::from(r.won);
+                    break;
+                }
+            }
+        }
+        assert!(
+            won * 2 < episodes as u32,
+            "{family}: the uniform policy won {won} of {episodes}"
+        );
+    }
+}
+
+/// A browser killed mid-episode fails that episode's next step with an error that says so;
+/// the next episode gets a new browser.
+#[test]
+fn a_killed_browser_is_a_clear_error_and_is_replaced() {
+    let env = web();
+    let s = spec("fill_form", 1);
+    let mut ep = env.reset(&s).unwrap();
+    let pid = env.browser_pid().expect("a browser runs");
+    // SAFETY: kill(2) on the browser this test started.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let a = ep.oracle_action().unwrap();
+    let e = ep.step(&a).unwrap_err().to_string();
+    assert!(e.contains("chromium is gone"), "{e}");
+    drop(ep);
+    let mut ep = env.reset(&s).unwrap();
+    assert_ne!(env.browser_pid(), Some(pid));
+    let a = ep.oracle_action().unwrap();
+    assert_eq!(ep.step(&a).unwrap().oracle_progress, Some(1));
+}
+
+/// A small web run (uniform policy, a small warm start from the planner) whose browser crashes
+/// mid-run: a clean error, then the same command resumes it; its iteration replays bit for
+/// bit, and every committed observation equals a fresh read of the same page state (the task's
+/// page opened again and the committed actions taken up to it).
+#[test]
+fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
+    chromium();
+    let f = Fixture::new();
+    let sets = [
+        "env.initial_tasks=4",
+        "rollout.n=2",
+        "rollout.slots_per_iter=4",
+        "eval.tasks=1",
+        "eval.ood_tasks=1",
+        "eval.rollouts=1",
+        "policy.kind=uniform",
+        "policy.d_model=16",
+        "reward_model.d_model=16",
+        "update.rm_steps=2",
+        "pretrain.tasks=3",
+        "pretrain.policy_episodes=3",
+        "pretrain.policy_epochs=1",
+        "pretrain.rm_steps=16",
+        "pretrain.rm_epochs=1",
+    ];
+    // First the browser crashes (SIGKILL) at the run's 30th web step, past the warm start's
+    // episodes: a clear error, exit 1; the same command then resumes the run to its end.
+    let store = f.store_arg();
+    let mut args = vec![
+        "run",
+        WEB,
+        "--store",
+        &store,
+        "--run-id",
+        "web",
+        "--iterations",
+        "1",
+    ];
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        .current_dir(f.dir.path())
+        .env_remove("RUST_LOG")
+        .env("RLA_PIPE_WEB_CRASH_AFTER", "30")
+        .args(&args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("chromium is gone"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let r = f.rla(&args).ok();
+    assert!(
+        r.stderr.contains("committed earlier, skipped"),
+        "{}",
+        r.stderr
+    );
+    let r = f.rla(&[
+        "replay",
+        "--store",
+        &f.store_arg(),
+        "--run",
+        "web",
+        "--iter",
+        "0",
+        "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    let out = f
+        .rla(&[
+            "sql",
+            "--format",
+            "json",
+            "SELECT t.spec, s.traj_id, s.step_idx, s.observation, s.action \
+             FROM steps s JOIN tasks t ON s.task_id = t.task_id AND s.iter = t.iter \
+             ORDER BY s.traj_id, s.step_idx",
+        ])
+        .ok()
+        .stdout;
+    let rows: Vec<Value> = match serde_json::from_str::<Value>(&out) {
+        Ok(Value::Array(a)) => a,
+        _ => out
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    };
+    assert!(rows.len() >= 8, "{} steps", rows.len());
+    let env = web();
+    let mut checked = 0;
+    let mut i = 0;
+    while i < rows.len() {
+        let traj = rows[i]["traj_id"].clone();
+        let spec: Value = serde_json::from_str(rows[i]["spec"].as_str().unwrap()).unwrap();
+        let mut ep = env.reset(&spec).unwrap();
+        while i < rows.len() && rows[i]["traj_id"] == traj {
+            assert_eq!(
+                ep.observation().text,
+                rows[i]["observation"].as_str().unwrap(),
+                "trajectory {traj} step {}",
+                rows[i]["step_idx"]
+            );
+            checked += 1;
+            let done = ep.step(rows[i]["action"].as_str().unwrap()).unwrap().done;
+            i += 1;
+            if done {
+                break;
+            }
+        }
+    }
+    assert!(checked >= 8);
+}
