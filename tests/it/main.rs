@@ -227,10 +227,15 @@ impl Fixture {
     }
     /// `rla-pipe <args>` with `--store` pointing at this fixture's store where the command takes it.
     pub fn rla(&self, args: &[&str]) -> Run {
+        self.rla_env(&[], args)
+    }
+    /// [`Fixture::rla`] with more environment variables (the crash hooks).
+    pub fn rla_env(&self, vars: &[(&str, &str)], args: &[&str]) -> Run {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
         cmd.current_dir(self.dir.path())
             .env_remove("RUST_LOG")
             .env("RLA_PIPE_STORE", self.store());
+        cmd.envs(vars.iter().copied());
         cmd.args(args);
         Run::from(cmd.output().expect("spawn rla-pipe"))
     }
@@ -249,22 +254,34 @@ impl Fixture {
         iterations: u32,
         sets: &[&str],
     ) -> Run {
-        let store = self.store_arg();
-        let iterations = iterations.to_string();
-        let mut args = vec![
+        let args = self.pipeline_args(pipeline, run_id, iterations, sets);
+        self.rla(&args.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+    /// The arguments of [`Fixture::run_pipeline`].
+    pub fn pipeline_args(
+        &self,
+        pipeline: &str,
+        run_id: &str,
+        iterations: u32,
+        sets: &[&str],
+    ) -> Vec<String> {
+        let mut args: Vec<String> = [
             "run",
             pipeline,
             "--store",
-            &store,
+            &self.store_arg(),
             "--run-id",
             run_id,
             "--iterations",
-            &iterations,
-        ];
+            &iterations.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
         for s in sets {
-            args.extend(["--set", s]);
+            args.extend(["--set".to_string(), s.to_string()]);
         }
-        self.rla(&args)
+        args
     }
     pub fn sql(&self, query: &str) -> Run {
         self.rla(&["sql", "--format", "csv", query])

@@ -186,16 +186,9 @@ fn crashed_then_resumed_without_the_cache(f: &Fixture, cache: &str, sets: &[&str
     for s in sets {
         args.extend(["--set", s]);
     }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
-        .current_dir(f.dir.path())
-        .env_remove("RUST_LOG")
-        .env("RLA_PIPE_CRASH_AT", "after-data:3")
-        .args(&args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(stderr.contains("aborting at after-data"), "{stderr}");
+    let r = f.rla_env(&[("RLA_PIPE_CRASH_AT", "after-data:3")], &args);
+    assert!(r.code != 0, "{}", r.stderr);
+    assert!(r.stderr.contains("aborting at after-data"), "{}", r.stderr);
     let commits = other.join("tw/_commits/iter=000000");
     assert!(commits.join("pool.json").exists() && !commits.join("rollout.json").exists());
     std::fs::remove_dir_all(cache).unwrap();

@@ -122,31 +122,12 @@ fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
     ];
     // First the browser crashes (SIGKILL) at the run's 30th web step, past the warm start's
     // episodes: a clear error, exit 1; the same command then resumes the run to its end.
-    let store = f.store_arg();
-    let mut args = vec![
-        "run",
-        WEB,
-        "--store",
-        &store,
-        "--run-id",
-        "web",
-        "--iterations",
-        "1",
-    ];
-    for s in &sets {
-        args.extend(["--set", s]);
-    }
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
-        .current_dir(f.dir.path())
-        .env_remove("RUST_LOG")
-        .env("RLA_PIPE_WEB_CRASH_AFTER", "30")
-        .args(&args)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("chromium is gone"), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let args = f.pipeline_args(WEB, "web", 1, &sets);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = f.rla_env(&[("RLA_PIPE_WEB_CRASH_AFTER", "30")], &args);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("chromium is gone"), "{}", r.stderr);
+    assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
     let r = f.rla(&args).ok();
     assert!(
         r.stderr.contains("committed earlier, skipped"),

@@ -22,11 +22,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::task::err;
 use crate::error::{Error, Result};
-
-fn err(msg: impl std::fmt::Display) -> Error {
-    Error::Environment(format!("web: {msg}"))
-}
 
 /// The replies waited for, by call id; `None` once the browser is gone.
 type Pending = Arc<Mutex<Option<HashMap<u64, mpsc::Sender<Value>>>>>;

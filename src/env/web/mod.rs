@@ -209,7 +209,9 @@ impl WebEpisode {
         Ok(ep)
     }
 
-    /// Read the tree again: the observation, the admissible actions and the planner's keys.
+    /// Read the tree again: the observation, the admissible actions and the planner's keys
+    /// (read with the tree, so that the planner answers from the last observation without the
+    /// browser: a browser that died since is reported by the next step, not as "no plan").
     fn observe(&mut self) -> Result<()> {
         self.tree = axtree::render(&self.page.ax_tree()?);
         self.keys = dom_keys(&self.page.call("DOM.getDocument", json!({ "depth": -1 }))?);

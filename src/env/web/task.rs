@@ -183,8 +183,8 @@ pub struct Task {
 }
 
 /// Picks `n` distinct items of `from` (in the order drawn).
-fn pick<'a>(rng: &mut Rng, from: &[&'a str], n: usize) -> Vec<&'a str> {
-    let mut pool: Vec<&str> = from.to_vec();
+fn pick<T: Copy>(rng: &mut Rng, from: &[T], n: usize) -> Vec<T> {
+    let mut pool: Vec<T> = from.to_vec();
     let mut out = Vec::with_capacity(n);
     for _ in 0..n.min(pool.len()) {
         let i = (rng.next_u64() % pool.len() as u64) as usize;
@@ -565,11 +565,7 @@ fn login_setting(spec: &Spec, rng: &mut Rng) -> Task {
     let n = (spec.fields as usize + 1).min(BOXES.len());
     let boxes = pick(rng, &BOXES, n);
     let start: Vec<bool> = (0..n).map(|_| rng.range(0, 1) == 1).collect();
-    let changed = pick(
-        rng,
-        &(0..n).map(|i| BOXES_IDX[i]).collect::<Vec<_>>(),
-        spec.fields as usize,
-    );
+    let changed = pick(rng, &(0..n).collect::<Vec<usize>>(), spec.fields as usize);
     let mut goal = vec![
         Subgoal::Field {
             key: "user".into(),
@@ -591,7 +587,7 @@ fn login_setting(spec: &Spec, rng: &mut Rng) -> Task {
         settings.push_str(&format!(
             "<p><input id=\"{key}\" type=\"checkbox\" data-rla=\"{key}\"{checked}><label for=\"{key}\">{name}</label></p>"
         ));
-        if changed.contains(&BOXES_IDX[i]) {
+        if changed.contains(&i) {
             goal.push(Subgoal::Field {
                 key: key.clone(),
                 control: Control::Checkbox,
@@ -733,9 +729,6 @@ pub fn vocabulary() -> Vec<String> {
     v
 }
 
-/// Stand-ins for the settings' indices when drawing which change (`pick` takes names).
-const BOXES_IDX: [&str; 6] = ["0", "1", "2", "3", "4", "5"];
-
 /// `count` specs of the given families and knob ranges, from `seed`.
 pub fn sample(rng: &mut Rng, families: &[String], knobs: &Knobs) -> Spec {
     let family = families[(rng.next_u64() % families.len() as u64) as usize].clone();
@@ -750,8 +743,7 @@ pub fn sample(rng: &mut Rng, families: &[String], knobs: &Knobs) -> Spec {
 }
 
 /// The difficulty knobs of generated tasks.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Knobs {
     pub elements: u32,
     pub fields: u32,
