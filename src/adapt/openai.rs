@@ -212,11 +212,16 @@ pub fn prompt_with(r: &Request<'_>, critic: &CriticSummary) -> Vec<Value> {
         format!("Failure summaries of recent rollouts (failed rollouts only):\n{summaries}\n")
     };
     let critic = serde_json::to_string_pretty(critic).expect("critic serializes");
+    // Where the environment has a spec schema (web), the model sees it: a candidate outside
+    // it is refused with the reason.
+    let schema = r.env.spec_schema().map_or(String::new(), |s| {
+        format!(" Every task satisfies this JSON Schema (a task outside it is refused):\n{s}")
+    });
     vec![
         json!({
             "role": "system",
             "content": format!(
-                "You rewrite tasks of the reinforcement-learning environment `{}`. A task is a JSON object; keep exactly the same format and keys. Reply with the new task's JSON object only, no explanation.",
+                "You rewrite tasks of the reinforcement-learning environment `{}`. A task is a JSON object; keep exactly the same format and keys. Reply with the new task's JSON object only, no explanation.{schema}",
                 r.env.name()
             ),
         }),

@@ -136,8 +136,14 @@ pub trait Environment: Send + Sync {
     ) -> Result<Vec<Value>>;
     /// The words observations and actions are made of (for the built-in tokenizer).
     fn vocabulary(&self) -> Vec<String>;
-    /// The id of the files a task needs besides its spec (TextWorld: its game's blake3), which
-    /// the engine keeps in the store with the run; `None` (the default): the spec is the task.
+    /// The JSON Schema of a task's spec, where the environment has one (web): what an LLM
+    /// adapter is shown, and what [`Environment::validate`] enforces.
+    fn spec_schema(&self) -> Option<Value> {
+        None
+    }
+    /// The id of the files a task has besides its spec (TextWorld: its game's blake3; web: its
+    /// page's blake3), which the engine keeps in the store with the run; `None` (the default):
+    /// the spec is the task.
     fn asset_id(&self, spec: &Value) -> Option<String> {
         let _ = spec;
         None

@@ -66,10 +66,10 @@ impl EnvKind {
         self == EnvKind::Coding
     }
 
-    /// Whether its tasks need files besides their specs ([`Environment::asset_id`]), which the
-    /// engine keeps in the store with the run.
+    /// Whether its tasks have files besides their specs ([`Environment::asset_id`]: TextWorld's
+    /// games, web's pages), which the engine keeps in the store with the run.
     pub fn has_assets(self) -> bool {
-        self == EnvKind::Textworld
+        matches!(self, EnvKind::Textworld | EnvKind::Web)
     }
 }
 

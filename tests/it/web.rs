@@ -145,25 +145,12 @@ fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
         "--verify",
     ]);
     assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
-    let out = f
-        .rla(&[
-            "sql",
-            "--format",
-            "json",
-            "SELECT t.spec, s.traj_id, s.step_idx, s.observation, s.action \
-             FROM steps s JOIN tasks t ON s.task_id = t.task_id AND s.iter = t.iter \
-             ORDER BY s.traj_id, s.step_idx",
-        ])
-        .ok()
-        .stdout;
-    let rows: Vec<Value> = match serde_json::from_str::<Value>(&out) {
-        Ok(Value::Array(a)) => a,
-        _ => out
-            .lines()
-            .filter(|l| !l.trim().is_empty())
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect(),
-    };
+    let rows = json_rows(
+        &f,
+        "SELECT t.spec, s.traj_id, s.step_idx, s.observation, s.action \
+         FROM steps s JOIN tasks t ON s.task_id = t.task_id AND s.iter = t.iter \
+         ORDER BY s.traj_id, s.step_idx",
+    );
     assert!(rows.len() >= 8, "{} steps", rows.len());
     let env = web();
     let mut checked = 0;
@@ -188,4 +175,118 @@ fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
         }
     }
     assert!(checked >= 8);
+    // Each task's page is committed as its asset, named by its blake3: the exact HTML played.
+    let specs: Vec<Value> = json_rows(&f, "SELECT DISTINCT spec FROM tasks")
+        .iter()
+        .map(|r| serde_json::from_str(r["spec"].as_str().unwrap()).unwrap())
+        .collect();
+    assert!(specs.len() >= 4);
+    let files = f.files();
+    for spec in &specs {
+        let id = env.asset_id(spec).unwrap();
+        let file = files
+            .iter()
+            .find(|p| p.contains(&format!("/asset-{id}.")))
+            .unwrap_or_else(|| panic!("no committed page for {spec}"));
+        let page = std::fs::read(f.store().join(file)).unwrap();
+        assert_eq!(page, env.asset(spec).unwrap(), "{file}");
+        assert_eq!(blake3::hash(&page).to_hex().as_str(), id);
+    }
+}
+
+/// The rows of a query over the fixture's store, as JSON objects.
+fn json_rows(f: &Fixture, query: &str) -> Vec<Value> {
+    let out = f.rla(&["sql", "--format", "json", query]).ok().stdout;
+    match serde_json::from_str::<Value>(&out) {
+        Ok(Value::Array(a)) => a,
+        _ => out
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect(),
+    }
+}
+
+/// The OpenAI-compatible adapter on web tasks: the environment model is shown the spec's JSON
+/// Schema; a rewrite outside it (a knob past its bound) is refused with the reason and asked
+/// again; the valid rewrite becomes a candidate, judged in the next iteration.
+#[test]
+fn web_rewrites_by_an_environment_model_are_checked_against_the_spec_schema() {
+    chromium();
+    let f = Fixture::new();
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::<Value>::new()));
+    let log = bodies.clone();
+    let url = crate::chat_server(move |_, body| {
+        log.lock().unwrap().push(body.clone());
+        let messages = body["messages"].as_array().unwrap();
+        let system = messages[0]["content"].as_str().unwrap();
+        if system.contains("failed rollout") {
+            return "\\boxed{It clicked the wrong button.}".to_string();
+        }
+        let user = messages[1]["content"].as_str().unwrap();
+        let mut spec: Value = serde_json::from_str(user.lines().nth(1).unwrap()).unwrap();
+        if messages.len() == 2 {
+            spec["elements"] = 99.into();
+        } else {
+            let e = spec["elements"].as_u64().unwrap();
+            spec["elements"] = if user.contains("Direction: easier") {
+                e.saturating_sub(1).max(2)
+            } else {
+                e + 1
+            }
+            .into();
+            spec["seed"] = (spec["seed"].as_u64().unwrap() + 1).into();
+        }
+        spec.to_string()
+    });
+    let endpoint = format!("adapt.openai.endpoint=\"{url}\"");
+    let sets = [
+        "env.initial_tasks=4",
+        "rollout.n=2",
+        "rollout.slots_per_iter=4",
+        "eval.tasks=1",
+        "eval.ood_tasks=1",
+        "eval.rollouts=1",
+        "policy.kind=uniform",
+        "policy.d_model=16",
+        "reward_model.d_model=16",
+        "update.rm_steps=2",
+        "pretrain.enabled=false",
+        "adapt.adapter=\"openai\"",
+        "adapt.openai.api_key_env=\"\"",
+        &endpoint,
+    ];
+    let args = f.pipeline_args(WEB, "llm", 2, &sets);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    f.rla(&args).ok();
+    let bodies = bodies.lock().unwrap();
+    let rewrites: Vec<&Value> = bodies
+        .iter()
+        .filter(|b| {
+            b["messages"][0]["content"]
+                .as_str()
+                .unwrap()
+                .contains("You rewrite")
+        })
+        .collect();
+    assert!(!rewrites.is_empty(), "no rewrite was asked for");
+    for b in &rewrites {
+        let system = b["messages"][0]["content"].as_str().unwrap();
+        assert!(
+            system.contains("JSON Schema") && system.contains("\"additionalProperties\":false"),
+            "{system}"
+        );
+    }
+    let retry = rewrites
+        .iter()
+        .find(|b| b["messages"].as_array().unwrap().len() == 4)
+        .expect("the out-of-bounds rewrite is answered and retried");
+    let why = retry["messages"][3]["content"].as_str().unwrap();
+    assert!(why.contains("elements = 99 is outside 2..=12"), "{why}");
+    let q = "SELECT count(*) FROM adaptations WHERE iter = 0 AND decision = 'pending' AND adapter = 'openai'";
+    let pending = f.sql(q).ok().scalar();
+    assert_ne!(pending, "0");
+    let q =
+        "SELECT count(*) FROM adaptations WHERE iter = 1 AND decision IN ('accepted', 'rejected')";
+    assert_eq!(f.sql(q).ok().scalar(), pending);
 }

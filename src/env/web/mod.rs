@@ -146,6 +146,23 @@ impl Environment for Web {
     fn vocabulary(&self) -> Vec<String> {
         task::vocabulary()
     }
+
+    fn spec_schema(&self) -> Option<Value> {
+        Some(task::schema())
+    }
+
+    /// A task's page is its asset: the run keeps the exact HTML its episodes played, named by
+    /// its blake3 (pages are made from the spec again when played; `replay --verify` fails if
+    /// the page a spec makes ever differs from the committed one).
+    fn asset_id(&self, spec: &Value) -> Option<String> {
+        Task::parse(spec)
+            .ok()
+            .map(|t| blake3::hash(t.html.as_bytes()).to_hex().to_string())
+    }
+
+    fn asset(&self, spec: &Value) -> Result<Vec<u8>> {
+        Ok(Task::parse(spec)?.html.into_bytes())
+    }
 }
 
 /// A running web episode: its page in the browser and the last read of its tree.

@@ -39,6 +39,60 @@ pub const MAX_FIELDS: u32 = 5;
 pub const MAX_PAGES: u32 = 4;
 pub const MAX_DISTRACTORS: u32 = 4;
 
+/// The knobs of a spec: name, bounds, default, meaning (what `Spec::check` enforces and
+/// `schema` tells an environment model).
+const KNOBS: [(&str, u32, u32, u32, &str); 4] = [
+    (
+        "elements",
+        2,
+        MAX_ELEMENTS,
+        4,
+        "buttons, rows or links per page",
+    ),
+    (
+        "fields",
+        1,
+        MAX_FIELDS,
+        1,
+        "fields to fill or settings to change",
+    ),
+    ("pages", 1, MAX_PAGES, 1, "navigation depth (navigate)"),
+    (
+        "distractors",
+        0,
+        MAX_DISTRACTORS,
+        0,
+        "fields not asked for, decoy values offered for typing",
+    ),
+];
+
+/// The spec's JSON Schema: the families, the seed and each knob's bounds, no other keys.
+pub fn schema() -> Value {
+    let mut props = serde_json::Map::new();
+    props.insert(
+        "family".into(),
+        serde_json::json!({"enum": FAMILIES, "description": "the task family"}),
+    );
+    props.insert(
+        "seed".into(),
+        serde_json::json!({"type": "integer", "minimum": 0,
+            "description": "draws the page's names, values and layout"}),
+    );
+    for (k, lo, hi, default, meaning) in KNOBS {
+        props.insert(
+            k.into(),
+            serde_json::json!({"type": "integer", "minimum": lo, "maximum": hi,
+                "default": default, "description": meaning}),
+        );
+    }
+    serde_json::json!({
+        "type": "object",
+        "required": ["family", "seed"],
+        "additionalProperties": false,
+        "properties": props,
+    })
+}
+
 const WORDS: [&str; 32] = [
     "maple", "cedar", "birch", "aspen", "willow", "spruce", "alder", "hazel", "olive", "pine",
     "rowan", "laurel", "amber", "coral", "ivory", "jade", "onyx", "pearl", "ruby", "slate",
@@ -115,25 +169,31 @@ impl Spec {
         serde_json::to_value(self).expect("a spec serializes")
     }
 
-    /// The knobs' bounds; what each family needs.
+    /// The value of a knob ([`KNOBS`]).
+    fn knob(&self, name: &str) -> u32 {
+        match name {
+            "elements" => self.elements,
+            "fields" => self.fields,
+            "pages" => self.pages,
+            _ => self.distractors,
+        }
+    }
+
+    /// The family is known and every knob within its bounds ([`schema`]).
     pub fn check(&self) -> Result<()> {
-        let bad = |k: &str, v: u32, lo: u32, hi: u32| {
-            if v < lo || v > hi {
-                Err(err(format!("task spec: {k} = {v} is outside {lo}..={hi}")))
-            } else {
-                Ok(())
-            }
-        };
         if !FAMILIES.contains(&self.family.as_str()) {
             return Err(err(format!(
                 "task spec: family {:?} is not one of {FAMILIES:?}",
                 self.family
             )));
         }
-        bad("elements", self.elements, 2, MAX_ELEMENTS)?;
-        bad("fields", self.fields, 1, MAX_FIELDS)?;
-        bad("pages", self.pages, 1, MAX_PAGES)?;
-        bad("distractors", self.distractors, 0, MAX_DISTRACTORS)
+        for (k, lo, hi, _, _) in KNOBS {
+            let v = self.knob(k);
+            if v < lo || v > hi {
+                return Err(err(format!("task spec: {k} = {v} is outside {lo}..={hi}")));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -822,6 +882,58 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("unknown field"), "{e}");
+    }
+
+    /// What the schema tells an environment model is what `Spec::parse` accepts: each knob's
+    /// default is the one a spec without it gets, its bounds are accepted and one past them is
+    /// refused naming the knob, and no other key is.
+    #[test]
+    fn the_schema_says_what_parse_accepts() {
+        let schema = schema();
+        assert_eq!(schema["additionalProperties"], false);
+        let props = schema["properties"].as_object().unwrap();
+        let bare = Spec::parse(&serde_json::json!({"family": "fill_form", "seed": 3})).unwrap();
+        for (k, p) in props.iter().filter(|(_, p)| p["type"] == "integer") {
+            if k == "seed" {
+                continue;
+            }
+            let (lo, hi) = (
+                p["minimum"].as_u64().unwrap(),
+                p["maximum"].as_u64().unwrap(),
+            );
+            assert_eq!(
+                u64::from(bare.knob(k)),
+                p["default"].as_u64().unwrap(),
+                "{k}"
+            );
+            let with = |v: u64| {
+                let mut x = bare.to_value();
+                x[k.as_str()] = v.into();
+                Spec::parse(&x)
+            };
+            assert!(with(lo).is_ok() && with(hi).is_ok(), "{k}");
+            let e = with(hi + 1).unwrap_err().to_string();
+            assert!(e.contains(&format!("{k} = {}", hi + 1)), "{e}");
+            if lo > 0 {
+                assert!(with(lo - 1).is_err(), "{k}");
+            }
+        }
+        let keys: Vec<&String> = props.keys().collect();
+        assert_eq!(
+            keys,
+            bare.to_value()
+                .as_object()
+                .unwrap()
+                .keys()
+                .collect::<Vec<_>>()
+        );
+        let families: Vec<&str> = props["family"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f.as_str().unwrap())
+            .collect();
+        assert_eq!(families, FAMILIES);
     }
 
     #[test]
