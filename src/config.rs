@@ -637,6 +637,8 @@ mod tests {
             "coding.toml",
             "household-smollm2.toml",
             "textworld-smollm2.toml",
+            "web.toml",
+            "web-smollm2.toml",
         ] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("pipelines")

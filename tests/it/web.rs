@@ -13,8 +13,13 @@ use crate::report::chromium;
 const WEB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/web.toml");
 
 fn web() -> Web {
+    web_with(true)
+}
+
+fn web_with(named_actions: bool) -> Web {
     Web::new(WebConfig {
         chromium: chromium().display().to_string(),
+        named_actions,
         ..WebConfig::default()
     })
 }
@@ -24,15 +29,27 @@ fn spec(family: &str, seed: u64) -> Value {
            "distractors": 1})
 }
 
-/// Each family, two pages each: the planner wins every one, each of its steps judged progress
-/// by the oracle; the uniform policy (seeded) loses most of eight.
+/// Each family, two pages each (the first with actions that name their element, the second
+/// with bare ids): the planner wins every one, each of its steps judged progress by the
+/// oracle; the uniform policy (seeded) loses most of eight.
 #[test]
 fn every_family_is_won_by_the_planner_and_mostly_lost_at_random() {
-    let env = web();
+    let (env, bare) = (web(), web_with(false));
     for family in FAMILIES {
         for seed in 0..2 {
             let s = spec(family, seed);
-            let mut ep = env.reset(&s).unwrap();
+            let mut ep = if seed == 0 { &env } else { &bare }.reset(&s).unwrap();
+            let clicks: Vec<&String> = ep
+                .observation()
+                .admissible
+                .iter()
+                .filter(|a| a.starts_with("click("))
+                .collect();
+            assert!(!clicks.is_empty(), "{family}");
+            for a in clicks {
+                let named = a.ends_with('"') && a.contains(") \"");
+                assert_eq!(named, seed == 0, "{family} {seed}: {a}");
+            }
             let mut steps = 0;
             loop {
                 let a = ep

@@ -26,6 +26,10 @@ pub struct WebConfig {
     /// Seconds one browser command may take; past it the browser counts as hung, is killed,
     /// and the episode fails with that error.
     pub action_timeout_secs: f64,
+    /// Admissible actions name their element after the id (`click(3) "saffron"`, `type(1,
+    /// "alder") "username"`), so a policy that scores actions as continuations can match them
+    /// against the instruction directly; false: bare ids, as BrowserGym's (`click(3)`).
+    pub named_actions: bool,
 }
 
 impl Default for WebConfig {
@@ -39,6 +43,7 @@ impl Default for WebConfig {
             distractors: k.distractors,
             chromium: String::new(),
             action_timeout_secs: 20.0,
+            named_actions: true,
         }
     }
 }

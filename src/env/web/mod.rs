@@ -75,7 +75,7 @@ impl Web {
         let task = Task::parse(spec)?;
         let page = cdp::Page::open(self.browser()?)?;
         page.load(&task.html)?;
-        WebEpisode::new(task, page)
+        WebEpisode::new(task, page, self.cfg.named_actions)
     }
 }
 
@@ -173,6 +173,10 @@ pub struct WebEpisode {
     tree: axtree::Tree,
     /// The `data-rla` key of each actionable node (by DOM node), for the planner.
     keys: HashMap<i64, String>,
+    /// The actions admissible now, in the order of `obs.admissible` (their texts).
+    actions: Vec<Action>,
+    /// Whether an action's text names its element (`env.web.named_actions`).
+    named: bool,
     /// The page's `window.__rla.state()` after the last step.
     state: Value,
     steps: u32,
@@ -204,7 +208,7 @@ impl Action {
 const STATE: &str = "window.__rla.state()";
 
 impl WebEpisode {
-    fn new(task: Task, page: cdp::Page) -> Result<WebEpisode> {
+    fn new(task: Task, page: cdp::Page, named: bool) -> Result<WebEpisode> {
         let mut ep = WebEpisode {
             task,
             page,
@@ -217,6 +221,8 @@ impl WebEpisode {
                 actionable: Vec::new(),
             },
             keys: HashMap::new(),
+            actions: Vec::new(),
+            named,
             state: Value::Null,
             steps: 0,
             done: false,
@@ -258,9 +264,25 @@ impl WebEpisode {
         }
         self.obs = Observation {
             text: format!("Task: {}\n{}", self.task.instruction, self.tree.text),
-            admissible: actions.iter().map(Action::text).collect(),
+            admissible: actions.iter().map(|a| self.shown(a)).collect(),
         };
+        self.actions = actions;
         Ok(())
+    }
+
+    /// An action's text: its call, then (`named`) the name of the element it acts on.
+    fn shown(&self, action: &Action) -> String {
+        let call = action.text();
+        let id = match action {
+            Action::Click(n) | Action::Check(n) | Action::Type(n, _) | Action::Select(n, _) => *n,
+            Action::Submit => return call,
+        };
+        match self.node(id) {
+            Ok(node) if self.named && !node.name.is_empty() => {
+                format!("{call} \"{}\"", node.name.replace('"', "'"))
+            }
+            _ => call,
+        }
     }
 
     fn node(&self, id: u32) -> Result<&axtree::Actionable> {
@@ -269,35 +291,6 @@ impl WebEpisode {
             .iter()
             .find(|a| a.id == id)
             .ok_or_else(|| err(format!("no element [{id}]")))
-    }
-
-    fn parse_action(action: &str) -> Result<Action> {
-        let bad = || err(format!("not an action: {action:?}"));
-        if action == "submit" {
-            return Ok(Action::Submit);
-        }
-        let (verb, rest) = action.split_once('(').ok_or_else(bad)?;
-        let args = rest.strip_suffix(')').ok_or_else(bad)?;
-        let (id, text) = match args.split_once(", ") {
-            Some((id, t)) => (
-                id,
-                Some(
-                    t.strip_prefix('"')
-                        .and_then(|t| t.strip_suffix('"'))
-                        .ok_or_else(bad)?
-                        .to_string(),
-                ),
-            ),
-            None => (args, None),
-        };
-        let id: u32 = id.parse().map_err(|_| bad())?;
-        Ok(match (verb, text) {
-            ("click", None) => Action::Click(id),
-            ("check", None) => Action::Check(id),
-            ("type", Some(t)) => Action::Type(id, t),
-            ("select", Some(t)) => Action::Select(id, t),
-            _ => return Err(bad()),
-        })
     }
 
     fn act(&self, action: &Action) -> Result<()> {
@@ -390,10 +383,10 @@ impl Episode for WebEpisode {
         if self.done {
             return Err(err("the episode has ended"));
         }
-        if !self.obs.admissible.iter().any(|a| a == action) {
+        let Some(k) = self.obs.admissible.iter().position(|a| a == action) else {
             return Err(err(format!("{action:?} is not admissible here")));
-        }
-        let parsed = WebEpisode::parse_action(action)?;
+        };
+        let parsed = self.actions[k].clone();
         crash_hook(&self.page);
         let before = self.task.remaining(&self.state);
         self.act(&parsed)?;
@@ -465,7 +458,7 @@ impl Episode for WebEpisode {
                 }
                 Subgoal::Final { key } => Action::Click(self.id_of(key)?),
             };
-            return Some(action.text());
+            return Some(self.shown(&action));
         }
         None
     }
@@ -498,26 +491,5 @@ mod tests {
             .mutate(&low, Direction::Easier, &CriticSummary::default(), 1)
             .unwrap();
         assert!(e.iter().all(|s| s["elements"] == 2));
-    }
-
-    #[test]
-    fn actions_parse_back_from_their_text() {
-        for a in [
-            Action::Click(3),
-            Action::Check(12),
-            Action::Type(2, "lena".into()),
-            Action::Select(4, "large".into()),
-            Action::Submit,
-        ] {
-            let text = a.text();
-            let parsed = parse_text(&text).unwrap();
-            assert_eq!(parsed, a, "{text}");
-        }
-        assert!(parse_text("click(x)").is_err());
-        assert!(parse_text("type(2, lena)").is_err());
-    }
-
-    fn parse_text(s: &str) -> Result<Action> {
-        WebEpisode::parse_action(s)
     }
 }

@@ -784,6 +784,12 @@ pub fn vocabulary() -> Vec<String> {
         .map(|s| s.to_string()),
     );
     v.extend((0..=99).map(|i| i.to_string()));
+    // Passwords (`login_setting`): a word and a digit, one token each.
+    v.extend(
+        WORDS
+            .iter()
+            .flat_map(|w| (0..=9).map(move |d| format!("{w}{d}"))),
+    );
     v.sort();
     v.dedup();
     v
@@ -848,6 +854,41 @@ mod tests {
             fields: k.fields,
             pages: k.pages,
             distractors: k.distractors,
+        }
+    }
+
+    /// The small transformer's word-level tokenizer knows every word a task's instruction,
+    /// its typeable values and its page's visible text are made of (an unknown word, e.g. a
+    /// password, is `<unk>` to it and cannot be told from the decoys).
+    #[test]
+    fn every_word_of_a_task_is_in_the_vocabulary() {
+        let tok = crate::model::tokenizer::Tokenizer::words(&vocabulary());
+        let unk = tok.special(crate::model::tokenizer::UNK);
+        let words = |text: &str| -> Vec<String> {
+            text.split(|c: char| !c.is_alphanumeric())
+                .filter(|w| !w.is_empty())
+                .map(str::to_lowercase)
+                .collect()
+        };
+        for f in FAMILIES {
+            for seed in 0..40 {
+                let mut s = spec(f, seed);
+                (s.elements, s.fields, s.pages, s.distractors) =
+                    (MAX_ELEMENTS, MAX_FIELDS, MAX_PAGES, MAX_DISTRACTORS);
+                let t = Task::make(s).unwrap();
+                // The page's visible text: what is between the body's tags, less the script.
+                let body = t.html.split("<body>").nth(1).unwrap();
+                let body = body.split("<script>").next().unwrap();
+                let visible: String = body
+                    .split('<')
+                    .filter_map(|x| x.split_once('>').map(|(_, text)| text))
+                    .collect::<Vec<_>>()
+                    .join(" ");
+                let text = format!("{} {} {visible}", t.instruction, t.typeable.join(" "));
+                for w in words(&text) {
+                    assert_ne!(tok.encode(&w), vec![unk], "{f} {seed}: {w:?} in {text}");
+                }
+            }
         }
     }
 
