@@ -59,6 +59,25 @@ pub const SMALL_GRIDNAV: [&str; 16] = [
     "pretrain.rm_epochs=1",
 ];
 
+/// A small loop over an environment whose steps are slow (TextWorld's bridge, a browser):
+/// `tasks` tasks, each rolled out twice every iteration, one evaluation task per split, the
+/// uniform policy (so rollouts mostly lose), small models.
+pub fn small_slow_env(tasks: u32) -> Vec<String> {
+    [
+        format!("env.initial_tasks={tasks}"),
+        "rollout.n=2".into(),
+        format!("rollout.slots_per_iter={tasks}"),
+        "eval.tasks=1".into(),
+        "eval.ood_tasks=1".into(),
+        "eval.rollouts=1".into(),
+        "policy.kind=uniform".into(),
+        "policy.d_model=16".into(),
+        "reward_model.d_model=16".into(),
+        "update.rm_steps=2".into(),
+    ]
+    .into()
+}
+
 /// Every data table `sql` exposes (all but `stage_runs`).
 pub const DATA_TABLES: [&str; 13] = [
     "tasks",

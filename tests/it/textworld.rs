@@ -1,7 +1,7 @@
 //! `env.name = "textworld"`: TextWorld's games through the bridge, checked against TextWorld
 //! itself. The test installs `textworld==1.7.0` with pip if it is missing.
 
-use super::{Fixture, python_packages};
+use super::{Fixture, python_packages, small_slow_env};
 
 const TEXTWORLD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/textworld.toml");
 const CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envs/textworld_check.py");
@@ -9,30 +9,21 @@ const CHECK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/envs/textworld_c
 /// A small TextWorld run: uniform policy (so rollouts mostly lose), a small warm start (the
 /// planner's episodes), small models.
 fn small(cache: &str, family: &str) -> Vec<String> {
-    [
-        "env.initial_tasks=3",
-        "rollout.n=2",
-        "rollout.slots_per_iter=3",
-        "eval.tasks=1",
-        "eval.ood_tasks=1",
-        "eval.rollouts=1",
-        "policy.kind=uniform",
-        "policy.d_model=16",
-        "reward_model.d_model=16",
-        "update.rm_steps=2",
+    let warm_start = [
         "pretrain.tasks=6",
         "pretrain.policy_episodes=3",
         "pretrain.policy_epochs=1",
         "pretrain.rm_steps=24",
         "pretrain.rm_epochs=1",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain([
-        format!("env.textworld.cache_dir={cache}"),
-        format!("env.textworld.family={family:?}"),
-    ])
-    .collect()
+    ];
+    small_slow_env(3)
+        .into_iter()
+        .chain(warm_start.iter().map(|s| s.to_string()))
+        .chain([
+            format!("env.textworld.cache_dir={cache}"),
+            format!("env.textworld.family={family:?}"),
+        ])
+        .collect()
 }
 
 fn csv(f: &Fixture, query: &str, to: &std::path::Path) {

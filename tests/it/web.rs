@@ -7,7 +7,7 @@ use rla_pipe::env::web::task::FAMILIES;
 use rla_pipe::env::web::{Web, WebConfig};
 use serde_json::{Value, json};
 
-use super::Fixture;
+use super::{Fixture, small_slow_env};
 use crate::report::chromium;
 
 const WEB: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/web.toml");
@@ -120,23 +120,18 @@ fn a_killed_browser_is_a_clear_error_and_is_replaced() {
 fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
     chromium();
     let f = Fixture::new();
-    let sets = [
-        "env.initial_tasks=4",
-        "rollout.n=2",
-        "rollout.slots_per_iter=4",
-        "eval.tasks=1",
-        "eval.ood_tasks=1",
-        "eval.rollouts=1",
-        "policy.kind=uniform",
-        "policy.d_model=16",
-        "reward_model.d_model=16",
-        "update.rm_steps=2",
-        "pretrain.tasks=3",
-        "pretrain.policy_episodes=3",
-        "pretrain.policy_epochs=1",
-        "pretrain.rm_steps=16",
-        "pretrain.rm_epochs=1",
-    ];
+    let mut sets = small_slow_env(4);
+    sets.extend(
+        [
+            "pretrain.tasks=3",
+            "pretrain.policy_episodes=3",
+            "pretrain.policy_epochs=1",
+            "pretrain.rm_steps=16",
+            "pretrain.rm_epochs=1",
+        ]
+        .map(String::from),
+    );
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     // First the browser crashes (SIGKILL) at the run's 30th web step, past the warm start's
     // episodes: a clear error, exit 1; the same command then resumes the run to its end.
     let args = f.pipeline_args(WEB, "web", 1, &sets);
@@ -257,22 +252,14 @@ fn web_rewrites_by_an_environment_model_are_checked_against_the_spec_schema() {
         spec.to_string()
     });
     let endpoint = format!("adapt.openai.endpoint=\"{url}\"");
-    let sets = [
-        "env.initial_tasks=4",
-        "rollout.n=2",
-        "rollout.slots_per_iter=4",
-        "eval.tasks=1",
-        "eval.ood_tasks=1",
-        "eval.rollouts=1",
-        "policy.kind=uniform",
-        "policy.d_model=16",
-        "reward_model.d_model=16",
-        "update.rm_steps=2",
-        "pretrain.enabled=false",
-        "adapt.adapter=\"openai\"",
-        "adapt.openai.api_key_env=\"\"",
-        &endpoint,
-    ];
+    let mut sets = small_slow_env(4);
+    sets.extend([
+        "pretrain.enabled=false".into(),
+        "adapt.adapter=\"openai\"".into(),
+        "adapt.openai.api_key_env=\"\"".into(),
+        endpoint,
+    ]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let args = f.pipeline_args(WEB, "llm", 2, &sets);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     f.rla(&args).ok();

@@ -91,29 +91,15 @@ impl WebConfig {
                 format!("{f:?} is not one of {FAMILIES:?}"),
             );
         }
-        let range = |c: &mut Checks, key: &str, v: u32, lo: u32, hi: u32| {
+        let knobs = self.knobs();
+        for (k, lo, hi, _, _) in super::task::KNOBS {
+            let v = knobs.get(k);
             c.check(
                 (lo..=hi).contains(&v),
-                key,
+                &format!("env.web.{k}"),
                 format!("{v} is outside {lo}..={hi}"),
-            )
-        };
-        range(
-            c,
-            "env.web.elements",
-            self.elements,
-            2,
-            super::task::MAX_ELEMENTS,
-        );
-        range(c, "env.web.fields", self.fields, 1, super::task::MAX_FIELDS);
-        range(c, "env.web.pages", self.pages, 1, super::task::MAX_PAGES);
-        range(
-            c,
-            "env.web.distractors",
-            self.distractors,
-            0,
-            super::task::MAX_DISTRACTORS,
-        );
+            );
+        }
         c.check(
             self.action_timeout_secs > 0.0,
             "env.web.action_timeout_secs",

@@ -41,7 +41,7 @@ pub const MAX_DISTRACTORS: u32 = 4;
 
 /// The knobs of a spec: name, bounds, default, meaning (what `Spec::check` enforces and
 /// `schema` tells an environment model).
-const KNOBS: [(&str, u32, u32, u32, &str); 4] = [
+pub const KNOBS: [(&str, u32, u32, u32, &str); 4] = [
     (
         "elements",
         2,
@@ -65,6 +65,15 @@ const KNOBS: [(&str, u32, u32, u32, &str); 4] = [
         "fields not asked for, decoy values offered for typing",
     ),
 ];
+
+/// A knob's bounds ([`KNOBS`]).
+pub fn bounds(knob: &str) -> (u32, u32) {
+    let (_, lo, hi, _, _) = KNOBS
+        .iter()
+        .find(|k| k.0 == knob)
+        .unwrap_or_else(|| panic!("{knob:?} is not a knob"));
+    (*lo, *hi)
+}
 
 /// The spec's JSON Schema: the families, the seed and each knob's bounds, no other keys.
 pub fn schema() -> Value {
@@ -169,13 +178,12 @@ impl Spec {
         serde_json::to_value(self).expect("a spec serializes")
     }
 
-    /// The value of a knob ([`KNOBS`]).
-    fn knob(&self, name: &str) -> u32 {
-        match name {
-            "elements" => self.elements,
-            "fields" => self.fields,
-            "pages" => self.pages,
-            _ => self.distractors,
+    pub fn knobs(&self) -> Knobs {
+        Knobs {
+            elements: self.elements,
+            fields: self.fields,
+            pages: self.pages,
+            distractors: self.distractors,
         }
     }
 
@@ -188,7 +196,7 @@ impl Spec {
             )));
         }
         for (k, lo, hi, _, _) in KNOBS {
-            let v = self.knob(k);
+            let v = self.knobs().get(k);
             if v < lo || v > hi {
                 return Err(err(format!("task spec: {k} = {v} is outside {lo}..={hi}")));
             }
@@ -829,14 +837,28 @@ impl Default for Knobs {
 }
 
 impl Knobs {
+    /// The value of a knob by its name ([`KNOBS`]).
+    pub fn get(&self, name: &str) -> u32 {
+        match name {
+            "elements" => self.elements,
+            "fields" => self.fields,
+            "pages" => self.pages,
+            "distractors" => self.distractors,
+            other => panic!("{other:?} is not a knob"),
+        }
+    }
+
     /// `level` steps harder (positive) or easier (negative), within the bounds.
     pub fn shifted(&self, level: i32) -> Knobs {
-        let s = |v: u32, lo: u32, hi: u32| (v as i32 + level).clamp(lo as i32, hi as i32) as u32;
+        let s = |k: &str| {
+            let (lo, hi) = bounds(k);
+            (self.get(k) as i32 + level).clamp(lo as i32, hi as i32) as u32
+        };
         Knobs {
-            elements: s(self.elements, 2, MAX_ELEMENTS),
-            fields: s(self.fields, 1, MAX_FIELDS),
-            pages: s(self.pages, 1, MAX_PAGES),
-            distractors: s(self.distractors, 0, MAX_DISTRACTORS),
+            elements: s("elements"),
+            fields: s("fields"),
+            pages: s("pages"),
+            distractors: s("distractors"),
         }
     }
 }
@@ -943,7 +965,7 @@ mod tests {
                 p["maximum"].as_u64().unwrap(),
             );
             assert_eq!(
-                u64::from(bare.knob(k)),
+                u64::from(bare.knobs().get(k)),
                 p["default"].as_u64().unwrap(),
                 "{k}"
             );
