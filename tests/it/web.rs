@@ -113,8 +113,10 @@ fn a_killed_browser_is_a_clear_error_and_is_replaced() {
 }
 
 /// A small web run (uniform policy, a small warm start from the planner) whose browser crashes
-/// mid-run: a clean error, then the same command resumes it; its iteration replays bit for
-/// bit, and every committed observation equals a fresh read of the same page state (the task's
+/// mid-run: a clean error; the same command resumes it and is itself killed (as `kill -9`)
+/// with its browsers running; the same command again finishes it. No browser outlives its
+/// rla-pipe, and no profile directory outlives the run. Its iteration replays bit for bit,
+/// and every committed observation equals a fresh read of the same page state (the task's
 /// page opened again and the committed actions taken up to it).
 #[test]
 fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
@@ -133,14 +135,52 @@ fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
     );
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     // First the browser crashes (SIGKILL) at the run's 30th web step, past the warm start's
-    // episodes: a clear error, exit 1; the same command then resumes the run to its end.
+    // episodes: a clear error, exit 1.
     let args = f.pipeline_args(WEB, "web", 1, &sets);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let r = f.rla_env(&[("RLA_PIPE_WEB_CRASH_AFTER", "30")], &args);
+    // Browsers' profiles in a temporary directory of the test's own.
+    let tmp = f.dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let tmp_s = tmp.display().to_string();
+    let r = f.rla_env(
+        &[("RLA_PIPE_WEB_CRASH_AFTER", "30"), ("TMPDIR", &tmp_s)],
+        &args,
+    );
     assert_eq!(r.code, 1, "{}", r.stderr);
     assert!(r.stderr.contains("chromium is gone"), "{}", r.stderr);
     assert!(!r.stderr.contains("panicked"), "{}", r.stderr);
-    let r = f.rla(&args).ok();
+    // Resumed, then aborted (as by `kill -9`) before its 5th web step, its browser running:
+    // its profile stays behind, its browser exits with it.
+    let r = f.rla_env(
+        &[("RLA_PIPE_WEB_ABORT_AFTER", "5"), ("TMPDIR", &tmp_s)],
+        &args,
+    );
+    assert!(r.stderr.contains("ABORT_AFTER=5: aborting"), "{}", r.stderr);
+    let profiles = || -> Vec<String> {
+        std::fs::read_dir(&tmp)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("rla-pipe-chromium-"))
+            .collect()
+    };
+    assert!(
+        !profiles().is_empty(),
+        "the killed run's browser had a profile"
+    );
+    let started = std::time::Instant::now();
+    while browsers_under(&tmp_s) > 0 {
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "a browser outlived its killed rla-pipe"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let r = f.rla_env(&[("TMPDIR", &tmp_s)], &args).ok();
+    assert_eq!(
+        profiles(),
+        Vec::<String>::new(),
+        "no profile outlives its run"
+    );
     assert!(
         r.stderr.contains("committed earlier, skipped"),
         "{}",
@@ -204,6 +244,15 @@ fn a_web_run_commits_observations_a_fresh_browser_reads_again() {
         assert_eq!(page, env.asset(spec).unwrap(), "{file}");
         assert_eq!(blake3::hash(&page).to_hex().as_str(), id);
     }
+}
+
+/// How many running processes name `dir` on their command line (a browser's profile in it).
+fn browsers_under(dir: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .filter(|c| String::from_utf8_lossy(c).contains(dir))
+        .count()
 }
 
 /// The rows of a query over the fixture's store, as JSON objects.

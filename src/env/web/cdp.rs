@@ -84,8 +84,9 @@ impl Browser {
     /// Start `chromium` headless with its own empty profile, no network (every host name
     /// resolves to nothing) and the DevTools pipe; each call then waits at most `timeout`.
     pub fn launch(chromium: &Path, timeout: Duration) -> Result<Browser> {
+        remove_stale_profiles(&std::env::temp_dir());
         let profile = tempfile::Builder::new()
-            .prefix("rla-pipe-chromium-")
+            .prefix(&format!("{PROFILE_PREFIX}{}-", std::process::id()))
             .tempdir()
             .map_err(|e| err(format!("a profile directory: {e}")))?;
         let (cmd_read, cmd_write) = pipe()?;
@@ -111,6 +112,9 @@ impl Browser {
             ])
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
+            // Chromium's own temporary files (its singleton socket's directory) go inside the
+            // profile, so they go with it.
+            .env("TMPDIR", profile.path())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -254,8 +258,56 @@ impl Browser {
 }
 
 impl Drop for Browser {
+    /// Closed as a user closes it (`Browser.close`), so that it exits cleanly before its
+    /// profile directory is removed; killed when it has not exited within two seconds.
     fn drop(&mut self) {
+        if self.alive() {
+            let bytes = br#"{"id":0,"method":"Browser.close","params":{}}"#;
+            let mut pipe = self.to_browser.lock().unwrap_or_else(|e| e.into_inner());
+            if pipe
+                .write_all(bytes)
+                .and_then(|()| pipe.write_all(&[0]))
+                .is_ok()
+            {
+                let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+                let until = std::time::Instant::now() + Duration::from_secs(2);
+                while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < until {
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+        }
         self.kill("closed");
+    }
+}
+
+/// The profile directories' names: this prefix, the process id of the rla-pipe that made it,
+/// `-`, random letters.
+const PROFILE_PREFIX: &str = "rla-pipe-chromium-";
+
+/// Remove the profile directories in `dir` whose rla-pipe process is gone: one killed with
+/// `kill -9` (or a crash) could not remove its own. Its browser is gone too: Chromium exits
+/// when its DevTools pipe closes. Best effort: a directory that cannot be removed stays.
+fn remove_stale_profiles(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(PROFILE_PREFIX))
+            .and_then(|rest| rest.split_once('-'))
+            .and_then(|(pid, _)| pid.parse::<i32>().ok())
+            .filter(|pid| *pid > 0)
+        else {
+            continue;
+        };
+        // SAFETY: signal 0 only asks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
     }
 }
 
@@ -467,7 +519,31 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::base64_encode;
+    use super::{PROFILE_PREFIX, base64_encode, remove_stale_profiles};
+
+    /// Only the profiles of processes that are gone are removed; a name of any other shape is
+    /// left alone.
+    #[test]
+    fn stale_profiles_are_those_of_processes_that_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut exited = std::process::Command::new("true").spawn().unwrap();
+        exited.wait().unwrap();
+        let dead = format!("{PROFILE_PREFIX}{}-aB3xYz", exited.id());
+        let mine = format!("{PROFILE_PREFIX}{}-aB3xYz", std::process::id());
+        let others = [
+            mine.as_str(),
+            "rla-pipe-chromium-aB3xYz",
+            "rla-pipe-chromium-12",
+        ];
+        for name in others.into_iter().chain([dead.as_str()]) {
+            std::fs::create_dir_all(dir.path().join(name).join("Default")).unwrap();
+        }
+        remove_stale_profiles(dir.path());
+        assert!(!dir.path().join(&dead).exists());
+        for name in others {
+            assert!(dir.path().join(name).exists(), "{name}");
+        }
+    }
 
     #[test]
     fn base64_matches_the_rfc_vectors() {

@@ -179,6 +179,8 @@ pub struct WebEpisode {
     named: bool,
     /// The page's `window.__rla.state()` after the last step.
     state: Value,
+    /// Whether a form is visible (`submit` is admissible), read with `state`.
+    form: bool,
     steps: u32,
     done: bool,
 }
@@ -224,12 +226,28 @@ impl WebEpisode {
             actions: Vec::new(),
             named,
             state: Value::Null,
+            form: false,
             steps: 0,
             done: false,
         };
-        ep.state = ep.page.eval(STATE)?;
+        ep.read_state()?;
         ep.observe()?;
         Ok(ep)
+    }
+
+    /// The page's state and whether a form is visible, in one round trip; `true` when the
+    /// task's verifier holds (evaluated, in the same script, only on a state that ended).
+    fn read_state(&mut self) -> Result<bool> {
+        let script = format!(
+            "(() => {{ const s = {STATE}; return {{ state: s, \
+             form: [...document.forms].some(f => f.offsetParent !== null), \
+             won: s.done === true && ({})(s) === true }}; }})()",
+            self.task.verifier()
+        );
+        let mut r = self.page.eval(&script)?;
+        self.state = r["state"].take();
+        self.form = r["form"] == Value::Bool(true);
+        Ok(r["won"] == Value::Bool(true))
     }
 
     /// Read the tree again: the observation, the admissible actions and the planner's keys
@@ -255,11 +273,7 @@ impl WebEpisode {
                 _ => {}
             }
         }
-        if self
-            .page
-            .eval("[...document.forms].some(f => f.offsetParent !== null)")?
-            == Value::Bool(true)
-        {
+        if self.form {
             actions.push(Action::Submit);
         }
         self.obs = Observation {
@@ -335,17 +349,26 @@ impl WebEpisode {
     }
 }
 
-/// Tests only: `RLA_PIPE_WEB_CRASH_AFTER=N` sends SIGKILL to the browser before the process's
-/// N-th web step (a browser crash at a known point; the step then fails as a real crash does).
+/// Tests only, before the process's N-th web step: `RLA_PIPE_WEB_CRASH_AFTER=N` sends SIGKILL
+/// to the browser (a browser crash at a known point; the step then fails as a real crash
+/// does); `RLA_PIPE_WEB_ABORT_AFTER=N` aborts rla-pipe itself, as `kill -9` would, its browser
+/// running.
 fn crash_hook(page: &cdp::Page) {
     static STEPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let Some(n) = std::env::var("RLA_PIPE_WEB_CRASH_AFTER")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok())
-    else {
+    let at = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
+    let (crash, abort) = (
+        at("RLA_PIPE_WEB_CRASH_AFTER"),
+        at("RLA_PIPE_WEB_ABORT_AFTER"),
+    );
+    if crash.is_none() && abort.is_none() {
         return;
-    };
-    if STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1 == n {
+    }
+    let step = STEPS.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+    if abort == Some(step) {
+        eprintln!("RLA_PIPE_WEB_ABORT_AFTER={step}: aborting");
+        std::process::abort();
+    }
+    if crash == Some(step) {
         // SAFETY: kill(2) on the browser this process started.
         unsafe { libc::kill(page.browser_pid() as i32, libc::SIGKILL) };
         // Let the reader thread see the pipe close, as it would after a real crash.
@@ -391,13 +414,8 @@ impl Episode for WebEpisode {
         let before = self.task.remaining(&self.state);
         self.act(&parsed)?;
         self.steps += 1;
-        self.state = self.page.eval(STATE)?;
+        let won = self.read_state()?;
         let ended = self.state["done"] == Value::Bool(true);
-        let won = ended
-            && self
-                .page
-                .eval(&format!("{}({STATE})", self.task.verifier()))?
-                == Value::Bool(true);
         let after = self.task.remaining(&self.state);
         self.done = ended || self.steps >= self.task.budget;
         let progress = if won || (!ended && after < before) {
