@@ -24,6 +24,76 @@ fn web_with(named_actions: bool) -> Web {
     })
 }
 
+/// `env.web.scroll_and_keys`: `scroll(down)` where a page runs past the window, then
+/// `scroll(up)`; `press("Enter")` once a form's field has the focus, which submits the form as
+/// `submit` does (the same end, the same verdict); none of them without the key.
+#[test]
+fn scroll_and_enter_where_the_page_allows_them() {
+    let more = Web::new(WebConfig {
+        chromium: chromium().display().to_string(),
+        scroll_and_keys: true,
+        // Short enough that the larger pages run past it.
+        window_height: 300,
+        ..WebConfig::default()
+    });
+    let plain = web();
+    let big = |family: &str, seed: u64| {
+        json!({"family": family, "seed": seed, "elements": 12, "fields": 5, "pages": 2,
+               "distractors": 4})
+    };
+    let has = |ep: &dyn rla_pipe::env::Episode, a: &str| {
+        ep.observation().admissible.iter().any(|x| x == a)
+    };
+    // Scrolling: the first page found that runs past the window scrolls down, then up.
+    let mut scrolled = false;
+    'pages: for family in FAMILIES {
+        for seed in 0..3 {
+            let mut ep = more.reset(&big(family, seed)).unwrap();
+            assert!(!has(
+                &*plain.reset(&big(family, seed)).unwrap(),
+                "scroll(down)"
+            ));
+            if has(&*ep, "scroll(down)") {
+                assert!(!has(&*ep, "scroll(up)"), "{family} {seed}: at the top");
+                let before = ep.observation().text.clone();
+                let s = ep.step("scroll(down)").unwrap();
+                assert!(!s.done && s.oracle_progress == Some(-1));
+                assert!(has(&*ep, "scroll(up)"), "{family} {seed}: scrolled");
+                assert_eq!(ep.observation().text, before, "the tree lists every node");
+                scrolled = true;
+                break 'pages;
+            }
+        }
+    }
+    assert!(scrolled, "no page runs past a 300 px window");
+    // Enter in a field: the same end as submit.
+    for seed in 0..4 {
+        let s = spec("fill_form", seed);
+        let mut outcomes = Vec::new();
+        for finish in ["press(\"Enter\")", "submit"] {
+            let mut ep = more.reset(&s).unwrap();
+            assert!(!has(&*ep, "press(\"Enter\")"), "nothing has the focus yet");
+            let typed = ep
+                .observation()
+                .admissible
+                .iter()
+                .find(|a| a.starts_with("type("))
+                .unwrap()
+                .clone();
+            ep.step(&typed).unwrap();
+            assert!(has(&*ep, "press(\"Enter\")"), "a field has the focus");
+            let end = ep.step(finish).unwrap();
+            assert!(end.done, "{finish} ends the episode");
+            outcomes.push((end.won, end.oracle_progress));
+        }
+        assert_eq!(outcomes[0], outcomes[1], "seed {seed}");
+        let mut ep = plain.reset(&s).unwrap();
+        let typed = ep.observation().admissible[0].clone();
+        let _ = ep.step(&typed);
+        assert!(!has(&*ep, "press(\"Enter\")"));
+    }
+}
+
 fn spec(family: &str, seed: u64) -> Value {
     json!({"family": family, "seed": seed, "elements": 4, "fields": 2, "pages": 2,
            "distractors": 1})

@@ -83,7 +83,7 @@ fn pipe() -> Result<(OwnedFd, OwnedFd)> {
 impl Browser {
     /// Start `chromium` headless with its own empty profile, no network (every host name
     /// resolves to nothing) and the DevTools pipe; each call then waits at most `timeout`.
-    pub fn launch(chromium: &Path, timeout: Duration) -> Result<Browser> {
+    pub fn launch(chromium: &Path, timeout: Duration, window_height: u32) -> Result<Browser> {
         remove_stale_profiles(&std::env::temp_dir());
         let profile = tempfile::Builder::new()
             .prefix(&format!("{PROFILE_PREFIX}{}-", std::process::id()))
@@ -108,8 +108,8 @@ impl Browser {
                 "--disable-dev-shm-usage",
                 "--mute-audio",
                 "--host-resolver-rules=MAP * ~NOTFOUND",
-                "--window-size=1024,768",
             ])
+            .arg(format!("--window-size=1024,{window_height}"))
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             // Chromium's own temporary files (its singleton socket's directory) go inside the
@@ -415,6 +415,27 @@ impl Page {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    /// A key pressed and released on the focused element, as a keyboard does (`Enter` types a
+    /// carriage return, which submits a form from its field).
+    pub fn press(&self, key: &str) -> Result<()> {
+        let (code, text) = match key {
+            "Enter" => (13, "\r"),
+            "Tab" => (9, ""),
+            _ => return Err(err(format!("press({key:?}): no such key here"))),
+        };
+        let mut down = json!({ "type": "keyDown", "key": key, "code": key,
+                               "windowsVirtualKeyCode": code });
+        if !text.is_empty() {
+            down["text"] = json!(text);
+        }
+        self.call("Input.dispatchKeyEvent", down)?;
+        self.call(
+            "Input.dispatchKeyEvent",
+            json!({ "type": "keyUp", "key": key, "code": key, "windowsVirtualKeyCode": code }),
+        )?;
+        Ok(())
     }
 
     /// A JavaScript expression's value (JSON).

@@ -30,6 +30,15 @@ pub struct WebConfig {
     /// "alder") "username"`), so a policy that scores actions as continuations can match them
     /// against the instruction directly; false: bare ids, as BrowserGym's (`click(3)`).
     pub named_actions: bool,
+    /// Also offer `scroll(up)` / `scroll(down)` (where the page can scroll that way) and
+    /// `press("Enter")` (where a form's field has the focus: the form's implicit submission),
+    /// the rest of BrowserGym's action set. Off by default: the accessibility tree lists every
+    /// node on screen or not, so a scroll changes no observation in this mode, and Enter does
+    /// what `submit` does; they matter to a policy that sees pixels.
+    pub scroll_and_keys: bool,
+    /// The browser window's height in pixels (its width is 1024): what a page shows before it
+    /// scrolls (200..=4000).
+    pub window_height: u32,
 }
 
 impl Default for WebConfig {
@@ -44,6 +53,8 @@ impl Default for WebConfig {
             chromium: String::new(),
             action_timeout_secs: 20.0,
             named_actions: true,
+            scroll_and_keys: false,
+            window_height: 768,
         }
     }
 }
@@ -100,6 +111,11 @@ impl WebConfig {
                 format!("{v} is outside {lo}..={hi}"),
             );
         }
+        c.check(
+            (200..=4000).contains(&self.window_height),
+            "env.web.window_height",
+            format!("{} is outside 200..=4000", self.window_height),
+        );
         c.check(
             self.action_timeout_secs > 0.0,
             "env.web.action_timeout_secs",

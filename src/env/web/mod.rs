@@ -5,7 +5,8 @@
 //!
 //! Actions: `click(N)` (a real mouse click: buttons, links), `type(N, "text")` (a text field;
 //! the texts offered are the values the task asks for and decoys), `select(N, "option")`,
-//! `check(N)` (toggle a checkbox), and `submit` (the visible form) where the page has one. The
+//! `check(N)` (toggle a checkbox), and `submit` (the visible form) where the page has one; with
+//! `env.web.scroll_and_keys`, `scroll(up)` / `scroll(down)` and `press("Enter")` too. The
 //! admissible set is what the current tree allows.
 //!
 //! The browser (`cdp`): one Chromium per environment (per process), shared by the episodes that
@@ -59,6 +60,7 @@ impl Web {
         let fresh = Arc::new(cdp::Browser::launch(
             &chromium,
             Duration::from_secs_f64(self.cfg.action_timeout_secs),
+            self.cfg.window_height,
         )?);
         *b = Some(fresh.clone());
         Ok(fresh)
@@ -75,7 +77,7 @@ impl Web {
         let task = Task::parse(spec)?;
         let page = cdp::Page::open(self.browser()?)?;
         page.load(&task.html)?;
-        WebEpisode::new(task, page, self.cfg.named_actions)
+        WebEpisode::new(task, page, self.cfg.named_actions, self.cfg.scroll_and_keys)
     }
 }
 
@@ -144,7 +146,12 @@ impl Environment for Web {
     }
 
     fn vocabulary(&self) -> Vec<String> {
-        task::vocabulary()
+        let mut v = task::vocabulary();
+        // Only with the actions that use them: a run without keeps its small models' shape.
+        if self.cfg.scroll_and_keys {
+            v.extend(["scroll", "up", "down", "enter"].map(String::from));
+        }
+        v
     }
 
     fn spec_schema(&self) -> Option<Value> {
@@ -181,6 +188,12 @@ pub struct WebEpisode {
     state: Value,
     /// Whether a form is visible (`submit` is admissible), read with `state`.
     form: bool,
+    /// Whether scrolling and keys are offered (`env.web.scroll_and_keys`).
+    more: bool,
+    /// Where the page can scroll now (up, down) and whether a form's field has the focus,
+    /// read with `state`.
+    scroll: (bool, bool),
+    focus_in_form: bool,
     steps: u32,
     done: bool,
 }
@@ -193,6 +206,10 @@ enum Action {
     Type(u32, String),
     Select(u32, String),
     Submit,
+    /// Scroll the page by most of a window: `true` down.
+    Scroll(bool),
+    /// Press a key on the focused element.
+    Press(&'static str),
 }
 
 impl Action {
@@ -203,6 +220,8 @@ impl Action {
             Action::Type(n, t) => format!("type({n}, \"{t}\")"),
             Action::Select(n, t) => format!("select({n}, \"{t}\")"),
             Action::Submit => "submit".into(),
+            Action::Scroll(down) => format!("scroll({})", if *down { "down" } else { "up" }),
+            Action::Press(k) => format!("press(\"{k}\")"),
         }
     }
 }
@@ -210,7 +229,7 @@ impl Action {
 const STATE: &str = "window.__rla.state()";
 
 impl WebEpisode {
-    fn new(task: Task, page: cdp::Page, named: bool) -> Result<WebEpisode> {
+    fn new(task: Task, page: cdp::Page, named: bool, more: bool) -> Result<WebEpisode> {
         let mut ep = WebEpisode {
             task,
             page,
@@ -227,6 +246,9 @@ impl WebEpisode {
             named,
             state: Value::Null,
             form: false,
+            more,
+            scroll: (false, false),
+            focus_in_form: false,
             steps: 0,
             done: false,
         };
@@ -241,12 +263,18 @@ impl WebEpisode {
         let script = format!(
             "(() => {{ const s = {STATE}; return {{ state: s, \
              form: [...document.forms].some(f => f.offsetParent !== null), \
+             up: window.scrollY > 0, \
+             down: window.scrollY + window.innerHeight < document.documentElement.scrollHeight, \
+             focus: !!(document.activeElement && document.activeElement.form), \
              won: s.done === true && ({})(s) === true }}; }})()",
             self.task.verifier()
         );
         let mut r = self.page.eval(&script)?;
         self.state = r["state"].take();
         self.form = r["form"] == Value::Bool(true);
+        let yes = |k: &str| r[k] == Value::Bool(true);
+        self.scroll = (yes("up"), yes("down"));
+        self.focus_in_form = yes("focus");
         Ok(r["won"] == Value::Bool(true))
     }
 
@@ -276,6 +304,17 @@ impl WebEpisode {
         if self.form {
             actions.push(Action::Submit);
         }
+        if self.more {
+            if self.scroll.0 {
+                actions.push(Action::Scroll(false));
+            }
+            if self.scroll.1 {
+                actions.push(Action::Scroll(true));
+            }
+            if self.focus_in_form {
+                actions.push(Action::Press("Enter"));
+            }
+        }
         self.obs = Observation {
             text: format!("Task: {}\n{}", self.task.instruction, self.tree.text),
             admissible: actions.iter().map(|a| self.shown(a)).collect(),
@@ -289,7 +328,7 @@ impl WebEpisode {
         let call = action.text();
         let id = match action {
             Action::Click(n) | Action::Check(n) | Action::Type(n, _) | Action::Select(n, _) => *n,
-            Action::Submit => return call,
+            Action::Submit | Action::Scroll(_) | Action::Press(_) => return call,
         };
         match self.node(id) {
             Ok(node) if self.named && !node.name.is_empty() => {
@@ -336,6 +375,14 @@ impl WebEpisode {
                 )?;
                 Ok(())
             }
+            Action::Scroll(down) => {
+                let sign = if *down { "" } else { "-" };
+                self.page.eval(&format!(
+                    "window.scrollBy(0, {sign}0.8 * window.innerHeight)"
+                ))?;
+                Ok(())
+            }
+            Action::Press(key) => self.page.press(key),
         }
     }
 
