@@ -186,14 +186,10 @@ pub struct WebEpisode {
     named: bool,
     /// The page's `window.__rla.state()` after the last step.
     state: Value,
-    /// Whether a form is visible (`submit` is admissible), read with `state`.
-    form: bool,
     /// Whether scrolling and keys are offered (`env.web.scroll_and_keys`).
     more: bool,
-    /// Where the page can scroll now (up, down) and whether a form's field has the focus,
-    /// read with `state`.
-    scroll: (bool, bool),
-    focus_in_form: bool,
+    /// The script [`WebEpisode::read_state`] runs (the task's verifier is part of it).
+    state_script: String,
     steps: u32,
     done: bool,
 }
@@ -230,6 +226,15 @@ const STATE: &str = "window.__rla.state()";
 
 impl WebEpisode {
     fn new(task: Task, page: cdp::Page, named: bool, more: bool) -> Result<WebEpisode> {
+        let state_script = format!(
+            "(() => {{ const s = {STATE}; return {{ state: s, \
+             form: [...document.forms].some(f => f.offsetParent !== null), \
+             up: window.scrollY > 0, \
+             down: window.scrollY + window.innerHeight < document.documentElement.scrollHeight, \
+             focus: !!(document.activeElement && document.activeElement.form), \
+             won: s.done === true && ({})(s) === true }}; }})()",
+            task.verifier()
+        );
         let mut ep = WebEpisode {
             task,
             page,
@@ -245,43 +250,47 @@ impl WebEpisode {
             actions: Vec::new(),
             named,
             state: Value::Null,
-            form: false,
             more,
-            scroll: (false, false),
-            focus_in_form: false,
+            state_script,
             steps: 0,
             done: false,
         };
-        ep.read_state()?;
-        ep.observe()?;
+        let (_, page_actions) = ep.read_state()?;
+        ep.observe(page_actions)?;
         Ok(ep)
     }
 
-    /// The page's state and whether a form is visible, in one round trip; `true` when the
-    /// task's verifier holds (evaluated, in the same script, only on a state that ended).
-    fn read_state(&mut self) -> Result<bool> {
-        let script = format!(
-            "(() => {{ const s = {STATE}; return {{ state: s, \
-             form: [...document.forms].some(f => f.offsetParent !== null), \
-             up: window.scrollY > 0, \
-             down: window.scrollY + window.innerHeight < document.documentElement.scrollHeight, \
-             focus: !!(document.activeElement && document.activeElement.form), \
-             won: s.done === true && ({})(s) === true }}; }})()",
-            self.task.verifier()
-        );
-        let mut r = self.page.eval(&script)?;
+    /// The page's state, in one round trip with what the tree does not tell: whether the
+    /// task's verifier holds (evaluated only on a state that ended), and the actions on the
+    /// page as a whole that are admissible now (`submit` where a form is visible; with
+    /// `more`, the scrolls the page allows and Enter where a form's field has the focus).
+    fn read_state(&mut self) -> Result<(bool, Vec<Action>)> {
+        let mut r = self.page.eval(&self.state_script)?;
         self.state = r["state"].take();
-        self.form = r["form"] == Value::Bool(true);
         let yes = |k: &str| r[k] == Value::Bool(true);
-        self.scroll = (yes("up"), yes("down"));
-        self.focus_in_form = yes("focus");
-        Ok(r["won"] == Value::Bool(true))
+        let mut actions = Vec::new();
+        if yes("form") {
+            actions.push(Action::Submit);
+        }
+        if self.more {
+            if yes("up") {
+                actions.push(Action::Scroll(false));
+            }
+            if yes("down") {
+                actions.push(Action::Scroll(true));
+            }
+            if yes("focus") {
+                actions.push(Action::Press("Enter"));
+            }
+        }
+        Ok((yes("won"), actions))
     }
 
-    /// Read the tree again: the observation, the admissible actions and the planner's keys
-    /// (read with the tree, so that the planner answers from the last observation without the
-    /// browser: a browser that died since is reported by the next step, not as "no plan").
-    fn observe(&mut self) -> Result<()> {
+    /// Read the tree again: the observation, the admissible actions (the tree's, then
+    /// `page_actions`) and the planner's keys (read with the tree, so that the planner
+    /// answers from the last observation without the browser: a browser that died since is
+    /// reported by the next step, not as "no plan").
+    fn observe(&mut self, page_actions: Vec<Action>) -> Result<()> {
         self.tree = axtree::render(&self.page.ax_tree()?);
         self.keys = dom_keys(&self.page.call("DOM.getDocument", json!({ "depth": -1 }))?);
         let mut actions = Vec::new();
@@ -301,20 +310,7 @@ impl WebEpisode {
                 _ => {}
             }
         }
-        if self.form {
-            actions.push(Action::Submit);
-        }
-        if self.more {
-            if self.scroll.0 {
-                actions.push(Action::Scroll(false));
-            }
-            if self.scroll.1 {
-                actions.push(Action::Scroll(true));
-            }
-            if self.focus_in_form {
-                actions.push(Action::Press("Enter"));
-            }
-        }
+        actions.extend(page_actions);
         self.obs = Observation {
             text: format!("Task: {}\n{}", self.task.instruction, self.tree.text),
             admissible: actions.iter().map(|a| self.shown(a)).collect(),
@@ -461,7 +457,7 @@ impl Episode for WebEpisode {
         let before = self.task.remaining(&self.state);
         self.act(&parsed)?;
         self.steps += 1;
-        let won = self.read_state()?;
+        let (won, page_actions) = self.read_state()?;
         let ended = self.state["done"] == Value::Bool(true);
         let after = self.task.remaining(&self.state);
         self.done = ended || self.steps >= self.task.budget;
@@ -471,7 +467,7 @@ impl Episode for WebEpisode {
             -1
         };
         if !self.done {
-            self.observe()?;
+            self.observe(page_actions)?;
         }
         Ok(Step {
             done: self.done,

@@ -195,13 +195,12 @@ impl Spec {
                 self.family
             )));
         }
-        for (k, lo, hi, _, _) in KNOBS {
-            let v = self.knobs().get(k);
-            if v < lo || v > hi {
-                return Err(err(format!("task spec: {k} = {v} is outside {lo}..={hi}")));
+        match self.knobs().outside().first() {
+            Some((k, v, lo, hi)) => {
+                Err(err(format!("task spec: {k} = {v} is outside {lo}..={hi}")))
             }
+            None => Ok(()),
         }
-        Ok(())
     }
 }
 
@@ -846,6 +845,15 @@ impl Knobs {
             "distractors" => self.distractors,
             other => panic!("{other:?} is not a knob"),
         }
+    }
+
+    /// The knobs outside their bounds ([`KNOBS`]), in its order: (name, value, least, most).
+    pub fn outside(&self) -> Vec<(&'static str, u32, u32, u32)> {
+        KNOBS
+            .iter()
+            .map(|&(k, lo, hi, _, _)| (k, self.get(k), lo, hi))
+            .filter(|&(_, v, lo, hi)| !(lo..=hi).contains(&v))
+            .collect()
     }
 
     /// `level` steps harder (positive) or easier (negative), within the bounds.
