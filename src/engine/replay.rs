@@ -4,7 +4,10 @@
 //! 1. Integrity: every file named by the iteration's manifests still has its recorded size and
 //!    blake3 digest, and every input manifest still has the digest its consumer recorded.
 //! 2. Re-execution: every deterministic stage runs again on the files its manifest names as
-//!    inputs, outputs are hashed (not written) and compared with the committed digests.
+//!    inputs, outputs are hashed (not written) and compared with the committed digests; its
+//!    artifacts must be the committed ones, byte for byte, except screenshots
+//!    ([`crate::stage::SCREENSHOT_PREFIX`]), whose names alone are compared
+//!    (`compare_artifacts`).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -296,50 +299,7 @@ async fn verify_run(
         };
         let (outputs, _) = exec::execute(stage.clone(), &ctx, &sink, None, &|_, _| {}).await?;
         let produced = std::mem::take(&mut *ctx.artifacts.lock().expect("artifact list"));
-        for a in &m.artifacts {
-            if !produced.iter().any(|(name, _)| *name == a.name) {
-                return Err(Error::Mismatch(format!(
-                    "stage {}: artifact {} was committed but the replay did not produce it",
-                    m.stage, a.name
-                )));
-            }
-        }
-        // Environment assets are reported as one line per stage (their count, and the blake3 of
-        // their digests in order).
-        let mut assets = (0u64, blake3::Hasher::new());
-        for (name, bytes) in produced {
-            let digest = manifest::digest(&bytes);
-            let committed = m.artifacts.iter().find(|a| a.name == name);
-            if committed.map(|a| &a.digest) != Some(&digest) {
-                return Err(Error::Mismatch(format!(
-                    "stage {}: artifact {name} differs: committed blake3 {}; replayed blake3 {}",
-                    m.stage,
-                    committed.map_or("(none)", |a| &a.digest[..16]),
-                    &digest[..16]
-                )));
-            }
-            if name.starts_with(crate::stage::ASSET_PREFIX) {
-                assets.0 += 1;
-                assets.1.update(digest.as_bytes());
-                continue;
-            }
-            report.push(Verified {
-                stage: m.stage.clone(),
-                table: format!("checkpoint:{name}"),
-                rows: 0,
-                digest,
-                how: "replayed",
-            });
-        }
-        if assets.0 > 0 {
-            report.push(Verified {
-                stage: m.stage.clone(),
-                table: format!("assets:{}", assets.0),
-                rows: 0,
-                digest: assets.1.finalize().to_hex().to_string(),
-                how: "replayed",
-            });
-        }
+        report.extend(compare_artifacts(&m.stage, &m.artifacts, produced)?);
         for out in outputs {
             let committed = m
                 .outputs
@@ -397,6 +357,89 @@ async fn verify_run(
                 how,
             });
         }
+    }
+    Ok(report)
+}
+
+/// Compare the artifacts a replayed stage produced with those its manifest committed: the same
+/// names, and the same bytes, except for screenshots (names starting with
+/// [`crate::stage::SCREENSHOT_PREFIX`], `env.web.screenshots`): pixels are not deterministic
+/// across machines (fonts, renderer), so a screenshot's bytes are left out of the comparison
+/// and only its name must match. The committed screenshots' bytes were checked against their
+/// manifest in step 1 like every other file. Report lines: one per checkpoint; the environment
+/// assets as one line per stage (their count, and the blake3 of their digests in order); the
+/// screenshots as one line (their count, and the blake3 of their names in order).
+fn compare_artifacts(
+    stage: &str,
+    committed: &[manifest::ArtifactFile],
+    produced: Vec<(String, bytes::Bytes)>,
+) -> Result<Vec<Verified>> {
+    let by_name: BTreeMap<&str, &manifest::ArtifactFile> =
+        committed.iter().map(|a| (a.name.as_str(), a)).collect();
+    let replayed: std::collections::BTreeSet<&str> =
+        produced.iter().map(|(name, _)| name.as_str()).collect();
+    for a in committed {
+        if !replayed.contains(a.name.as_str()) {
+            return Err(Error::Mismatch(format!(
+                "stage {stage}: artifact {} was committed but the replay did not produce it",
+                a.name
+            )));
+        }
+    }
+    let mut report = Vec::new();
+    let mut assets = (0u64, blake3::Hasher::new());
+    let mut screenshots = (0u64, blake3::Hasher::new());
+    for (name, bytes) in &produced {
+        let committed = by_name.get(name.as_str());
+        if name.starts_with(crate::stage::SCREENSHOT_PREFIX) {
+            if committed.is_none() {
+                return Err(Error::Mismatch(format!(
+                    "stage {stage}: screenshot {name} was replayed but not committed"
+                )));
+            }
+            screenshots.0 += 1;
+            screenshots.1.update(name.as_bytes());
+            screenshots.1.update(b"\n");
+            continue;
+        }
+        let digest = manifest::digest(bytes);
+        if committed.map(|a| &a.digest) != Some(&digest) {
+            return Err(Error::Mismatch(format!(
+                "stage {stage}: artifact {name} differs: committed blake3 {}; replayed blake3 {}",
+                committed.map_or("(none)", |a| &a.digest[..16]),
+                &digest[..16]
+            )));
+        }
+        if name.starts_with(crate::stage::ASSET_PREFIX) {
+            assets.0 += 1;
+            assets.1.update(digest.as_bytes());
+            continue;
+        }
+        report.push(Verified {
+            stage: stage.to_string(),
+            table: format!("checkpoint:{name}"),
+            rows: 0,
+            digest,
+            how: "replayed",
+        });
+    }
+    if assets.0 > 0 {
+        report.push(Verified {
+            stage: stage.to_string(),
+            table: format!("assets:{}", assets.0),
+            rows: 0,
+            digest: assets.1.finalize().to_hex().to_string(),
+            how: "replayed",
+        });
+    }
+    if screenshots.0 > 0 {
+        report.push(Verified {
+            stage: stage.to_string(),
+            table: format!("screenshots:{}", screenshots.0),
+            rows: 0,
+            digest: screenshots.1.finalize().to_hex().to_string(),
+            how: "replayed, names compared (pixels vary by machine)",
+        });
     }
     Ok(report)
 }
@@ -463,4 +506,86 @@ async fn verify_shared(
         }
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(name: &str, bytes: &[u8]) -> manifest::ArtifactFile {
+        let digest = manifest::digest(bytes);
+        manifest::ArtifactFile {
+            name: name.into(),
+            path: crate::store::layout::artifact("r", 0, name, &digest).to_string(),
+            bytes: bytes.len() as u64,
+            digest,
+        }
+    }
+
+    fn made(items: &[(&str, &[u8])]) -> Vec<(String, bytes::Bytes)> {
+        items
+            .iter()
+            .map(|(n, b)| (n.to_string(), bytes::Bytes::copy_from_slice(b)))
+            .collect()
+    }
+
+    /// Screenshots are compared by name only; every other artifact byte for byte; a screenshot
+    /// missing from either side fails naming it.
+    #[test]
+    fn screenshots_are_compared_by_name_only() {
+        let committed = [
+            file("policy", b"weights"),
+            file("asset-ab", b"page"),
+            file("screenshot-t-0000-0", b"pixels here"),
+            file("screenshot-t-0000-1", b"pixels there"),
+        ];
+        let other_pixels = made(&[
+            ("policy", b"weights"),
+            ("asset-ab", b"page"),
+            ("screenshot-t-0000-0", b"other pixels"),
+            ("screenshot-t-0000-1", b"more"),
+        ]);
+        let report = compare_artifacts("rollout", &committed, other_pixels).unwrap();
+        let tables: Vec<&str> = report.iter().map(|v| v.table.as_str()).collect();
+        assert_eq!(tables, ["checkpoint:policy", "assets:1", "screenshots:2"]);
+        let missing = made(&[
+            ("policy", b"weights"),
+            ("asset-ab", b"page"),
+            ("screenshot-t-0000-0", b"pixels here"),
+        ]);
+        let e = compare_artifacts("rollout", &committed, missing).unwrap_err();
+        assert!(
+            e.to_string().contains("screenshot-t-0000-1 was committed"),
+            "{e}"
+        );
+        let mut extra = made(&[
+            ("policy", b"weights"),
+            ("asset-ab", b"page"),
+            ("screenshot-t-0000-0", b"x"),
+            ("screenshot-t-0000-1", b"y"),
+        ]);
+        extra.push(("screenshot-t-0000-2".into(), bytes::Bytes::new()));
+        let e = compare_artifacts("rollout", &committed, extra).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("screenshot-t-0000-2 was replayed but not committed"),
+            "{e}"
+        );
+        // The exclusion is for screenshots only.
+        for changed in ["policy", "asset-ab"] {
+            let mut p = made(&[
+                ("policy", b"weights"),
+                ("asset-ab", b"page"),
+                ("screenshot-t-0000-0", b"x"),
+                ("screenshot-t-0000-1", b"y"),
+            ]);
+            p.iter_mut().find(|(n, _)| n == changed).unwrap().1 = bytes::Bytes::from_static(b"z");
+            let e = compare_artifacts("rollout", &committed, p).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("artifact {changed} differs")),
+                "{e}"
+            );
+        }
+    }
 }

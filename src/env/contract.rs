@@ -110,6 +110,13 @@ pub trait Episode: Send {
     fn oracle_action(&self) -> Option<String> {
         None
     }
+    /// A PNG of the screen the episode shows now: what the current observation describes
+    /// while the episode runs, the state its last step left once it ended. `None` (the
+    /// default) where the environment has no screen or keeps no pictures (web: unless
+    /// `env.web.screenshots`); the stages that commit steps keep what it returns as artifacts.
+    fn screenshot(&mut self) -> Result<Option<Vec<u8>>> {
+        Ok(None)
+    }
 }
 
 /// An environment.

@@ -118,6 +118,20 @@ impl Default for EnvConfig {
 }
 
 impl EnvConfig {
+    /// Whether the environment's episodes keep screenshots (`env.web.screenshots` with
+    /// `env.name = "web"`): the stages that commit steps store them as artifacts.
+    pub fn screenshots(&self) -> bool {
+        self.name == EnvKind::Web && self.web.screenshots
+    }
+
+    /// The section with screenshots off: for a stage that plays episodes but commits no steps
+    /// (evaluation), whose episodes then capture nothing.
+    pub fn without_screenshots(&self) -> EnvConfig {
+        let mut c = self.clone();
+        c.web.screenshots = false;
+        c
+    }
+
     /// The section's checks (keys `env.*`).
     pub fn validate(&self, c: &mut Checks) {
         c.check(

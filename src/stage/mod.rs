@@ -62,6 +62,10 @@ pub type DeferredCheckpoint =
 /// The prefix of an environment asset's artifact name: `asset-<id>`.
 pub const ASSET_PREFIX: &str = "asset-";
 
+/// The prefix of a screenshot's artifact name: `screenshot-<of>-<step>` (stored as `.png`), see
+/// [`StageContext::emit_screenshot`].
+pub use crate::store::layout::SCREENSHOT_PREFIX;
+
 /// An environment asset a run committed (an artifact named `asset-<id>`, e.g. a TextWorld
 /// game's files): where it lies in the store and the blake3 of its bytes.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -173,6 +177,14 @@ impl StageContext {
     /// named `asset-<id>`).
     pub fn emit_asset(&self, id: &str, bytes: bytes::Bytes) {
         self.emit_artifact(&format!("{ASSET_PREFIX}{id}"), bytes);
+    }
+
+    /// Hand the engine a screenshot (`env.web.screenshots`): the screen at step `step` of `of`
+    /// (a trajectory's id, or the warm start's `demo-<purpose>-<episode>`; `step` = its step
+    /// count for the screen after its last step), named `screenshot-<of>-<step>` so that it
+    /// joins the table of those steps. `replay --verify` compares screenshots by name only.
+    pub fn emit_screenshot(&self, of: &str, step: usize, png: Vec<u8>) {
+        self.emit_artifact(&format!("{SCREENSHOT_PREFIX}{of}-{step}"), png.into());
     }
 
     /// Hand an artifact to the engine.

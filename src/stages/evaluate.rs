@@ -39,10 +39,12 @@ pub(crate) type EvalSet = (
 /// run (drawn with `eval.seed`).
 pub(crate) fn eval_sets(cfg: &crate::config::Config) -> Result<Vec<EvalSet>> {
     let eval = &cfg.eval;
+    // Evaluation commits no steps: its episodes keep no screenshots.
+    let env_cfg = cfg.env.without_screenshots();
     let mut sets: Vec<(&'static str, Box<dyn env::Environment>, u32)> =
-        vec![("held_out", env::from_config(&cfg.env)?, eval.tasks)];
+        vec![("held_out", env::from_config(&env_cfg)?, eval.tasks)];
     if eval.ood_tasks > 0
-        && let Some(harder) = env::harder_from_config(&cfg.env)?
+        && let Some(harder) = env::harder_from_config(&env_cfg)?
     {
         sets.push(("ood", harder, eval.ood_tasks));
     }

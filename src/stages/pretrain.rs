@@ -14,6 +14,10 @@
 //! Its data is the committed `demonstrations` table; its outputs are the `policy` and `rm`
 //! checkpoints every later stage starts from (content-addressed artifacts like the update's).
 //! Deterministic on the CPU backend: `replay --verify` re-executes it.
+//!
+//! Screenshots (`env.web.screenshots`): each demonstration step's screen, and the screen after
+//! an episode's last step, as artifacts `screenshot-demo-<purpose>-<episode>-<step_idx>` (the
+//! `demonstrations` key; the last one's `step_idx` is the episode's step count).
 
 use crate::config::{Config, PolicyKind};
 use crate::determinism::{Rng, canonical, derive_seed};
@@ -33,6 +37,9 @@ struct Episode {
     task_id: String,
     spec: String,
     steps: Vec<Demo>,
+    /// The screen before each step, then after the last one (empty where the environment
+    /// keeps no screenshots).
+    screenshots: Vec<Vec<u8>>,
 }
 
 struct Demo {
@@ -54,7 +61,9 @@ fn play(
     let mut ep = environment.reset(spec)?;
     let limit = ep.max_steps().min(cap);
     let mut steps = Vec::new();
+    let mut screenshots = Vec::new();
     while (steps.len() as u32) < limit {
+        screenshots.extend(ep.screenshot()?);
         let obs = ep.observation().clone();
         let planned = ep.oracle_action().ok_or_else(|| {
             Error::Environment(format!(
@@ -86,10 +95,12 @@ fn play(
             break;
         }
     }
+    screenshots.extend(ep.screenshot()?);
     Ok(Episode {
         task_id: task_id.to_string(),
         spec: canonical(spec),
         steps,
+        screenshots,
     })
 }
 
@@ -210,11 +221,21 @@ impl Stage for Pretrain {
                     cap,
                 )?;
                 ep.steps.truncate(p.rm_steps as usize - gathered);
+                // The screen after the last step kept is the one before the first dropped.
+                ep.screenshots.truncate(ep.steps.len() + 1);
                 gathered += ep.steps.len();
                 rm_eps.push(ep);
                 k += 1;
             }
 
+            for (purpose, eps) in [("policy", &mut policy_eps), ("rm", &mut rm_eps)] {
+                for (e, ep) in eps.iter_mut().enumerate() {
+                    let of = format!("demo-{purpose}-{e}");
+                    for (k, png) in std::mem::take(&mut ep.screenshots).into_iter().enumerate() {
+                        ctx.emit_screenshot(&of, k, png);
+                    }
+                }
+            }
             let mut out = TableBuilder::new("demonstrations")?;
             for (purpose, eps) in [("policy", &policy_eps), ("rm", &rm_eps)] {
                 for (e, ep) in eps.iter().enumerate() {

@@ -15,6 +15,11 @@
 //! `steps.response` keeps the reply, `action_logprob` is the reply's log-probability). Policy `uniform`: uniform over the admissible actions, `action_logprob
 //! = −ln #admissible` — the floor for ablations. An episode ends when the environment says so or
 //! after `min(task budget, env.max_steps)` steps; the outcome is +1 if it was won.
+//!
+//! Screenshots (`env.web.screenshots`, off by default): each step's screen as its observation
+//! shows it, and the screen after the last step, as artifacts `screenshot-<traj_id>-<step_idx>`
+//! (the last one's `step_idx` is the trajectory's step count); the stage then runs whole (a
+//! cluster's shards store no artifacts).
 
 use std::sync::Arc;
 
@@ -50,6 +55,17 @@ pub(crate) struct StepRecord {
 pub(crate) struct Rolled {
     pub(crate) outcome: i8,
     pub(crate) steps: Vec<StepRecord>,
+    /// The episode's screenshots ([`crate::env::Episode::screenshot`]; empty where it keeps
+    /// none): the screen before each step, then the screen after the last one.
+    pub(crate) screenshots: Vec<Vec<u8>>,
+}
+
+/// Keep the episode's screenshot of its screen now, if it takes one.
+fn shoot(episode: &mut dyn crate::env::Episode, into: &mut Vec<Vec<u8>>) -> Result<()> {
+    if let Some(png) = episode.screenshot()? {
+        into.push(png);
+    }
+    Ok(())
 }
 
 /// One uniform-policy rollout.
@@ -67,6 +83,7 @@ pub(crate) fn roll(
         .map_err(|e| context(e, task_id, r, None))?;
     let limit = episode.max_steps().min(cap);
     let mut steps = Vec::new();
+    let mut screenshots = Vec::new();
     let mut won = false;
     for i in 0..limit {
         let obs = episode.observation();
@@ -79,6 +96,7 @@ pub(crate) fn roll(
         let action = obs.admissible[k].clone();
         let logprob = -(obs.admissible.len() as f64).ln();
         let (text, admissible) = (obs.text.clone(), obs.admissible.clone());
+        shoot(episode.as_mut(), &mut screenshots).map_err(|e| context(e, task_id, r, Some(i)))?;
         let step = episode
             .step(&action)
             .map_err(|e| context(e, task_id, r, Some(i)))?;
@@ -96,9 +114,12 @@ pub(crate) fn roll(
             break;
         }
     }
+    shoot(episode.as_mut(), &mut screenshots)
+        .map_err(|e| context(e, task_id, r, Some(steps.len() as u32)))?;
     Ok(Rolled {
         outcome: if won { 1 } else { -1 },
         steps,
+        screenshots,
     })
 }
 
@@ -142,6 +163,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         rng: Rng,
         task: String,
         steps: Vec<StepRecord>,
+        screenshots: Vec<Vec<u8>>,
         limit: u32,
         won: Option<bool>,
     }
@@ -170,6 +192,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
             episode,
             rng: Rng::new(*seed),
             steps: Vec::new(),
+            screenshots: Vec::new(),
             won: None,
         });
     }
@@ -290,6 +313,9 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 let obs = l.episode.observation();
                 let (text, admissible) = (obs.text.clone(), obs.admissible.clone());
                 let (task_id, _, r, _) = jobs[i];
+                let at = Some(l.steps.len() as u32);
+                shoot(l.episode.as_mut(), &mut l.screenshots)
+                    .map_err(|e| context(e, task_id, r, at))?;
                 let (action, oracle, next, done, won) = match pick {
                     Some(k) => {
                         let action = admissible[k].clone();
@@ -325,6 +351,9 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
                 }
                 if l.won.is_some() {
                     caches[i] = None;
+                    let at = Some(l.steps.len() as u32);
+                    shoot(l.episode.as_mut(), &mut l.screenshots)
+                        .map_err(|e| context(e, task_id, r, at))?;
                 }
             }
         }
@@ -343,6 +372,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         .map(|l| Rolled {
             outcome: if l.won == Some(true) { 1 } else { -1 },
             steps: l.steps,
+            screenshots: l.screenshots,
         })
         .collect())
 }
@@ -460,12 +490,13 @@ impl Stage for Rollout {
     /// transformer (`learned_rollouts_do_not_depend_on_the_batch`), or any model on a GPU (not
     /// bit-reproducible anyway). A pretrained model on CPU is not: the padding a batch-mate adds
     /// changes the last bits of its log-probabilities (`tests/it/hf.rs`), so it stays whole in
-    /// the coordinator and the run keeps a single node's bytes.
+    /// the coordinator and the run keeps a single node's bytes. Nor with screenshots
+    /// (`env.web.screenshots`): they are artifacts, which a shard cannot store.
     fn shard_column(&self, config: &crate::config::Config) -> Option<&'static str> {
         let exact = config.policy.kind == crate::config::PolicyKind::Uniform
             || !config.policy.pretrained()
             || !config.run.device.is_deterministic();
-        exact.then_some("task_id")
+        (exact && !config.env.screenshots()).then_some("task_id")
     }
     fn assets_in(&self, config: &crate::config::Config) -> bool {
         super::env_assets(config)
@@ -526,6 +557,9 @@ impl Stage for Rollout {
                     .push_u32(*r)
                     .push_i8(rolled.outcome)
                     .push_u32(rolled.steps.len() as u32);
+                for (i, png) in rolled.screenshots.into_iter().enumerate() {
+                    ctx.emit_screenshot(&traj_id, i, png);
+                }
                 for (i, st) in rolled.steps.into_iter().enumerate() {
                     let admissible =
                         serde_json::to_string(&st.admissible).expect("strings serialize");
@@ -707,6 +741,106 @@ mod tests {
             }),
             (Some("task_id"), Some("task_id"))
         );
+    }
+
+    /// GridNav whose episodes "screenshot" their observation's text: what a step's screenshot
+    /// shows can be checked against the step's committed observation.
+    struct Shooting(GridNav);
+    struct ShootingEpisode(Box<dyn crate::env::Episode>);
+
+    impl crate::env::Episode for ShootingEpisode {
+        fn observation(&self) -> &crate::env::Observation {
+            self.0.observation()
+        }
+        fn step(&mut self, action: &str) -> Result<crate::env::Step> {
+            self.0.step(action)
+        }
+        fn max_steps(&self) -> u32 {
+            self.0.max_steps()
+        }
+        fn screenshot(&mut self) -> Result<Option<Vec<u8>>> {
+            Ok(Some(self.0.observation().text.clone().into_bytes()))
+        }
+    }
+
+    impl Environment for Shooting {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn generate(&self, seed: u64, count: u32) -> Result<Vec<serde_json::Value>> {
+            self.0.generate(seed, count)
+        }
+        fn reset(&self, spec: &serde_json::Value) -> Result<Box<dyn crate::env::Episode>> {
+            Ok(Box::new(ShootingEpisode(self.0.reset(spec)?)))
+        }
+        fn mutate(
+            &self,
+            spec: &serde_json::Value,
+            direction: crate::env::Direction,
+            critic: &crate::env::CriticSummary,
+            seed: u64,
+        ) -> Result<Vec<serde_json::Value>> {
+            self.0.mutate(spec, direction, critic, seed)
+        }
+        fn vocabulary(&self) -> Vec<String> {
+            self.0.vocabulary()
+        }
+    }
+
+    /// Both paths (uniform `roll`, the learned policy's `play`) keep one screenshot per step,
+    /// taken where the step's observation was read, and one after the last step; an
+    /// environment that keeps none gives none.
+    #[test]
+    fn screenshots_show_each_steps_observation_then_the_last_page() {
+        let cfg =
+            crate::config::Config::from_toml("[run]\nname='t'\n[env]\nname='gridnav'\n", "test")
+                .unwrap();
+        let spec = crate::stages::model_spec(&cfg, crate::model::POLICY).unwrap();
+        let ck = crate::model::initial_checkpoint(&spec, 7).unwrap();
+        let shooting: Arc<dyn Environment> =
+            Arc::new(Shooting(GridNav::new(cfg.env.gridnav.clone())));
+        let plain: Arc<dyn Environment> = Arc::new(GridNav::new(cfg.env.gridnav.clone()));
+        let specs = shooting.generate(3, 4).unwrap();
+        let ids: Vec<String> = (0..4).map(|t| format!("t{t}")).collect();
+        let jobs: Vec<Job<'_>> = (0..4)
+            .map(|t| (ids[t].as_str(), &specs[t], 0, derive_seed(5, &[&ids[t]])))
+            .collect();
+        let mut uniform = cfg.clone();
+        uniform.policy.kind = crate::config::PolicyKind::Uniform;
+        for cfg in [&cfg, &uniform] {
+            let play = |env: &Arc<dyn Environment>| {
+                play_policy(cfg, &ck, env, &jobs, Some(1.0), None).unwrap()
+            };
+            let (shot, unshot) = (play(&shooting), play(&plain));
+            for (a, b) in shot.iter().zip(&unshot) {
+                assert_eq!(a.steps, b.steps, "screenshots change no step");
+                assert!(b.screenshots.is_empty());
+                let n = a.steps.len();
+                assert_eq!(a.screenshots.len(), n + 1);
+                for (png, st) in a.screenshots.iter().zip(&a.steps) {
+                    assert_eq!(png, st.observation.as_bytes());
+                }
+                assert_eq!(a.screenshots[n], a.steps[n - 1].next_observation.as_bytes());
+            }
+        }
+    }
+
+    /// With screenshots (artifacts, which a shard cannot store) the rollout runs whole; the
+    /// key means nothing outside the web environment.
+    #[test]
+    fn screenshots_keep_the_rollout_whole() {
+        let cfg = |env: &str| {
+            let toml = format!(
+                "[run]\nname='t'\n[env]\nname='{env}'\n[env.web]\nscreenshots=true\n[policy]\nkind='uniform'\n"
+            );
+            crate::config::Config::from_toml(&toml, "test").unwrap()
+        };
+        assert_eq!(Rollout.shard_column(&cfg("web")), None);
+        assert_eq!(Rollout.shard_column(&cfg("gridnav")), Some("task_id"));
+        let mut off = cfg("web");
+        off.env.web.screenshots = false;
+        assert_eq!(Rollout.shard_column(&off), Some("task_id"));
+        assert!(!cfg("web").env.without_screenshots().screenshots());
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! <run_id>/run.json
 //! <run_id>/data/<table>/iter=<NNNNNN>/<attempt>.parquet
 //! <run_id>/artifacts/iter=<NNNNNN>/<name>.<digest>.ckpt   (checkpoints: model::checkpoint's byte layout)
-//! <run_id>/artifacts/iter=<NNNNNN>/asset-<id>.<digest>.asset   (environment assets: TextWorld's games)
+//! <run_id>/artifacts/iter=<NNNNNN>/asset-<id>.<digest>.asset   (environment assets: TextWorld's games, web pages)
+//! <run_id>/artifacts/iter=<NNNNNN>/screenshot-<of>-<step>.<digest>.png   (web screenshots, env.web.screenshots)
 //! <run_id>/_commits/iter=<NNNNNN>/<stage>.json
 //! <run_id>/_commits/iter=<NNNNNN>/_iteration.json
 //! ```
@@ -58,11 +59,18 @@ pub fn data_file(run: &str, table: &str, iter: u32, attempt: &str) -> Path {
     ))
 }
 
+/// The prefix of a screenshot's artifact name (`screenshot-<traj_id>-<step_idx>`, stored as
+/// `.png`): pixels, which `replay --verify` compares by name only.
+pub const SCREENSHOT_PREFIX: &str = "screenshot-";
+
 /// A content-addressed artifact written by a stage of an iteration: a model checkpoint
-/// (`<name>.<digest>.ckpt`) or an environment asset (`asset-<id>.<digest>.asset`).
+/// (`<name>.<digest>.ckpt`), an environment asset (`asset-<id>.<digest>.asset`) or a
+/// screenshot (`screenshot-<of>-<step>.<digest>.png`).
 pub fn artifact(run: &str, iter: u32, name: &str, digest: &str) -> Path {
     let ext = if name.starts_with("asset-") {
         "asset"
+    } else if name.starts_with(SCREENSHOT_PREFIX) {
+        "png"
     } else {
         "ckpt"
     };
@@ -141,5 +149,19 @@ mod tests {
         );
         assert_eq!(parse_iter_dir("iter=000012"), Some(12));
         assert_eq!(parse_iter_dir("iter=12"), None);
+    }
+
+    #[test]
+    fn artifact_extensions_follow_the_name() {
+        for (name, path) in [
+            ("policy", "r/artifacts/iter=000001/policy.d.ckpt"),
+            ("asset-ab", "r/artifacts/iter=000001/asset-ab.d.asset"),
+            (
+                "screenshot-t-0001-3",
+                "r/artifacts/iter=000001/screenshot-t-0001-3.d.png",
+            ),
+        ] {
+            assert_eq!(artifact("r", 1, name, "d").as_ref(), path);
+        }
     }
 }

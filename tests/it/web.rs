@@ -77,7 +77,7 @@ fn scroll_and_enter_where_the_page_allows_them() {
                 .observation()
                 .admissible
                 .iter()
-                .find(|a| a.starts_with("type("))
+                .find(|a| a.contains(" type("))
                 .unwrap()
                 .clone();
             ep.step(&typed).unwrap();
@@ -105,6 +105,8 @@ fn spec(family: &str, seed: u64) -> Value {
 #[test]
 fn every_family_is_won_by_the_planner_and_mostly_lost_at_random() {
     let (env, bare) = (web(), web_with(false));
+    let tok = rla_pipe::model::tokenizer::Tokenizer::words(&env.vocabulary());
+    let unk = tok.special(rla_pipe::model::tokenizer::UNK);
     for family in FAMILIES {
         for seed in 0..2 {
             let s = spec(family, seed);
@@ -113,15 +115,25 @@ fn every_family_is_won_by_the_planner_and_mostly_lost_at_random() {
                 .observation()
                 .admissible
                 .iter()
-                .filter(|a| a.starts_with("click("))
+                .filter(|a| a.contains("click("))
                 .collect();
             assert!(!clicks.is_empty(), "{family}");
             for a in clicks {
-                let named = a.ends_with('"') && a.contains(") \"");
+                let named = a.starts_with('"') && a.contains("\" click(");
                 assert_eq!(named, seed == 0, "{family} {seed}: {a}");
             }
             let mut steps = 0;
             loop {
+                // Every word of what the small transformer reads and scores is in its
+                // vocabulary: the tree's and the actions' punctuation too.
+                let obs = ep.observation();
+                for text in std::iter::once(&obs.text).chain(&obs.admissible) {
+                    let ids = tok.encode(text);
+                    assert!(
+                        !ids.contains(&unk),
+                        "{family} {seed}: an unknown word in {text}"
+                    );
+                }
                 let a = ep
                     .oracle_action()
                     .unwrap_or_else(|| panic!("{family} {seed}: no plan at step {steps}"));
@@ -412,4 +424,165 @@ fn web_rewrites_by_an_environment_model_are_checked_against_the_spec_schema() {
     let q =
         "SELECT count(*) FROM adaptations WHERE iter = 1 AND decision IN ('accepted', 'rejected')";
     assert_eq!(f.sql(q).ok().scalar(), pending);
+}
+
+/// `env.web.screenshots = true` (a warm start and iteration 0's rollout, 400-pixel window):
+/// `rollout` commits a PNG of each step's page (`screenshot-<traj_id>-<step_idx>`) and of the
+/// page after its last step (`step_idx` = its step count) for every trajectory of `steps`,
+/// and the warm start the same for every episode of `demonstrations`
+/// (`screenshot-demo-<purpose>-<episode>-<step_idx>`), each the window's viewport (1024
+/// wide); the steps are those of the same run without the key, which commits no screenshot;
+/// `replay --verify` of the iteration passes and counts them.
+#[test]
+fn screenshots_are_one_png_per_committed_step_and_replay_checks_their_names() {
+    chromium();
+    let f = Fixture::new();
+    let mut sets = small_slow_env(2);
+    sets.extend(
+        [
+            "env.web.window_height=400",
+            "pretrain.tasks=1",
+            "pretrain.policy_episodes=1",
+            "pretrain.policy_epochs=1",
+            "pretrain.rm_steps=3",
+            "pretrain.rm_epochs=1",
+        ]
+        .map(String::from),
+    );
+    let run = |id: &str, extra: Option<&str>| {
+        let mut sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+        sets.extend(extra);
+        let mut args = f.pipeline_args(WEB, id, 1, &sets);
+        args.extend(["--until".to_string(), "rollout".to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        f.rla(&args).ok();
+    };
+    run("shots", Some("env.web.screenshots=true"));
+    run("plain", None);
+    // The screenshots each run committed: name → bytes.
+    let files = f.files();
+    let screenshots = |run: &str| -> std::collections::BTreeMap<String, Vec<u8>> {
+        let dir = format!("{run}/artifacts/iter=000000/");
+        files
+            .iter()
+            .filter_map(|p| p.strip_prefix(&dir))
+            .filter(|n| n.starts_with("screenshot-"))
+            .map(|n| {
+                let name = n.strip_suffix(".png").expect("a screenshot is a .png");
+                let (name, _digest) = name.rsplit_once('.').unwrap();
+                let bytes = std::fs::read(f.store().join(&dir).join(n)).unwrap();
+                (name.to_string(), bytes)
+            })
+            .collect()
+    };
+    assert!(
+        files
+            .iter()
+            .any(|p| p.starts_with("plain/artifacts/iter=000000/"))
+    );
+    assert!(screenshots("plain").is_empty());
+    let shots = screenshots("shots");
+    // What `steps` and `demonstrations` say there must be: each step, then the last page.
+    let expected = |q: &str, key: &dyn Fn(&Value) -> String| {
+        let rows = json_rows(&f, q);
+        assert!(!rows.is_empty(), "{q}");
+        let mut want = std::collections::BTreeSet::new();
+        for r in rows {
+            for k in 0..=r["n"].as_u64().unwrap() {
+                want.insert(format!("screenshot-{}-{k}", key(&r)));
+            }
+        }
+        want
+    };
+    let rollout = expected(
+        "SELECT traj_id, count(*) AS n FROM steps WHERE run_id = 'shots' GROUP BY traj_id",
+        &|r| r["traj_id"].as_str().unwrap().to_string(),
+    );
+    let demos = expected(
+        "SELECT purpose, episode, count(*) AS n FROM demonstrations WHERE run_id = 'shots' \
+         GROUP BY purpose, episode",
+        &|r| format!("demo-{}-{}", r["purpose"].as_str().unwrap(), r["episode"]),
+    );
+    let names: std::collections::BTreeSet<String> = shots.keys().cloned().collect();
+    assert_eq!(names, &rollout | &demos);
+    // Each is what the window shows: 1024 wide, as high as the viewport of a 400-pixel window
+    // (Chromium's headless window keeps part of its height for a frame it does not draw).
+    let viewport = Web::new(WebConfig {
+        chromium: chromium().display().to_string(),
+        window_height: 400,
+        ..WebConfig::default()
+    })
+    .start(&spec("click_button", 0))
+    .unwrap()
+    .viewport()
+    .unwrap();
+    assert_eq!(viewport.0, 1024);
+    assert!((200..=400).contains(&viewport.1), "{viewport:?}");
+    for (name, png) in &shots {
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{name}: a PNG signature");
+        assert_eq!(&png[12..16], b"IHDR", "{name}: the IHDR chunk first");
+        let be = |at: usize| u32::from_be_bytes(png[at..at + 4].try_into().unwrap());
+        assert_eq!((be(16), be(20)), viewport, "{name}: width × height");
+    }
+    // Taking them changes no step.
+    let steps = |run: &str| {
+        json_rows(
+            &f,
+            &format!(
+                "SELECT traj_id, step_idx, observation, action, next_observation \
+                 FROM steps WHERE run_id = '{run}' ORDER BY traj_id, step_idx"
+            ),
+        )
+    };
+    assert_eq!(steps("shots"), steps("plain"));
+    let r = f.rla(&[
+        "replay",
+        "--store",
+        &f.store_arg(),
+        "--run",
+        "shots",
+        "--iter",
+        "0",
+        "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}{}", r.stdout, r.stderr);
+    for line in [
+        format!("screenshots:{}", rollout.len()),
+        format!("screenshots:{}", demos.len()),
+    ] {
+        assert!(r.stdout.contains(&line), "{line}: {}", r.stdout);
+    }
+}
+
+/// `Episode::screenshot`: a PNG with `env.web.screenshots`, through the same client as every
+/// command (a killed browser is the same clean error); without the key `None`, and no command
+/// is sent (a dead browser is not even noticed).
+#[test]
+fn a_screenshot_is_a_png_or_nothing_without_the_key() {
+    let with = |screenshots: bool| {
+        Web::new(WebConfig {
+            chromium: chromium().display().to_string(),
+            screenshots,
+            ..WebConfig::default()
+        })
+    };
+    let s = spec("pick_row", 0);
+    let (on, off) = (with(true), with(false));
+    let mut shot = on.reset(&s).unwrap();
+    let png = shot.screenshot().unwrap().expect("a screenshot");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let mut plain = off.reset(&s).unwrap();
+    assert_eq!(plain.screenshot().unwrap(), None);
+    for env in [&on, &off] {
+        let pid = env.browser_pid().expect("a browser runs");
+        // SAFETY: kill(2) on the browser this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let e = shot.screenshot().unwrap_err().to_string();
+    assert!(
+        e.contains("chromium is gone") && e.contains("captureScreenshot"),
+        "{e}"
+    );
+    assert_eq!(plain.screenshot().unwrap(), None);
 }

@@ -493,6 +493,22 @@ impl Page {
         Ok(())
     }
 
+    /// A PNG of the window as it shows the page now (`Page.captureScreenshot`: the viewport,
+    /// 1024 × the window's height), under the same time limit as every command.
+    pub fn screenshot(&self) -> Result<Vec<u8>> {
+        let r = self.call("Page.captureScreenshot", json!({ "format": "png" }))?;
+        let data = r
+            .get("data")
+            .and_then(Value::as_str)
+            .ok_or_else(|| err("Page.captureScreenshot: a reply without data"))?;
+        let png = base64_decode(data)
+            .ok_or_else(|| err("Page.captureScreenshot: its data is not base64"))?;
+        if !png.starts_with(PNG_SIGNATURE) {
+            return Err(err("Page.captureScreenshot: its data is not a PNG"));
+        }
+        Ok(png)
+    }
+
     /// The page's accessibility tree (`Accessibility.getFullAXTree`'s nodes).
     pub fn ax_tree(&self) -> Result<Vec<Value>> {
         let r = self.call("Accessibility.getFullAXTree", json!({}))?;
@@ -519,6 +535,39 @@ fn str_field(v: &Value, k: &str) -> Result<String> {
         .ok_or_else(|| err(format!("CDP reply without {k}: {v}")))
 }
 
+/// The 8 bytes every PNG file starts with.
+const PNG_SIGNATURE: &[u8] = b"\x89PNG\r\n\x1a\n";
+
+/// Standard base64 decoded (a screenshot's data); `None` where `text` is not base64 (padding
+/// optional).
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    let value = |c: u8| -> Option<u32> {
+        let v = match c {
+            b'A'..=b'Z' => c - b'A',
+            b'a'..=b'z' => c - b'a' + 26,
+            b'0'..=b'9' => c - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => return None,
+        };
+        Some(u32::from(v))
+    };
+    let body = text.trim_end_matches('=');
+    if text.len() - body.len() > 2 || body.len() % 4 == 1 {
+        return None;
+    }
+    let mut out = Vec::with_capacity(body.len() / 4 * 3 + 2);
+    for chunk in body.as_bytes().chunks(4) {
+        let mut n = 0u32;
+        for (i, c) in chunk.iter().enumerate() {
+            n |= value(*c)? << (18 - 6 * i);
+        }
+        let bytes = [(n >> 16) as u8, (n >> 8) as u8, n as u8];
+        out.extend_from_slice(&bytes[..chunk.len() - 1]);
+    }
+    Some(out)
+}
+
 /// Standard base64 (the data URL of a page).
 fn base64_encode(bytes: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -540,7 +589,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{PROFILE_PREFIX, base64_encode, remove_stale_profiles};
+    use super::{PROFILE_PREFIX, base64_decode, base64_encode, remove_stale_profiles};
 
     /// Only the profiles of processes that are gone are removed; a name of any other shape is
     /// left alone.
@@ -578,6 +627,12 @@ mod tests {
             ("foobar", "Zm9vYmFy"),
         ] {
             assert_eq!(base64_encode(plain.as_bytes()), enc);
+            assert_eq!(base64_decode(enc).as_deref(), Some(plain.as_bytes()));
+        }
+        let bytes: Vec<u8> = (0..=255).collect();
+        assert_eq!(base64_decode(&base64_encode(&bytes)), Some(bytes));
+        for bad in ["Zg=a", "Z", "Zm9v!", "Zg===", "Zm9vY==="] {
+            assert_eq!(base64_decode(bad), None, "{bad}");
         }
     }
 }

@@ -26,9 +26,10 @@ pub struct WebConfig {
     /// Seconds one browser command may take; past it the browser counts as hung, is killed,
     /// and the episode fails with that error.
     pub action_timeout_secs: f64,
-    /// Admissible actions name their element after the id (`click(3) "saffron"`, `type(1,
-    /// "alder") "username"`), so a policy that scores actions as continuations can match them
-    /// against the instruction directly; false: bare ids, as BrowserGym's (`click(3)`).
+    /// Admissible actions start with the name of their element (`"saffron" click(3)`,
+    /// `"username" type(1, "alder")`), so a policy that scores actions as continuations reads
+    /// the element's name before anything else and can match it against the instruction
+    /// directly; false: bare ids, as BrowserGym's (`click(3)`).
     pub named_actions: bool,
     /// Also offer `scroll(up)` / `scroll(down)` (where the page can scroll that way) and
     /// `press("Enter")` (where a form's field has the focus: the form's implicit submission),
@@ -39,6 +40,14 @@ pub struct WebConfig {
     /// The browser window's height in pixels (its width is 1024): what a page shows before it
     /// scrolls (200..=4000).
     pub window_height: u32,
+    /// Keep a PNG screenshot of the viewport (1024 wide; `window_height` less the frame
+    /// headless Chromium keeps) at every step `rollout` and the warm start commit, and of the
+    /// page each episode ended on, as artifacts
+    /// (`screenshot-<traj_id>-<step_idx>`, `screenshot-demo-<purpose>-<episode>-<step_idx>`):
+    /// pixels for a future vision model. Off by default: nothing is captured, nothing stored.
+    /// `replay --verify` compares their names, not their pixels (fonts and renderers differ
+    /// between machines).
+    pub screenshots: bool,
 }
 
 impl Default for WebConfig {
@@ -55,6 +64,7 @@ impl Default for WebConfig {
             named_actions: true,
             scroll_and_keys: false,
             window_height: 768,
+            screenshots: false,
         }
     }
 }

@@ -77,7 +77,9 @@ impl Web {
         let task = Task::parse(spec)?;
         let page = cdp::Page::open(self.browser()?)?;
         page.load(&task.html)?;
-        WebEpisode::new(task, page, self.cfg.named_actions, self.cfg.scroll_and_keys)
+        let mut ep = WebEpisode::new(task, page, self.cfg.named_actions, self.cfg.scroll_and_keys)?;
+        ep.screenshots = self.cfg.screenshots;
+        Ok(ep)
     }
 }
 
@@ -190,6 +192,8 @@ pub struct WebEpisode {
     more: bool,
     /// The script [`WebEpisode::read_state`] runs (the task's verifier is part of it).
     state_script: String,
+    /// Whether [`Episode::screenshot`] captures the window (`env.web.screenshots`).
+    screenshots: bool,
     steps: u32,
     done: bool,
 }
@@ -252,6 +256,7 @@ impl WebEpisode {
             state: Value::Null,
             more,
             state_script,
+            screenshots: false,
             steps: 0,
             done: false,
         };
@@ -319,7 +324,7 @@ impl WebEpisode {
         Ok(())
     }
 
-    /// An action's text: its call, then (`named`) the name of the element it acts on.
+    /// An action's text: (`named`) the name of the element it acts on, then its call.
     fn shown(&self, action: &Action) -> String {
         let call = action.text();
         let id = match action {
@@ -328,7 +333,7 @@ impl WebEpisode {
         };
         match self.node(id) {
             Ok(node) if self.named && !node.name.is_empty() => {
-                format!("{call} \"{}\"", node.name.replace('"', "'"))
+                format!("\"{}\" {call}", node.name.replace('"', "'"))
             }
             _ => call,
         }
@@ -379,6 +384,19 @@ impl WebEpisode {
                 Ok(())
             }
             Action::Press(key) => self.page.press(key),
+        }
+    }
+
+    /// The page's viewport in CSS pixels (`innerWidth` × `innerHeight`): what the window shows
+    /// of the page, the size of its screenshots. Chromium's headless window keeps part of its
+    /// height (`env.web.window_height`) for a browser frame it does not draw, so the viewport
+    /// is that much shorter (87 pixels with Chromium 156).
+    pub fn viewport(&self) -> Result<(u32, u32)> {
+        let v = self.page.eval("[window.innerWidth, window.innerHeight]")?;
+        let n = |i: usize| v[i].as_u64().and_then(|x| u32::try_from(x).ok());
+        match (n(0), n(1)) {
+            (Some(w), Some(h)) => Ok((w, h)),
+            _ => Err(err(format!("the viewport's size is not two numbers: {v}"))),
         }
     }
 
@@ -478,6 +496,16 @@ impl Episode for WebEpisode {
 
     fn max_steps(&self) -> u32 {
         self.task.budget
+    }
+
+    /// With `env.web.screenshots`: the window as a PNG (`Page.captureScreenshot`, under the
+    /// command time limit; a browser that is gone is the same clean error as in a step).
+    /// Without it: `None`, and no command is sent.
+    fn screenshot(&mut self) -> Result<Option<Vec<u8>>> {
+        if !self.screenshots {
+            return Ok(None);
+        }
+        self.page.screenshot().map(Some)
     }
 
     fn oracle_action(&self) -> Option<String> {

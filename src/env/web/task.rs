@@ -791,6 +791,16 @@ pub fn vocabulary() -> Vec<String> {
         .map(|s| s.to_string()),
     );
     v.extend((0..=99).map(|i| i.to_string()));
+    // The punctuation of the tree and the actions (`[3] button "save"`, `type(1, "alder")`,
+    // `value=""`, "Task:", "a > b"): the word tokenizer makes each a word of its own, and
+    // unknown they would all be one `<unk>`.
+    v.extend(
+        [
+            "\"", "(", ")", "[", "]", ",", ".", ":", ";", "=", ">", "'", "-", "/",
+        ]
+        .iter()
+        .map(|s| s.to_string()),
+    );
     // Passwords (`login_setting`): a word and a digit, one token each.
     v.extend(
         WORDS
