@@ -423,23 +423,24 @@ fn compare_artifacts(
             how: "replayed",
         });
     }
-    if assets.0 > 0 {
-        report.push(Verified {
-            stage: stage.to_string(),
-            table: format!("assets:{}", assets.0),
-            rows: 0,
-            digest: assets.1.finalize().to_hex().to_string(),
-            how: "replayed",
-        });
-    }
-    if screenshots.0 > 0 {
-        report.push(Verified {
-            stage: stage.to_string(),
-            table: format!("screenshots:{}", screenshots.0),
-            rows: 0,
-            digest: screenshots.1.finalize().to_hex().to_string(),
-            how: "replayed, names compared (pixels vary by machine)",
-        });
+    // One line per kind of counted artifact that the stage produced.
+    for (kind, (count, hasher), how) in [
+        ("assets", assets, "replayed"),
+        (
+            "screenshots",
+            screenshots,
+            "replayed, names compared (pixels vary by machine)",
+        ),
+    ] {
+        if count > 0 {
+            report.push(Verified {
+                stage: stage.to_string(),
+                table: format!("{kind}:{count}"),
+                rows: 0,
+                digest: hasher.finalize().to_hex().to_string(),
+                how,
+            });
+        }
     }
     Ok(report)
 }
