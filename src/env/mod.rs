@@ -82,6 +82,9 @@ pub struct EnvConfig {
     pub name: EnvKind,
     /// Number of tasks in the pool.
     pub initial_tasks: u32,
+    /// Difficulty of iteration 0's pool relative to the held-out set's (the config's knobs):
+    /// 0 the same, -1 one level easier (the warm start then draws one level below the pool).
+    pub pool_level: i32,
     /// Step budget per episode.
     pub max_steps: u32,
     /// Knobs of the `synthetic` environment.
@@ -105,6 +108,7 @@ impl Default for EnvConfig {
         EnvConfig {
             name: EnvKind::Synthetic,
             initial_tasks: 64,
+            pool_level: 0,
             max_steps: 12,
             synthetic: Default::default(),
             gridnav: Default::default(),
@@ -140,6 +144,20 @@ impl EnvConfig {
             "must be at least 1",
         );
         c.check(self.max_steps >= 1, "env.max_steps", "must be at least 1");
+        c.check(
+            (-3..=0).contains(&self.pool_level),
+            "env.pool_level",
+            "must be 0 (the held-out set's difficulty) or -1 to -3 (that many levels easier)",
+        );
+        c.check(
+            self.pool_level == 0
+                || matches!(
+                    self.name,
+                    EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld | EnvKind::Web
+                ),
+            "env.pool_level",
+            "this environment has no difficulty levels: must be 0",
+        );
         self.synthetic.validate(self.max_steps, c);
         self.gridnav.validate(c);
         if self.name == EnvKind::Household
@@ -170,26 +188,64 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
 }
 
 /// The environment one difficulty level harder than the config's (for the out-of-distribution
-/// evaluation set), where the environment has difficulty knobs: gridnav and household.
+/// evaluation set), where the environment has difficulty knobs ([`at_level`]).
 pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
-    Ok(match cfg.name {
-        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.harder()))),
-        EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.harder()))),
-        EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.harder()))),
-        EnvKind::Web => Some(Box::new(web::Web::new(cfg.web.harder()))),
-        EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
+    at_level(cfg, 1)
+}
+
+/// The environment one difficulty level easier than the config's, where the environment has
+/// difficulty knobs ([`at_level`]).
+pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
+    at_level(cfg, -1)
+}
+
+/// The environment of iteration 0's training pool: `env.pool_level` levels from the config's
+/// (the held-out set's) difficulty.
+pub fn pool_from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
+    at_level(cfg, cfg.pool_level)?.ok_or_else(|| {
+        Error::config(format!(
+            "key `env.pool_level`: the {:?} environment has no difficulty levels; set it to 0",
+            cfg.name
+        ))
     })
 }
 
-/// The environment one difficulty level easier than the config's (where `pretrain` draws its
-/// demonstrations: a distribution disjoint from training's), where the environment has
-/// difficulty knobs and a planner: gridnav and household.
-pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
+/// The environment `level` difficulty levels from the config's (negative: easier; each level
+/// is the knobs' `harder()` / `easier()` once); `None` for a nonzero level of an environment
+/// without difficulty knobs (external, synthetic, coding).
+pub fn at_level(cfg: &EnvConfig, level: i32) -> Result<Option<Box<dyn Environment>>> {
+    fn shift<C: Clone>(c: &C, level: i32, harder: fn(&C) -> C, easier: fn(&C) -> C) -> C {
+        let step = if level > 0 { harder } else { easier };
+        (0..level.unsigned_abs()).fold(c.clone(), |c, _| step(&c))
+    }
+    if level == 0 {
+        return from_config(cfg).map(Some);
+    }
     Ok(match cfg.name {
-        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(cfg.gridnav.easier()))),
-        EnvKind::Household => Some(Box::new(household::Household::new(cfg.household.easier()))),
-        EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(cfg.textworld.easier()))),
-        EnvKind::Web => Some(Box::new(web::Web::new(cfg.web.easier()))),
+        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(shift(
+            &cfg.gridnav,
+            level,
+            gridnav::GridNavConfig::harder,
+            gridnav::GridNavConfig::easier,
+        )))),
+        EnvKind::Household => Some(Box::new(household::Household::new(shift(
+            &cfg.household,
+            level,
+            household::HouseholdConfig::harder,
+            household::HouseholdConfig::easier,
+        )))),
+        EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(shift(
+            &cfg.textworld,
+            level,
+            textworld::TextWorldConfig::harder,
+            textworld::TextWorldConfig::easier,
+        )))),
+        EnvKind::Web => Some(Box::new(web::Web::new(shift(
+            &cfg.web,
+            level,
+            web::WebConfig::harder,
+            web::WebConfig::easier,
+        )))),
         EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }
@@ -224,4 +280,56 @@ pub fn throughput(
         }
     }
     Ok((taken, started.elapsed().as_secs_f64()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Config;
+
+    fn ids(e: &dyn Environment) -> Vec<String> {
+        e.generate(7, 12)
+            .unwrap()
+            .iter()
+            .map(|s| task_id(e.name(), s))
+            .collect()
+    }
+
+    #[test]
+    fn levels_shift_the_knobs_that_many_times_and_the_pool_follows_pool_level() {
+        let mut c = EnvConfig {
+            name: EnvKind::Household,
+            ..Default::default()
+        };
+        let h = |k: household::HouseholdConfig| household::Household::new(k);
+        let level = |l| ids(at_level(&c, l).unwrap().unwrap().as_ref());
+        assert_eq!(level(0), ids(from_config(&c).unwrap().as_ref()));
+        assert_eq!(level(1), ids(&h(c.household.harder())));
+        assert_eq!(level(-1), ids(&h(c.household.easier())));
+        assert_eq!(level(-2), ids(&h(c.household.easier().easier())));
+        assert_ne!(level(-1), level(0));
+        assert_ne!(level(-2), level(-1));
+        let (same, easier) = (level(0), level(-1));
+        assert_eq!(ids(pool_from_config(&c).unwrap().as_ref()), same);
+        c.pool_level = -1;
+        assert_eq!(ids(pool_from_config(&c).unwrap().as_ref()), easier);
+        // Environments without difficulty knobs have only their own level.
+        c.name = EnvKind::Coding;
+        assert!(at_level(&c, -1).unwrap().is_none());
+        assert!(pool_from_config(&c).is_err());
+    }
+
+    #[test]
+    fn pool_level_is_checked() {
+        let load = |env: &str| Config::from_toml(&format!("[run]\nname='t'\n[env]\n{env}\n"), "t");
+        assert!(load("name='household'\npool_level=-1").is_ok());
+        for bad in [
+            "name='household'\npool_level=1",
+            "name='gridnav'\npool_level=-4",
+            "pool_level=-1",
+        ] {
+            let e = load(bad).unwrap_err().to_string();
+            assert!(e.contains("env.pool_level"), "{bad}: {e}");
+        }
+    }
 }

@@ -95,9 +95,10 @@ fn slot_draws(seed: u64, slots: u32) -> Result<std::sync::Arc<datafusion::catalo
 }
 
 /// Iteration 0's pool: `env.initial_tasks` distinct seed tasks, one per slot, each its slot's
-/// seed (`rolled_out` is decided by `pool_sample.sql`).
+/// seed (`rolled_out` is decided by `pool_sample.sql`), drawn `env.pool_level` levels from the
+/// held-out set's difficulty.
 fn seed_pool(ctx: &StageContext) -> Result<arrow::array::RecordBatch> {
-    let environment = env::from_config(&ctx.config.env)?;
+    let environment = env::pool_from_config(&ctx.config.env)?;
     let specs = distinct_tasks(
         environment.as_ref(),
         ctx.config.run.seed,

@@ -1,6 +1,6 @@
 //! Stage `pretrain` (iteration 0 only): the warm start, in place of the pretrained LLM the
 //! paper starts from. It draws demonstration tasks from the environment one difficulty level
-//! EASIER than training ([`env::easier_from_config`], seed `pretrain.seed`), minus every task of
+//! EASIER than the training pool's ([`env::at_level`] `env.pool_level − 1`, seed `pretrain.seed`), minus every task of
 //! the training pool, the held-out set and the OOD set, and
 //!
 //! - plays `pretrain.policy_episodes` episodes with the environment's planner
@@ -111,7 +111,7 @@ fn demonstration_tasks(
     environment: &dyn Environment,
     count: u32,
 ) -> Result<Vec<(String, serde_json::Value)>> {
-    let main = env::from_config(&cfg.env)?;
+    let main = env::pool_from_config(&cfg.env)?;
     let mut exclude: std::collections::BTreeSet<String> =
         super::pool::distinct_tasks(main.as_ref(), cfg.run.seed, cfg.env.initial_tasks)?
             .into_iter()
@@ -189,7 +189,8 @@ impl Stage for Pretrain {
             super::install_assets(ctx).await?;
             let cfg = &ctx.config;
             let p = &cfg.pretrain;
-            let environment = env::easier_from_config(&cfg.env)?.ok_or_else(|| {
+            // One level below the training pool's.
+            let environment = env::at_level(&cfg.env, cfg.env.pool_level - 1)?.ok_or_else(|| {
             Error::config(format!(
                 "key `pretrain.enabled`: the {:?} environment has no planner to imitate; set pretrain.enabled = false",
                 cfg.env.name

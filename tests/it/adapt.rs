@@ -207,6 +207,74 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     );
 }
 
+/// `env.pool_level = -1`: iteration 0's pool is drawn one level easier than the held-out set
+/// (exactly the tasks the environment one level down draws from the pool's seed), the warm
+/// start one level below that, and evaluation stays at the config's level.
+#[test]
+fn an_easier_pool_is_drawn_below_the_held_out_level() {
+    use rla_pipe::determinism::derive_seed;
+    use rla_pipe::env::{at_level, task_id};
+    let f = Fixture::new();
+    let mut sets: Vec<String> = SMALL_GRIDNAV.iter().map(|s| s.to_string()).collect();
+    sets.push("env.pool_level=-1".into());
+    let set_refs: Vec<&str> = sets.iter().map(String::as_str).collect();
+    f.run_pipeline(GRIDNAV, "easy", 1, &set_refs).ok();
+    f.run_pipeline(GRIDNAV, "same", 1, &SMALL_GRIDNAV).ok();
+    let cfg = rla_pipe::config::Config::load(std::path::Path::new(GRIDNAV), &sets).unwrap();
+    let draw = |level: i32, seed: u64, n: u32| -> Vec<String> {
+        let e = at_level(&cfg.env, level).unwrap().unwrap();
+        let mut ids: Vec<String> = e
+            .generate(seed, n)
+            .unwrap()
+            .iter()
+            .map(|s| task_id(e.name(), s))
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let ids = |q: &str| -> Vec<String> { f.sql(q).ok().sorted_lines() };
+    let pool = |run: &str| {
+        ids(&format!(
+            "SELECT task_id FROM tasks WHERE run_id = '{run}' AND iter = 0"
+        ))
+    };
+    let n = cfg.env.initial_tasks;
+    let want = draw(-1, derive_seed(cfg.run.seed, &["pool"]), n);
+    assert_eq!(want.len(), n as usize, "the easier level repeats tasks");
+    assert_eq!(pool("easy"), want);
+    assert_eq!(
+        pool("same"),
+        draw(0, derive_seed(cfg.run.seed, &["pool"]), n)
+    );
+    assert_ne!(pool("easy"), pool("same"));
+    // The demonstrations: one level below the pool, none of them a pool task.
+    let p = &cfg.pretrain;
+    let below = draw(
+        -2,
+        derive_seed(p.seed, &["pretrain"]),
+        p.policy_episodes.max(p.tasks),
+    );
+    let demos = ids(
+        "SELECT DISTINCT task_id FROM demonstrations WHERE run_id = 'easy' AND purpose = 'policy'",
+    );
+    assert!(!demos.is_empty());
+    for d in &demos {
+        assert!(
+            below.contains(d),
+            "{d} is not a task of the level below the pool"
+        );
+        assert!(!want.contains(d), "{d} is a pool task");
+    }
+    // Evaluation is the same in both runs: the held-out and OOD sets keep the config's levels.
+    let eval = |run: &str| {
+        ids(&format!(
+            "SELECT DISTINCT split || ' ' || task_id FROM evaluations WHERE run_id = '{run}'"
+        ))
+    };
+    assert_eq!(eval("easy"), eval("same"));
+}
+
 /// The paper's ablations: every run has the same stages and tables, disabled ones empty.
 #[test]
 fn ablation_switches_keep_the_run_shape() {
