@@ -302,7 +302,8 @@ mod tests {
             ..Default::default()
         };
         let h = |k: household::HouseholdConfig| household::Household::new(k);
-        let level = |l| ids(at_level(&c, l).unwrap().unwrap().as_ref());
+        let at = |c: &EnvConfig, l| ids(at_level(c, l).unwrap().unwrap().as_ref());
+        let level = |l| at(&c, l);
         assert_eq!(level(0), ids(from_config(&c).unwrap().as_ref()));
         assert_eq!(level(1), ids(&h(c.household.harder())));
         assert_eq!(level(-1), ids(&h(c.household.easier())));
@@ -313,6 +314,12 @@ mod tests {
         assert_eq!(ids(pool_from_config(&c).unwrap().as_ref()), same);
         c.pool_level = -1;
         assert_eq!(ids(pool_from_config(&c).unwrap().as_ref()), easier);
+        // Every level below the smallest homes still makes tasks.
+        c.household.receptacles = 2;
+        c.household.distractors = 0;
+        for l in -3..=1 {
+            assert_eq!(at(&c, l).len(), 12, "level {l}");
+        }
         // Environments without difficulty knobs have only their own level.
         c.name = EnvKind::Coding;
         assert!(at_level(&c, -1).unwrap().is_none());

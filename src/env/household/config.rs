@@ -47,7 +47,7 @@ impl HouseholdConfig {
     }
 
     /// One difficulty level easier (where `pretrain` draws its demonstrations): one receptacle
-    /// and distractor fewer (the goal still fits), a quarter fewer closed containers and hidden
+    /// (at least 2) and distractor fewer (the goal still fits), a quarter fewer closed containers and hidden
     /// goal objects, a budget factor × 1.25. The goal types stay.
     pub fn easier(&self) -> HouseholdConfig {
         self.shifted(-1)
@@ -56,7 +56,7 @@ impl HouseholdConfig {
     fn shifted(&self, level: i32) -> HouseholdConfig {
         if level < 0 {
             return HouseholdConfig {
-                receptacles: self.receptacles.saturating_sub(1).max(1),
+                receptacles: self.receptacles.saturating_sub(1).max(2),
                 distractors: self.distractors.saturating_sub(1),
                 closed_fraction: (self.closed_fraction - 0.25).max(0.0),
                 goal_types: self.goal_types.clone(),
