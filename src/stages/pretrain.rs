@@ -1,7 +1,8 @@
 //! Stage `pretrain` (iteration 0 only): the warm start, in place of the pretrained LLM the
 //! paper starts from. It draws demonstration tasks from the environment one difficulty level
-//! EASIER than the training pool's ([`env::at_level`] `env.pool_level − 1`, seed `pretrain.seed`), minus every task of
-//! the training pool, the held-out set and the OOD set, and
+//! EASIER than the training pool's ([`env::at_level`] `env.pool_level − 1`, seed
+//! `pretrain.seed`), minus every task of the training pool, the held-out set and the OOD set,
+//! and
 //!
 //! - plays `pretrain.policy_episodes` episodes with the environment's planner
 //!   ([`env::Episode::oracle_action`]) and trains the policy by behaviour cloning on them

@@ -47,8 +47,8 @@ impl HouseholdConfig {
     }
 
     /// One difficulty level easier (where `pretrain` draws its demonstrations): one receptacle
-    /// (at least 2) and distractor fewer (the goal still fits), a quarter fewer closed containers and hidden
-    /// goal objects, a budget factor × 1.25. The goal types stay.
+    /// (at least 2) and distractor fewer (the goal still fits), a quarter fewer closed
+    /// containers and hidden goal objects, a budget factor × 1.25. The goal types stay.
     pub fn easier(&self) -> HouseholdConfig {
         self.shifted(-1)
     }
