@@ -51,8 +51,8 @@ impl EnvKind {
         self != EnvKind::Synthetic
     }
 
-    /// Whether the environment has a planner ([`Episode::oracle_action`]) and an easier level
-    /// ([`easier_from_config`]): what `pretrain` needs.
+    /// Whether the environment has a planner ([`Episode::oracle_action`]) and difficulty levels
+    /// ([`at_level`]): what `pretrain` and `env.pool_level` need.
     pub fn has_planner(self) -> bool {
         matches!(
             self,
@@ -150,11 +150,7 @@ impl EnvConfig {
             "must be 0 (the held-out set's difficulty) or -1 to -3 (that many levels easier)",
         );
         c.check(
-            self.pool_level == 0
-                || matches!(
-                    self.name,
-                    EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld | EnvKind::Web
-                ),
+            self.pool_level == 0 || self.name.has_planner(),
             "env.pool_level",
             "this environment has no difficulty levels: must be 0",
         );
@@ -191,12 +187,6 @@ pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
 /// evaluation set), where the environment has difficulty knobs ([`at_level`]).
 pub fn harder_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
     at_level(cfg, 1)
-}
-
-/// The environment one difficulty level easier than the config's, where the environment has
-/// difficulty knobs ([`at_level`]).
-pub fn easier_from_config(cfg: &EnvConfig) -> Result<Option<Box<dyn Environment>>> {
-    at_level(cfg, -1)
 }
 
 /// The environment of iteration 0's training pool: `env.pool_level` levels from the config's
