@@ -53,7 +53,7 @@ for ((seed = 0; seed < seeds; seed++)); do
   echo "== pre-s$seed" >&2
   "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
     --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
-  settings=(policy rm rmadapt)
+  settings=(rmadapt rm policy)   # the full loop first: every seed runs it
   if ((seed >= abl_seeds)); then settings=(rmadapt); fi
   for setting in "${settings[@]}"; do
     case "$setting" in
