@@ -7,7 +7,11 @@
 # ratios LoRA / full.
 #
 #   benches/lora.sh [RUNS] [--set key=value ...]     # RUNS per setting, default 2
+#   LAYERS=8 benches/lora.sh [RUNS] [...]             # adapters on every layer against the last 8
 #
+# With LAYERS=N the second setting is not full fine-tuning but adapters on the last N decoder
+# layers only (`policy.lora.layers` = `reward_model.lora.layers` = N; the ratios are top-N /
+# every layer).
 # Extra sets apply to both (the issue's baseline: --set reward_model.reply_prefix= --set
 # update.micro_batch_tokens=0). Needs models/smollm2-135m (the pipeline's header says how to
 # convert it offline). RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
@@ -61,21 +65,34 @@ one() { # one RUN: name, then the extra args
     tee -a "$results"
 }
 echo "setting wall_s peak_rss_kb store_bytes update_s"
+if [ -n "${LAYERS:-}" ]; then
+  second=(top "${lora[@]}" --set "policy.lora.layers=$LAYERS" --set "reward_model.lora.layers=$LAYERS")
+else
+  second=(full)
+fi
 for _ in $(seq "$runs"); do
   one lora "${lora[@]}"
-  one full
+  one "${second[@]}"
 done
-python3 - "$results" <<'EOF'
+python3 - "$results" "${LAYERS:-}" <<'EOF'
 import statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
+layers = sys.argv[2]
+other = "top" if layers else "full"
 med = {}
-for name in ("lora", "full"):
+for name in ("lora", other):
     r = [x for x in rows if x[0] == name]
     med[name] = [statistics.median(float(x[i]) for x in r) for i in (1, 2, 3, 4)]
-print("\n| medians | full fine-tuning | LoRA r = 8 | LoRA / full |")
+if layers:
+    print(f"\n| medians | LoRA r = 8, every layer | the last {layers} layers | last {layers} / every |")
+else:
+    print("\n| medians | full fine-tuning | LoRA r = 8 | LoRA / full |")
 print("|---|---:|---:|---:|")
 for i, what in enumerate(("wall (s)", "peak RSS (MiB)", "store growth (MB)", "update stage (s)")):
     scale = (1, 1 / 1024, 1e-6, 1)[i]
-    f, l = med["full"][i] * scale, med["lora"][i] * scale
+    if layers:
+        f, l = med["lora"][i] * scale, med["top"][i] * scale
+    else:
+        f, l = med["full"][i] * scale, med["lora"][i] * scale
     print(f"| {what} | {f:,.2f} | {l:,.2f} | {l / f:.3f} |")
 EOF

@@ -204,6 +204,10 @@ pub struct LoraConfig {
     pub dropout: f64,
     /// The projections that get an adapter, by their Hugging Face names.
     pub targets: Vec<String>,
+    /// Adapters on the last this-many decoder layers only (0 = every layer; PEFT's
+    /// `layers_to_transform`). The layers below stay frozen and outside the autodiff graph:
+    /// the update and the warm start differentiate through the top layers alone.
+    pub layers: usize,
 }
 
 /// The projections [`LoraConfig::targets`] may name.
@@ -224,6 +228,7 @@ impl Default for LoraConfig {
             alpha: 16.0,
             dropout: 0.0,
             targets: LORA_TARGETS.iter().map(|s| s.to_string()).collect(),
+            layers: 0,
         }
     }
 }

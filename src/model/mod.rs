@@ -224,6 +224,14 @@ impl ModelSpec {
             } else {
                 &reward_model.lora
             });
+            if let Some(l) = lora.as_ref().filter(|l| l.layers > arch.layers) {
+                return Err(Error::Config(format!(
+                    "key `{section}.lora.layers`: {} layers asked, the model in {} has {}",
+                    l.layers,
+                    dir.display(),
+                    arch.layers
+                )));
+            }
             let generate = (role == POLICY && policy.action_mode == ActionMode::Generate)
                 .then_some(GenerateSettings {
                     max_tokens: policy.max_tokens,

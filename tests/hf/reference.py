@@ -21,7 +21,8 @@ unless --dtype f32.
 --adapter applies a PEFT LoRA adapter directory (adapter_config.json +
 adapter_model.safetensors) the way peft's LoraLayer does without dropout:
 y = x W^T + b + (lora_alpha / r) * (x A^T) B^T for every module named in
-target_modules, with the keys `base_model.model.<module>.lora_A.weight`.
+target_modules (of the layers in layers_to_transform, when set), with the keys
+`base_model.model.<module>.lora_A.weight`.
 """
 import argparse
 import json
@@ -87,6 +88,10 @@ def load_adapter(adapter_dir, dtype):
         module = key[len("base_model.model."):-len(".lora_A.weight")]
         if module.split(".")[-1] not in cfg["target_modules"]:
             raise ValueError(f"{key}: not a target module")
+        # peft adapts only these layers' modules (null: every layer's).
+        only = cfg.get("layers_to_transform")
+        if only is not None and int(module.split(".layers.")[1].split(".")[0]) not in only:
+            raise ValueError(f"{key}: layer not in layers_to_transform {only}")
         b = w[key.replace(".lora_A.", ".lora_B.")]
         out[module] = (a.astype(dtype), b.astype(dtype), scale)
     return out

@@ -18,6 +18,7 @@ fn spec(targets: &[&str]) -> LoraSpec {
         rank: 4,
         alpha: 8.0,
         targets: targets.iter().map(|s| s.to_string()).collect(),
+        layers: 0,
     }
 }
 
@@ -205,7 +206,8 @@ fn only_the_adapters_get_gradients() {
     assert!(v.without > 20, "frozen base parameters: {}", v.without);
 }
 
-/// A whole run with adapters on both models (tiny byte-level Qwen2 policy and Llama RM):
+/// A whole run with adapters on both models (tiny byte-level Qwen2 policy and Llama RM, the
+/// RM's on its top layer only):
 /// every checkpoint committed is an adapter file of PEFT's keys recording the base weights'
 /// blake3, far smaller than the model; the update moves the adapters; the run resumes,
 /// replays an iteration bit for bit, and exports a PEFT directory and a merged model.
@@ -222,6 +224,7 @@ fn a_lora_run_commits_adapters_resumes_replays_and_exports() {
             "policy.lora.rank=4",
             "reward_model.lora.rank=2",
             "reward_model.lora.targets=[\"q_proj\",\"v_proj\"]",
+            "reward_model.lora.layers=1",
             "update.policy_lr=0.01",
             "update.rm_lr=0.01",
         ],
@@ -268,7 +271,12 @@ fn a_lora_run_commits_adapters_resumes_replays_and_exports() {
                     .any(|(n, _, v)| n.ends_with("lora_B.weight") && v.iter().any(|x| *x != 0.0));
             }
         } else {
-            assert_eq!(tensors.len(), 2 * 2 * 2, "{a}");
+            // The RM's adapters: the last of its two layers only (`reward_model.lora.layers`).
+            assert_eq!(tensors.len(), 2 * 2, "{a}");
+            assert!(
+                tensors.iter().all(|(n, _, _)| n.contains(".layers.1.")),
+                "{a}"
+            );
         }
     }
     assert!(moved, "the policy update moved its adapters");
@@ -427,5 +435,121 @@ fn full_fine_tuning_can_store_bf16_checkpoints_and_still_replays() {
         st.tensors()
             .iter()
             .all(|(_, v)| v.dtype() == safetensors::Dtype::F32)
+    );
+}
+
+/// `lora.layers = N`: adapters on the last N decoder layers only (PEFT's
+/// `layers_to_transform`). The adapted layers get the same fresh `A` as with every layer
+/// adapted (seeded per layer and projection); the file holds those layers alone and a file
+/// for other layers is refused; base + adapter equals the merged weights (≤ 1e-5 relative) and
+/// the numpy reference applying the exported PEFT directory (≤ 1e-4, which fails on a layer
+/// outside `layers_to_transform`); only the top layer's adapters get gradients; more layers
+/// than the model has is an error naming the key.
+#[test]
+fn adapters_on_the_top_layers_only() {
+    use burn::module::Module;
+    let f = Fixture::new();
+    let dir = f.dir.path().join("m");
+    tiny_model(&dir, "LlamaForCausalLM", "F32");
+    let dev = Default::default();
+    let digest = hf::directory_digest(&dir).unwrap();
+    let (all, top) = (
+        spec(&ALL),
+        LoraSpec {
+            layers: 1,
+            ..spec(&ALL)
+        },
+    );
+    let names = |s: &LoraSpec| {
+        let m = lora::attach_fresh(load_on::<Cpu>(&dir), s, 3, &dev);
+        lora::decode(&lora::to_bytes(&m, &digest).unwrap(), "x")
+            .unwrap()
+            .0
+    };
+    let (every, upper) = (names(&all), names(&top));
+    assert_eq!(upper.len(), 7 * 2, "one layer of two: 7 targets × (A, B)");
+    for t in &upper {
+        assert!(
+            t.0.starts_with("base_model.model.model.layers.1."),
+            "{}",
+            t.0
+        );
+        assert_eq!(
+            every.iter().find(|e| e.0 == t.0),
+            Some(t),
+            "{}: as fresh",
+            t.0
+        );
+    }
+
+    let bytes = random_adapter(&dir, &top, &digest);
+    assert_eq!(lora::adapted_layers(&bytes, "x").unwrap(), [1]);
+    let adapted = lora::attach_bytes(load_on::<Cpu>(&dir), &top, &bytes, "x", &dev).unwrap();
+    assert_eq!(lora::to_bytes(&adapted, &digest).unwrap(), bytes);
+    let e = lora::attach_bytes(load_on::<Cpu>(&dir), &all, &bytes, "x", &dev).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("layers.0.self_attn.q_proj.lora_A.weight` is missing"),
+        "{e}"
+    );
+    let both = random_adapter(&dir, &all, &digest);
+    let e = lora::attach_bytes(load_on::<Cpu>(&dir), &top, &both, "x", &dev).unwrap_err();
+    assert!(e.to_string().contains("layers.0."), "{e}");
+    let e = lora::attach_bytes(
+        load_on::<Cpu>(&dir),
+        &LoraSpec {
+            layers: 3,
+            ..spec(&ALL)
+        },
+        &bytes,
+        "x",
+        &dev,
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("lora.layers = 3: the model has 2 decoder layers"),
+        "{e}"
+    );
+
+    let ours = logits(&adapted);
+    let base = logits(&load_on::<Cpu>(&dir));
+    assert!(
+        ours.iter().zip(&base).any(|(a, b)| (a - b).abs() > 0.05),
+        "the adapter moves the logits"
+    );
+    let merged = logits(&lora::merge(adapted));
+    let d = ours
+        .iter()
+        .zip(&merged)
+        .map(|(a, b)| ((a - b) / a.abs().max(1.0)).abs())
+        .fold(0.0, f32::max);
+    assert!(d <= 1e-5, "adapters vs merged weights {d}");
+    let out = f.dir.path().join("adapter");
+    hf::export_adapter_dir("base", &top, &bytes, &out).unwrap();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("adapter_config.json")).unwrap()).unwrap();
+    assert_eq!(config["layers_to_transform"], serde_json::json!([1]));
+    let reference = reference_logits_with(&dir, &seqs(), &["--adapter", out.to_str().unwrap()]);
+    let w = worst(&ours, &reference);
+    assert!(w <= 1e-4, "ours vs numpy+PEFT adapter: {w}");
+
+    let model = lora::attach_bytes(load_on::<CpuTrain>(&dir), &top, &bytes, "x", &dev).unwrap();
+    let grads = model
+        .forward_full(&seqs(), &dev)
+        .powi_scalar(2)
+        .mean()
+        .backward();
+    let mut v = HasGrad {
+        grads: &grads,
+        with: 0,
+        without: 0,
+        nonzero: 0,
+    };
+    model.visit(&mut v);
+    assert_eq!(
+        (v.with, v.nonzero),
+        (14, 14),
+        "the top layer's 7 × (A, B) train"
     );
 }

@@ -62,6 +62,8 @@ pub struct LoraSpec {
     pub alpha: f64,
     /// In [`LORA_TARGETS`] order.
     pub targets: Vec<String>,
+    /// Adapters on the last this-many decoder layers (0 = every layer).
+    pub layers: usize,
 }
 
 impl LoraSpec {
@@ -75,7 +77,13 @@ impl LoraSpec {
                 .filter(|t| c.targets.iter().any(|x| x == *t))
                 .map(|t| t.to_string())
                 .collect(),
+            layers: c.layers,
         })
+    }
+
+    /// Whether decoder layer `l` of a model with `total` layers carries adapters.
+    pub fn covers(&self, l: usize, total: usize) -> bool {
+        self.layers == 0 || l + self.layers >= total
     }
 
     /// α / r.

@@ -52,7 +52,11 @@ pub fn attach_fresh<B: Backend>(
     device: &B::Device,
 ) -> CausalLm<B> {
     let mut tensors: Tensors = Vec::new();
+    let total = model.model.layers.len();
     for (l, layer) in model.model.layers.iter().enumerate() {
+        if !spec.covers(l, total) {
+            continue;
+        }
         for t in &spec.targets {
             let (module, [d_in, d_out]) = place(layer, t);
             let mut rng = Rng::new(derive_seed(seed, &["lora", &l.to_string(), t]));
@@ -93,6 +97,13 @@ fn attach<B: Backend>(
     device: &B::Device,
 ) -> Result<CausalLm<B>> {
     let mut model = model.no_grad();
+    let total = model.model.layers.len();
+    if spec.layers > total {
+        return Err(Error::Model(format!(
+            "lora.layers = {}: the model has {total} decoder layers",
+            spec.layers
+        )));
+    }
     // Each tensor is taken once; what is left at the end is not an adapter of the targets.
     let mut left: std::collections::BTreeMap<&str, (&Vec<usize>, &Vec<f32>)> = tensors
         .iter()
@@ -111,6 +122,10 @@ fn attach<B: Backend>(
         Ok(Tensor::<B, 2>::from_data(TensorData::new(v.clone(), [s[0], s[1]]), device).transpose())
     };
     for (l, layer) in model.model.layers.iter_mut().enumerate() {
+        if !spec.covers(l, total) {
+            // Below the adapted layers: frozen, and outside the autodiff graph.
+            continue;
+        }
         let mut adapters = LayerLora {
             q_proj: None,
             k_proj: None,
@@ -267,7 +282,28 @@ pub fn decode(bytes: &[u8], what: &str) -> Result<(Tensors, String)> {
 }
 
 /// PEFT's `adapter_config.json` for a model's adapters over the base model at `base_dir`.
-pub fn adapter_config(spec: &LoraSpec, base_dir: &str) -> String {
+/// The decoder layers an adapter file adapts (the `layers.{i}` of its tensors' keys), ascending.
+pub fn adapted_layers(bytes: &[u8], what: &str) -> Result<Vec<usize>> {
+    let (tensors, _) = decode(bytes, what)?;
+    let mut layers: Vec<usize> = tensors
+        .iter()
+        .filter_map(|(name, _, _)| {
+            name.strip_prefix("base_model.model.model.layers.")?
+                .split('.')
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    layers.sort_unstable();
+    layers.dedup();
+    Ok(layers)
+}
+
+/// PEFT's `adapter_config.json` for adapters of `spec` on the model in `base_dir`; `layers`:
+/// the decoder layers they adapt ([`adapted_layers`]), written as `layers_to_transform` when
+/// `spec.layers` restricts them (null: every layer).
+pub fn adapter_config(spec: &LoraSpec, base_dir: &str, layers: &[usize]) -> String {
     let v = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -283,7 +319,7 @@ pub fn adapter_config(spec: &LoraSpec, base_dir: &str) -> String {
         "use_rslora": false,
         "use_dora": false,
         "modules_to_save": null,
-        "layers_to_transform": null,
+        "layers_to_transform": (spec.layers > 0).then_some(layers),
         "layers_pattern": null,
         "rank_pattern": {},
         "alpha_pattern": {},

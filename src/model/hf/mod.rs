@@ -301,13 +301,13 @@ pub fn export_adapter_dir(
     adapter: &[u8],
     out: &Path,
 ) -> Result<Vec<String>> {
-    lora::decode(adapter, "checkpoint")?;
+    let layers = lora::adapted_layers(adapter, "checkpoint")?;
     write_dir(
         out,
         vec![
             (
                 "adapter_config.json".to_string(),
-                lora::adapter_config(spec, base).into_bytes(),
+                lora::adapter_config(spec, base, &layers).into_bytes(),
             ),
             ("adapter_model.safetensors".to_string(), adapter.to_vec()),
         ],

@@ -845,6 +845,7 @@ mod tests {
                 rank: 2,
                 alpha: 4.0,
                 targets: vec!["q_proj".into(), "v_proj".into()],
+                layers: 0,
             };
             let file = dir.path().join(format!("{i}-F32.safetensors"));
             let base = load::<crate::model::Cpu>(&arch, &[file], &dev).unwrap();
