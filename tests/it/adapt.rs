@@ -196,6 +196,37 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
             "{entropy} vs {sampled}"
         );
     }
+    // The loop diagnostics: one row per iteration; the repeat share (A, B, A) equals the same
+    // count made with a self-join instead of window functions.
+    let loops = f
+        .rla(&["sql", "--format", "csv", "--file", crate::STEP_LOOPS])
+        .ok()
+        .records();
+    assert_eq!(loops.len(), 3, "{loops:?}");
+    for (i, row) in loops.iter().enumerate() {
+        let one = |q: &str| -> f64 {
+            f.sql(&q.replace("{i}", &i.to_string()))
+                .ok()
+                .scalar()
+                .parse()
+                .unwrap()
+        };
+        let steps = one("SELECT count(*) FROM steps WHERE iter = {i}");
+        let repeats = one(
+            "SELECT count(*) FROM steps a JOIN steps b ON a.iter = b.iter AND a.traj_id = b.traj_id \
+             AND b.step_idx = a.step_idx - 1 JOIN steps c ON c.iter = a.iter \
+             AND c.traj_id = a.traj_id AND c.step_idx = a.step_idx - 2 \
+             WHERE a.iter = {i} AND a.action = c.action AND a.action <> b.action",
+        );
+        assert_eq!(row["steps"], steps.to_string());
+        let share: f64 = row["repeat_share"].parse().unwrap();
+        assert!(
+            (share - repeats / steps).abs() <= 5e-4,
+            "{share} vs {repeats}/{steps}"
+        );
+        let verdicts: f64 = row["rm_verdict_others"].parse().unwrap();
+        assert!((-1.0..=1.0).contains(&verdicts), "{verdicts}");
+    }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
     let r = f
         .rla(&["replay", "--run", "gridnav", "--iter", "1", "--verify"])

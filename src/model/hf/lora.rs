@@ -281,7 +281,6 @@ pub fn decode(bytes: &[u8], what: &str) -> Result<(Tensors, String)> {
     Ok((out, base))
 }
 
-/// PEFT's `adapter_config.json` for a model's adapters over the base model at `base_dir`.
 /// The decoder layers an adapter file adapts (the `layers.{i}` of its tensors' keys), ascending.
 pub fn adapted_layers(bytes: &[u8], what: &str) -> Result<Vec<usize>> {
     let (tensors, _) = decode(bytes, what)?;
