@@ -157,15 +157,19 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         total += row[2].parse::<u64>().unwrap();
         assert_eq!(row[3], total.to_string());
     }
+    // A diagnostics file's rows, and one figure of iteration `i` computed another way.
+    let diagnostics = |file: &str| {
+        f.rla(&["sql", "--format", "csv", "--file", file])
+            .ok()
+            .records()
+    };
+    let at = |q: &str, i: usize| f.sql(&q.replace("{i}", &i.to_string())).ok().scalar();
     // The learning-signal diagnostics: one row per iteration, each figure equal to the same
     // figure computed another way from the rows it summarises.
-    let rows = f
-        .rla(&["sql", "--format", "csv", "--file", crate::LEARNING_SIGNAL])
-        .ok()
-        .records();
+    let rows = diagnostics(crate::LEARNING_SIGNAL);
     assert_eq!(rows.len(), 3, "{rows:?}");
     for (i, row) in rows.iter().enumerate() {
-        let one = |q: &str| f.sql(&q.replace("{i}", &i.to_string())).ok().scalar();
+        let one = |q: &str| at(q, i);
         assert_eq!(row["iter"], i.to_string());
         assert_eq!(
             row["tasks_used"],
@@ -198,19 +202,10 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     }
     // The loop diagnostics: one row per iteration; the repeat share (A, B, A) equals the same
     // count made with a self-join instead of window functions.
-    let loops = f
-        .rla(&["sql", "--format", "csv", "--file", crate::STEP_LOOPS])
-        .ok()
-        .records();
+    let loops = diagnostics(crate::STEP_LOOPS);
     assert_eq!(loops.len(), 3, "{loops:?}");
     for (i, row) in loops.iter().enumerate() {
-        let one = |q: &str| -> f64 {
-            f.sql(&q.replace("{i}", &i.to_string()))
-                .ok()
-                .scalar()
-                .parse()
-                .unwrap()
-        };
+        let one = |q: &str| -> f64 { at(q, i).parse().unwrap() };
         let steps = one("SELECT count(*) FROM steps WHERE iter = {i}");
         let repeats = one(
             "SELECT count(*) FROM steps a JOIN steps b ON a.iter = b.iter AND a.traj_id = b.traj_id \

@@ -66,6 +66,22 @@ fn random_adapter(dir: &std::path::Path, spec: &LoraSpec, digest: &str) -> Vec<u
     weights::write_safetensors(&raw, &[("format", "pt"), ("rla_pipe.base_blake3", digest)])
 }
 
+/// The largest |a − b|.
+fn max_abs(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The largest |a − b| / max(|a|, 1): adapters against merged weights.
+fn max_relative(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| ((x - y) / x.abs().max(1.0)).abs())
+        .fold(0.0, f32::max)
+}
+
 fn worst(a: &[f32], b: &[f64]) -> f64 {
     assert_eq!(a.len(), b.len());
     a.iter()
@@ -114,21 +130,13 @@ fn adapters_equal_merged_weights_and_peft_semantics_on_every_architecture() {
             "{e}"
         );
         let ours = logits(&adapted);
-        let moved = ours
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0, f32::max);
+        let moved = max_abs(&ours, &before);
         assert!(
             moved > 0.05,
             "{arch}: the adapter moves the logits ({moved})"
         );
         let merged = logits(&lora::merge(adapted));
-        let d = ours
-            .iter()
-            .zip(&merged)
-            .map(|(a, b)| ((a - b) / a.abs().max(1.0)).abs())
-            .fold(0.0, f32::max);
+        let d = max_relative(&ours, &merged);
         assert!(d <= 1e-5, "{arch}: adapters vs merged weights {d}");
 
         // The exported PEFT directory, applied by the numpy reference as peft applies it.
@@ -514,16 +522,9 @@ fn adapters_on_the_top_layers_only() {
 
     let ours = logits(&adapted);
     let base = logits(&load_on::<Cpu>(&dir));
-    assert!(
-        ours.iter().zip(&base).any(|(a, b)| (a - b).abs() > 0.05),
-        "the adapter moves the logits"
-    );
-    let merged = logits(&lora::merge(adapted));
-    let d = ours
-        .iter()
-        .zip(&merged)
-        .map(|(a, b)| ((a - b) / a.abs().max(1.0)).abs())
-        .fold(0.0, f32::max);
+    let moved = max_abs(&ours, &base);
+    assert!(moved > 0.05, "the adapter moves the logits ({moved})");
+    let d = max_relative(&ours, &logits(&lora::merge(adapted)));
     assert!(d <= 1e-5, "adapters vs merged weights {d}");
     let out = f.dir.path().join("adapter");
     hf::export_adapter_dir("base", &top, &bytes, &out).unwrap();

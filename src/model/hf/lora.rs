@@ -36,9 +36,12 @@ fn place(layer: &DecoderLayer<impl Backend>, target: &str) -> (&'static str, [us
     (module, w.shape().dims())
 }
 
+/// What every adapter tensor's PEFT key starts with, before the layer's index.
+const LAYERS_PREFIX: &str = "base_model.model.model.layers.";
+
 /// PEFT's key prefix of a layer's target.
 fn key(layer: usize, module: &str, target: &str) -> String {
-    format!("base_model.model.model.layers.{layer}.{module}.{target}")
+    format!("{LAYERS_PREFIX}{layer}.{module}.{target}")
 }
 
 /// The adapters' tensors: `(PEFT key, shape, f32 values)`, sorted by key.
@@ -287,7 +290,7 @@ pub fn adapted_layers(bytes: &[u8], what: &str) -> Result<Vec<usize>> {
     let mut layers: Vec<usize> = tensors
         .iter()
         .filter_map(|(name, _, _)| {
-            name.strip_prefix("base_model.model.model.layers.")?
+            name.strip_prefix(LAYERS_PREFIX)?
                 .split('.')
                 .next()?
                 .parse()
