@@ -12,6 +12,7 @@ pub fn markdown(table: &str) -> Option<&'static str> {
     Some(match table {
         "adaptations" => include_str!("../../schemas/adaptations.md"),
         "demonstrations" => include_str!("../../schemas/demonstrations.md"),
+        "eval_steps" => include_str!("../../schemas/eval_steps.md"),
         "evaluations" => include_str!("../../schemas/evaluations.md"),
         "executions" => include_str!("../../schemas/executions.md"),
         "judgements" => include_str!("../../schemas/judgements.md"),
@@ -38,6 +39,14 @@ pub fn volatile(table: &str) -> &'static [&'static str] {
         "executions" => &["seconds"],
         _ => &[],
     }
+}
+
+/// Tables a stage has written only since a later build than its first (`eval_steps`, written
+/// by `evaluate` since 2026-11-28): a manifest of an earlier build does not list them, which
+/// `replay --verify` reports instead of failing. Any other replayed table the manifest lacks
+/// is a mismatch.
+pub fn added_to_its_stage_later(table: &str) -> bool {
+    matches!(table, "eval_steps")
 }
 
 /// The rows of a schema file's column table: (column, type, nullable, meaning).
@@ -361,6 +370,24 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("rollouts", UInt32, false),
                 f("successes", UInt32, false),
                 f("split", Utf8, false),
+            ],
+        ),
+        table(
+            "eval_steps",
+            &["split", "task_id", "rollout_idx", "step_idx"],
+            vec![
+                f("split", Utf8, false),
+                f("task_id", Utf8, false),
+                f("rollout_idx", UInt32, false),
+                f("outcome", Int8, false),
+                f("step_idx", UInt32, false),
+                f("observation", Utf8, false),
+                f("action", Utf8, false),
+                f("action_logprob", Float64, false),
+                f("oracle_progress", Int8, true),
+                f("next_observation", Utf8, false),
+                f("admissible", Utf8, false),
+                f("response", Utf8, true),
             ],
         ),
         table(

@@ -1,4 +1,5 @@
-//! Stage `evaluate`: `tasks` + the updated policy → `evaluations`. Success on a fixed held-out
+//! Stage `evaluate`: `tasks` + the updated policy → `evaluations` (counts) and `eval_steps`
+//! (every evaluation episode's steps, as `steps` holds the rollout's). Success on a fixed held-out
 //! set: `eval.tasks` tasks drawn from the environment with the seed `eval.seed` (the same set
 //! every iteration of a run), minus any task that is also in this iteration's training pool.
 //! With `eval.mode = "sampled"` (the default, as the reference: 3 rollouts at T = 0.8) each task
@@ -39,7 +40,7 @@ pub(crate) type EvalSet = (
 /// run (drawn with `eval.seed`).
 pub(crate) fn eval_sets(cfg: &crate::config::Config) -> Result<Vec<EvalSet>> {
     let eval = &cfg.eval;
-    // Evaluation commits no steps: its episodes keep no screenshots.
+    // Evaluation commits its steps but no screens: its episodes keep no screenshots.
     let env_cfg = cfg.env.without_screenshots();
     let mut sets: Vec<(&'static str, Box<dyn env::Environment>, u32)> =
         vec![("held_out", env::from_config(&env_cfg)?, eval.tasks)];
@@ -76,7 +77,7 @@ impl Stage for Evaluate {
         &["tasks"]
     }
     fn outputs(&self) -> &'static [&'static str] {
-        &["evaluations"]
+        &["evaluations", "eval_steps"]
     }
     fn config_sections(&self) -> &'static [&'static str] {
         &["env", "policy", "eval"]
@@ -112,6 +113,7 @@ impl Stage for Evaluate {
             };
             let policy_ck = &policy_ck;
             let mut out = TableBuilder::new("evaluations")?;
+            let mut steps = TableBuilder::new("eval_steps")?;
             for (split, environment, mut tasks) in eval_sets(&ctx.config)? {
                 tasks.retain(|(id, _)| !training.contains(id));
                 super::emit_assets(ctx, environment.as_ref(), tasks.iter().map(|(_, s)| s))?;
@@ -142,6 +144,23 @@ impl Stage for Evaluate {
                             None,
                         )
                     })?;
+                    for ((t, r, _), episode) in seeds.iter().zip(&rolled) {
+                        for (i, st) in episode.steps.iter().enumerate() {
+                            steps
+                                .push_str(&name)
+                                .push_str(&tasks[*t].0)
+                                .push_u32(*r)
+                                .push_i8(episode.outcome)
+                                .push_u32(i as u32)
+                                .push_str(&st.observation)
+                                .push_str(&st.action)
+                                .push_f64(st.logprob)
+                                .push_opt_i8(st.oracle)
+                                .push_str(&st.next_observation)
+                                .push_str(&super::rollout::admissible_json(&st.admissible))
+                                .push_opt_str(st.response.as_deref());
+                        }
+                    }
                     for (t, (task_id, _)) in tasks.iter().enumerate() {
                         let won = rolled[t * per_task as usize..(t + 1) * per_task as usize]
                             .iter()
@@ -155,10 +174,17 @@ impl Stage for Evaluate {
                 }
             }
             let batch = out.finish_with(&ctx.run_id, ctx.iter)?;
-            Ok(vec![(
-                "evaluations",
-                TableOutput::Frame(ctx.session.read_batch(batch)?),
-            )])
+            let steps = steps.finish_with(&ctx.run_id, ctx.iter)?;
+            Ok(vec![
+                (
+                    "evaluations",
+                    TableOutput::Frame(ctx.session.read_batch(batch)?),
+                ),
+                (
+                    "eval_steps",
+                    TableOutput::Frame(ctx.session.read_batch(steps)?),
+                ),
+            ])
         })
     }
 }

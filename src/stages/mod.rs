@@ -13,7 +13,7 @@
 //! | `advantage` | `step_rewards`, `rm_samples`, `trajectories`, `tasks`, `judgements` | `policy_advantages`, `rm_advantages` |
 //! | `update` | `steps`, `rm_samples`, both advantage tables, both checkpoints | `update_metrics`, new checkpoints |
 //! | `adapt` | `tasks`, `task_accuracy`, `judgements`, `trajectories`, `rm_samples`, `steps` | `adaptations` |
-//! | `evaluate` | `tasks`, the new policy checkpoint | `evaluations` |
+//! | `evaluate` | `tasks`, the new policy checkpoint | `evaluations`, `eval_steps` |
 //!
 //! Stages that run a model share [`trajectories`] (steps grouped into trajectories, for prompts)
 //! and `bench` (their benchmark dumps for `benches/torch_*.py`, off unless `RLA_PIPE_BENCH_*` is set).

@@ -51,6 +51,11 @@ pub(crate) struct StepRecord {
     pub(crate) response: Option<String>,
 }
 
+/// A step's admissible actions as `steps.admissible` stores them (a JSON array).
+pub(crate) fn admissible_json(admissible: &[String]) -> String {
+    serde_json::to_string(admissible).expect("strings serialize")
+}
+
 /// One finished rollout.
 pub(crate) struct Rolled {
     pub(crate) outcome: i8,
@@ -561,8 +566,7 @@ impl Stage for Rollout {
                     ctx.emit_screenshot(&traj_id, i, png);
                 }
                 for (i, st) in rolled.steps.into_iter().enumerate() {
-                    let admissible =
-                        serde_json::to_string(&st.admissible).expect("strings serialize");
+                    let admissible = admissible_json(&st.admissible);
                     steps
                         .push_str(task_id)
                         .push_str(&traj_id)

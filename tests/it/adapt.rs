@@ -222,6 +222,41 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         let verdicts: f64 = row["rm_verdict_others"].parse().unwrap();
         assert!((-1.0..=1.0).contains(&verdicts), "{verdicts}");
     }
+    // The evaluation episodes: per iteration and split, the episodes and wins `evaluations`
+    // counts, and each split's repeat shares as the self-join counts them.
+    let episodes = diagnostics(crate::EVAL_LOOPS);
+    let splits = f
+        .sql("SELECT iter, split, sum(rollouts), sum(successes) FROM evaluations GROUP BY iter, split ORDER BY iter, split")
+        .ok()
+        .csv();
+    assert!(!splits.is_empty());
+    assert_eq!(episodes.len(), splits.len(), "{episodes:?}");
+    for (row, split) in episodes.iter().zip(&splits) {
+        assert_eq!(
+            [&row["iter"], &row["split"], &row["episodes"], &row["won"]],
+            [&split[0], &split[1], &split[2], &split[3]],
+            "{episodes:?}"
+        );
+        let lost = f
+            .sql(&format!(
+                "SELECT count(*) FROM (SELECT a.task_id, a.rollout_idx, \
+                   sum(CASE WHEN a.action = c.action AND a.action <> b.action THEN 1.0 ELSE 0.0 END) AS r, \
+                   max(a.step_idx) + 1 AS n \
+                 FROM eval_steps a \
+                 JOIN eval_steps b ON a.iter = b.iter AND a.split = b.split \
+                   AND a.task_id = b.task_id AND a.rollout_idx = b.rollout_idx \
+                   AND b.step_idx + 1 = a.step_idx \
+                 JOIN eval_steps c ON a.iter = c.iter AND a.split = c.split \
+                   AND a.task_id = c.task_id AND a.rollout_idx = c.rollout_idx \
+                   AND c.step_idx + 2 = a.step_idx \
+                 WHERE a.iter = {} AND a.split = '{}' AND a.outcome < 0 \
+                 GROUP BY a.task_id, a.rollout_idx) WHERE 3 * r >= n",
+                split[0], split[1]
+            ))
+            .ok()
+            .scalar();
+        assert_eq!(row["lost_in_loop"], lost, "{row:?}");
+    }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
     let r = f
         .rla(&["replay", "--run", "gridnav", "--iter", "1", "--verify"])

@@ -114,6 +114,14 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
             .collect();
         assert_eq!(reordered.len(), 1, "{}", r.stdout);
         assert!(reordered[0].contains("policy_advantages"), "{}", r.stdout);
+        // `evaluate` writes its episodes' steps since a later build: reported, not compared.
+        let uncompared: Vec<&str> = r
+            .stdout
+            .lines()
+            .filter(|l| l.contains("not compared"))
+            .collect();
+        assert_eq!(uncompared.len(), 1, "{}", r.stdout);
+        assert!(uncompared[0].contains("eval_steps"), "{}", r.stdout);
     }
     let r = f.run_pipeline(GRIDNAV, "fixture", 3, &SMALL_GRIDNAV);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
@@ -121,11 +129,28 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
     assert_eq!(r.stdout.lines().nth(1), Some("3"));
     // The iteration this build added: every file checked and in key order (its
     // `policy_advantages` too, whose sort DataFusion drops on this data), and it replays.
-    assert_eq!(committed_in_key_order(&f.store(), "fixture", 2), 12);
+    assert_eq!(committed_in_key_order(&f.store(), "fixture", 2), 13);
     let r = f.rla(&[
         "replay", "--store", &store, "--run", "fixture", "--iter", "2", "--verify",
     ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert!(!r.stdout.contains("not compared"), "{}", r.stdout);
+    // The evaluation episodes this build committed: one per held-out and OOD task (one
+    // sampled rollout each), their outcomes the counts `evaluations` holds.
+    let r = f.sql(
+        "SELECT e.split, e.successes, e.rollouts, s.episodes, s.won FROM \
+           (SELECT split, sum(successes) AS successes, sum(rollouts) AS rollouts \
+            FROM evaluations WHERE run_id = 'fixture' AND iter = 2 GROUP BY split) e \
+         JOIN (SELECT split, count(*) AS episodes, sum(CASE WHEN outcome > 0 THEN 1 ELSE 0 END) AS won \
+               FROM eval_steps WHERE run_id = 'fixture' AND iter = 2 AND step_idx = 0 \
+               GROUP BY split) s \
+         ON e.split = s.split ORDER BY e.split",
+    );
+    let rows = r.ok().csv();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for row in &rows {
+        assert_eq!((&row[1], &row[2]), (&row[4], &row[3]), "{rows:?}");
+    }
 }
 
 /// Check every data file committed for iteration `iter` of `run`: its manifest entry says the
