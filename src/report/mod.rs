@@ -589,7 +589,12 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             &lines_of(
                 &success,
                 runs,
-                &[("train", "train"), ("held_out", "held-out"), ("ood", "OOD")],
+                &[
+                    ("train", "train"),
+                    ("held_out", "held-out"),
+                    ("ood", "OOD"),
+                    ("held_out_greedy", "held-out greedy"),
+                ],
             ),
             rate,
         )?,
@@ -665,6 +670,25 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             "steps",
             &lines_of(&training, runs, &[("episode_length", "steps")]),
             Axis::Zero { top: 1.0 },
+        )?,
+    ));
+    // A policy that learned to go back and forth (A, B, A): in its rollouts, and in the
+    // held-out evaluation sampled and greedy (pipelines/sql/step_loops.sql, eval_loops.sql).
+    charts.push((
+        "loops".to_string(),
+        chart(
+            "Loops: steps repeating the action two steps back",
+            "share of steps",
+            &lines_of(
+                &training,
+                runs,
+                &[
+                    ("repeat_share", "rollouts"),
+                    ("eval_repeat_share", "held-out"),
+                    ("greedy_repeat_share", "held-out greedy"),
+                ],
+            ),
+            rate,
         )?,
     ));
     charts.push((
@@ -883,7 +907,7 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "success",
         "Success",
         format!(
-            "<p>Train: mean accuracy of the active tasks' sampled rollouts (solid). Held-out: success of the evaluation rollouts (eval.rollouts sampled at eval.temperature; one greedy rollout with eval.mode = \"greedy\") on tasks of the training distribution never trained on (dashed). OOD: the same on tasks one difficulty level harder (dotted).</p>\n<figure>{}</figure>\n{}",
+            "<p>Train: mean accuracy of the active tasks' sampled rollouts (solid). Held-out: success of the evaluation rollouts (eval.rollouts sampled at eval.temperature; one greedy rollout with eval.mode = \"greedy\") on tasks of the training distribution never trained on (dashed). OOD: the same on tasks one difficulty level harder (dotted). With eval.mode = \"both\", held-out greedy: one greedy rollout per held-out task beside the sampled ones (long dashes; the table has OOD greedy too).</p>\n<figure>{}</figure>\n{}",
             chart_of("success"),
             success.html()
         ),
@@ -901,11 +925,12 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         "training",
         "Training signal",
         format!(
-            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict; reply_error_rate: the share of sampled steps whose reply named no admissible action (generate mode; 0 in score mode). When a run does not learn, the second chart shows where its signal dies. Policy entropy: the mean −log π(a|s) of the sampled actions at the rollout temperature, an unbiased estimate of the entropy of the policy's distribution over the admissible actions (score mode; ln #admissible for a uniform policy; not drawn for generate mode, whose replies are token sequences). Episode length: mean steps of the sampled rollouts.</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
+            "<p>Mean step reward: R = outcome + λ · mean verdict over every sampled step (solid). Advantage std: the spread of the policy advantages the update trains on (dashed; 0 when every group tied: nothing to learn); trained_share and trained_task_share: the shares of rows and of tasks it trains on (the accuracy filter's band; 0 when every task is always or never won); rm_verdict_rate: the share of the reward model's samples with a parsable verdict; reply_error_rate: the share of sampled steps whose reply named no admissible action (generate mode; 0 in score mode). When a run does not learn, the second chart shows where its signal dies. Policy entropy: the mean −log π(a|s) of the sampled actions at the rollout temperature, an unbiased estimate of the entropy of the policy's distribution over the admissible actions (score mode; ln #admissible for a uniform policy; not drawn for generate mode, whose replies are token sequences). Episode length: mean steps of the sampled rollouts. Loops: the share of steps that repeat the action of two steps before but not the previous one (A, B, A: going back and forth) in the sampled rollouts (solid) and in the held-out evaluation episodes, sampled (dashed) and greedy (dotted); a share that grows while success falls is a policy paid for a loop (pipelines/sql/step_loops.sql says whether the reward model pays for it).</p>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n<figure>{}</figure>\n{}",
             chart_of("reward"),
             chart_of("signal"),
             chart_of("entropy"),
             chart_of("episode_length"),
+            chart_of("loops"),
             training.html()
         ),
     );

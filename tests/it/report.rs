@@ -142,7 +142,7 @@ fn report_has_every_section_and_the_right_numbers() {
             .iter()
             .map(|w| w.as_f64().unwrap())
             .collect();
-        assert_eq!(charts.len(), 14, "{layout}");
+        assert_eq!(charts.len(), 15, "{layout}");
         assert!(
             charts
                 .iter()
@@ -166,11 +166,11 @@ fn report_has_every_section_and_the_right_numbers() {
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
     }
-    // Self-contained: 14 inline charts, nothing fetched, no script.
-    assert_eq!(html.matches("<svg").count(), 14);
+    // Self-contained: 15 inline charts, nothing fetched, no script.
+    assert_eq!(html.matches("<svg").count(), 15);
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
     assert!(!html.contains("<script"));
-    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 14);
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 15);
     // Both runs are overlaid in the charts' legends, each in its own colour throughout: the
     // first run's blue, the second's vermillion, no third colour in the success chart.
     assert!(html.contains("full · train") && html.contains("static · held-out"));
@@ -220,9 +220,53 @@ fn report_has_every_section_and_the_right_numbers() {
             );
             let i = iter.to_string();
             assert_eq!(
-                row(&html, "success", run, &i)[2..],
+                row(&html, "success", run, &i)[2..5],
                 [fmt(train), fmt(held), fmt(ood)],
                 "{run} {iter}"
+            );
+            // Loops: the share of A-B-A steps in the rollouts and the held-out episodes,
+            // counted with self-joins.
+            let repeats = |table: &str, episode: &str, split: &str| {
+                let on = |x: &str, back: u32| {
+                    format!(
+                        "{x}.run_id = a.run_id AND {x}.iter = a.iter AND {} AND {x}.step_idx + {back} = a.step_idx",
+                        episode
+                            .split(',')
+                            .map(|c| format!("{x}.{c} = a.{c}"))
+                            .collect::<Vec<_>>()
+                            .join(" AND ")
+                    )
+                };
+                let repeated = num(
+                    &f,
+                    &format!(
+                        "SELECT count(*) * 1.0 FROM {table} a JOIN {table} b ON {} JOIN {table} c ON {} \
+                         WHERE a.run_id = '{run}' AND a.iter = {iter} {split} \
+                         AND a.action = c.action AND a.action <> b.action",
+                        on("b", 1),
+                        on("c", 2)
+                    ),
+                );
+                let all = num(
+                    &f,
+                    &format!(
+                        "SELECT count(*) * 1.0 FROM {table} a WHERE a.run_id = '{run}' AND a.iter = {iter} {split}"
+                    ),
+                );
+                fmt(repeated / all)
+            };
+            let training = row(&html, "training", run, &i);
+            assert_eq!(
+                training[10..12],
+                [
+                    repeats("steps", "traj_id", ""),
+                    repeats(
+                        "eval_steps",
+                        "split,task_id,rollout_idx",
+                        "AND a.split = 'held_out'"
+                    )
+                ],
+                "{run} {iter}: {training:?}"
             );
             let process = num(
                 &f,
@@ -386,14 +430,14 @@ fn report_has_every_section_and_the_right_numbers() {
     let small = f.dir.path().join("small.html").display().to_string();
     f.rla(&["report", "small", "--out", &small]).ok();
     let html = std::fs::read_to_string(&small).unwrap();
-    assert_eq!(html.matches("<svg").count(), 14);
+    assert_eq!(html.matches("<svg").count(), 15);
     let train = num(
         &f,
         "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
     );
     assert_eq!(
         row(&html, "success", "small", "1")[2..],
-        [fmt(train), "–".into(), "–".into()]
+        [fmt(train), "–".into(), "–".into(), "–".into(), "–".into()]
     );
 
     // Unknown runs are named; no run is a usage error.
