@@ -153,7 +153,9 @@ rla-pipe report gridnav gridnav-lambda05 --out compare.html"
         /// Verify: exit 1 naming the stage and table that differ.
         #[arg(long, requires = "iter")]
         verify: bool,
-        /// Branch: share iterations before this one with --run and execute from it.
+        /// Branch: share iterations before this one with --run and execute from it; from it on,
+        /// a stage whose settings, seed and inputs are the parent's is shared too (its
+        /// committed outputs are what it would compute).
         #[arg(long, value_name = "N", requires = "into")]
         from: Option<u32>,
         /// Branch: the new run's id.
@@ -166,6 +168,10 @@ rla-pipe report gridnav gridnav-lambda05 --out compare.html"
         /// the value --set gives).
         #[arg(long, requires = "into")]
         iterations: Option<u32>,
+        /// Branch: execute every stage from N, also those the parent's committed outputs would
+        /// answer (a check that this build reproduces the parent, e.g. with no --set).
+        #[arg(long, requires = "into")]
+        recompute: bool,
     },
     /// List a run's committed data files (URL, table, iteration, rows, bytes, blake3): exactly
     /// the files `sql` reads, for Polars, DuckDB or pyarrow. Uncommitted attempts never appear.
@@ -464,12 +470,18 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             into,
             sets,
             iterations,
+            recompute,
         } => match (iter, from, into) {
             (Some(iter), _, _) if verify => {
                 replay::replay_verify(&store, &run, iter, stage.as_deref()).await?
             }
             (_, Some(from), Some(into)) => {
-                branch::branch(&store, &run, from, &into, sets, iterations, quiet).await?
+                let how = branch::How {
+                    iterations,
+                    recompute,
+                    quiet,
+                };
+                branch::branch(&store, &run, from, &into, sets, how).await?
             }
             _ => {
                 return Err(Error::usage(

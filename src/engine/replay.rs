@@ -94,15 +94,31 @@ async fn verify_run(
         )));
     }
 
-    if it.stages.values().any(|c| c.manifest.shared.is_some()) {
+    // A branch shares whole iterations before its branch point, and from it on each stage that
+    // would have computed what its parent committed: those are verified in the run that
+    // executed them, the rest here.
+    let shared: std::collections::BTreeSet<&str> = it
+        .stages
+        .values()
+        .filter(|c| c.manifest.shared.is_some())
+        .map(|c| c.manifest.stage.as_str())
+        .collect();
+    if shared.len() == it.stages.len() || only.is_some_and(|s| shared.contains(s)) {
         return verify_shared(store, run_id, iter, it, only, pipeline).await;
     }
+    let mut report = Vec::new();
+    if only.is_none() {
+        for s in &shared {
+            report.extend(verify_shared(store, run_id, iter, it, Some(s), pipeline).await?);
+        }
+    }
+    let skip = |stage: &str| only.is_some_and(|s| s != stage) || shared.contains(stage);
 
     // 1. Integrity of every committed file and recorded input manifest; the schemas the files
     // were written with (an earlier build may have written fewer columns).
     let mut as_written: BTreeMap<(String, String), arrow::datatypes::SchemaRef> = BTreeMap::new();
     for c in it.stages.values() {
-        if only.is_some_and(|s| s != c.manifest.stage) {
+        if skip(&c.manifest.stage) {
             continue;
         }
         for f in &c.manifest.outputs {
@@ -182,12 +198,11 @@ async fn verify_run(
     }
 
     // 2. Re-execute deterministic stages from the inputs their manifests name.
-    let mut report = Vec::new();
     for stage in dag.stages() {
         let Some(c) = it.stages.get(stage.name()) else {
             continue;
         };
-        if only.is_some_and(|s| s != stage.name()) {
+        if skip(stage.name()) {
             continue;
         }
         let m = &c.manifest;
@@ -453,9 +468,9 @@ fn compare_artifacts(
     Ok(report)
 }
 
-/// A branch's iteration shared with its parent: each manifest must be the committing run's
-/// (same bytes but for run id, status and `shared`, which holds that manifest's digest); the
-/// iteration is then verified in the run that executed it.
+/// A branch's iteration shared with its parent (or, with `only`, one shared stage of it): each
+/// manifest must be the committing run's (same bytes but for run id, status and `shared`, which
+/// holds that manifest's digest); the iteration is then verified in the run that executed it.
 async fn verify_shared(
     store: &Store,
     run_id: &str,

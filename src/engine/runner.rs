@@ -38,6 +38,12 @@ pub struct Engine {
     /// `run.cluster`'s workers, which run the partitioned stages' ranges and the model stages'
     /// shards.
     cluster: Option<Cluster>,
+    /// The run this one branches from (`run.json`'s `branch`): a stage that would compute what
+    /// the parent committed is shared with it instead ([`Engine::shared_with_parent`]).
+    branch: Option<manifest::Branch>,
+    /// Share a branch's stages that would compute what its parent committed (the default);
+    /// `false` executes them (`replay --into … --recompute`).
+    pub share_with_parent: bool,
 }
 
 impl Engine {
@@ -127,6 +133,7 @@ impl Engine {
                 info!(run = %run_id, "run.json predates some config keys; their defaults apply and all values match");
             }
         }
+        let branch = wanted.branch.clone();
         // The cluster's codec decodes a shard to the stage of this DAG it names.
         let stages = dag.stages().to_vec();
         let codec = StageCodec::new(
@@ -147,6 +154,8 @@ impl Engine {
             dag,
             models: wanted.models,
             verbose: false,
+            branch,
+            share_with_parent: true,
         })
     }
 
@@ -213,7 +222,10 @@ impl Engine {
                             ));
                             c
                         }
-                        None => self.run_stage(iter, stage, &mut done).await?,
+                        None => match self.shared_with_parent(iter, stage, &mut done).await? {
+                            Some(c) => c,
+                            None => self.run_stage(iter, stage, &mut done).await?,
+                        },
                     };
                 done.insert((iter, stage.name().to_string()), committed);
                 if until == Some(stage.name()) {
@@ -264,6 +276,177 @@ impl Engine {
             }
         }
         Ok(())
+    }
+
+    /// A branch's stage that would compute exactly what its parent committed for the same
+    /// iteration — the same config values and seed, manifest inputs committed by the same
+    /// executions (a shared manifest counts as the one it shares), checkpoints and assets with
+    /// the same bytes — is shared with the parent instead of executed: its manifest names the
+    /// parent's files, as the iterations before the branch point do. So a branch re-executes
+    /// only what its overrides reach (`--set adapt.enabled=false` from iteration 0 shares the
+    /// warm start, the rollout, the rewards and the update; `reward.lambda` shares the rollout
+    /// and the RM's verdicts). `None`: the stage must run.
+    async fn shared_with_parent(
+        &self,
+        iter: u32,
+        stage: &Arc<dyn Stage>,
+        done: &mut BTreeMap<(u32, String), Committed>,
+    ) -> Result<Option<Committed>> {
+        let Some(branch) = self.branch.as_ref().filter(|_| self.share_with_parent) else {
+            return Ok(None);
+        };
+        let Some(theirs) =
+            catalog::read_stage(&self.store, &branch.parent, iter, stage.name()).await?
+        else {
+            return Ok(None);
+        };
+        let m = &theirs.manifest;
+        let sections: Vec<String> = stage
+            .config_sections()
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let same_config = if m.config.is_empty() {
+            m.config_hash == self.config.section_hash(stage.config_sections())
+        } else {
+            m.config == self.config.section_keys(stage.config_sections())
+        };
+        if m.config_sections != sections
+            || !same_config
+            || m.seed != stage_seed(&self.config, iter, stage.name())
+        {
+            return Ok(None);
+        }
+        // Manifest inputs, each by the manifest of the execution that committed it.
+        let origin = |c: &Committed| {
+            c.manifest
+                .shared
+                .as_ref()
+                .map_or(c.digest.clone(), |s| s.digest.clone())
+        };
+        let mut mine: Vec<(Vec<String>, String)> = self
+            .inputs_of(iter, stage.as_ref(), done)
+            .await?
+            .iter()
+            .map(|(c, tables)| (tables.iter().map(|t| t.to_string()).collect(), origin(c)))
+            .collect();
+        let mut parents = Vec::new();
+        for input in m.inputs.iter().filter(|i| i.kind == InputKind::Manifest) {
+            let Some(c) = catalog::read_committed_at(&self.store, &input.path).await? else {
+                return Ok(None);
+            };
+            if c.digest != input.digest {
+                return Ok(None);
+            }
+            parents.push((input.tables.clone(), origin(&c)));
+        }
+        mine.sort();
+        parents.sort();
+        if mine != parents {
+            return Ok(None);
+        }
+        // Checkpoints, by their bytes (and the pretrained weights an adapter builds on).
+        let theirs_ck: BTreeMap<&str, &InputRef> = m
+            .inputs
+            .iter()
+            .filter(|i| i.kind != InputKind::Manifest)
+            .filter_map(|i| i.tables.first().map(|n| (n.as_str(), i)))
+            .collect();
+        let sources = self.dag.checkpoint_sources(stage.name(), iter);
+        if sources.len() != theirs_ck.len() {
+            return Ok(None);
+        }
+        for (name, from) in sources {
+            let Some(t) = theirs_ck.get(name) else {
+                return Ok(None);
+            };
+            if t.source != self.models.get(name).cloned() {
+                return Ok(None);
+            }
+            let digest = match from {
+                Some((producer, from)) => {
+                    if t.kind != InputKind::Artifact {
+                        return Ok(None);
+                    }
+                    let key = (from, producer.to_string());
+                    if !done.contains_key(&key) {
+                        let Some(c) =
+                            catalog::read_stage(&self.store, &self.run_id, from, producer).await?
+                        else {
+                            return Ok(None);
+                        };
+                        done.insert(key.clone(), c);
+                    }
+                    match done[&key]
+                        .manifest
+                        .artifacts
+                        .iter()
+                        .find(|a| a.name == name)
+                    {
+                        Some(a) => a.digest.clone(),
+                        None => return Ok(None),
+                    }
+                }
+                None => {
+                    if t.kind != InputKind::Init {
+                        return Ok(None);
+                    }
+                    manifest::digest(&self.dag.initial_checkpoint(&self.config, name)?)
+                }
+            };
+            if digest != t.digest {
+                return Ok(None);
+            }
+        }
+        // The environment's files committed before the stage, by their bytes.
+        if stage.assets_in(&self.config) {
+            let before = |a: crate::stage::Assets| -> BTreeMap<String, String> {
+                a.files
+                    .into_iter()
+                    .filter(|(id, _)| a.before.contains(id))
+                    .map(|(id, f)| (id, f.digest))
+                    .collect()
+            };
+            let dag = &self.dag;
+            let ours = super::assets::committed(&self.store, &self.run_id, dag, iter, stage.name());
+            let parent =
+                super::assets::committed(&self.store, &branch.parent, dag, iter, stage.name());
+            if before(ours.await?) != before(parent.await?) {
+                return Ok(None);
+            }
+        }
+        let mut shared = m.clone();
+        shared.shared = Some(m.shared.clone().unwrap_or(manifest::Shared {
+            run: branch.parent.clone(),
+            path: theirs.path.clone(),
+            digest: theirs.digest.clone(),
+        }));
+        shared.run_id = self.run_id.clone();
+        shared.status = "shared".into();
+        let bytes = manifest::to_bytes(&shared);
+        let path = layout::stage_manifest(&self.run_id, iter, stage.name());
+        self.store
+            .put_if_absent(&path, bytes.clone())
+            .await
+            .map_err(|e| match e {
+                Error::CommitConflict(_) => Error::CommitConflict(format!(
+                    "stage {} of iteration {iter} of run {} was committed by another writer first",
+                    stage.name(),
+                    self.run_id
+                )),
+                e => e,
+            })?;
+        let by = shared.shared.as_ref().map_or("", |s| s.run.as_str());
+        info!(run = %self.run_id, iter, stage = stage.name(), parent = %by, "stage shared");
+        self.say(format!(
+            "iter {iter:>3}  {:<16} same inputs and settings as run {by:?}: shared",
+            stage.name()
+        ));
+        Ok(Some(Committed {
+            path: path.to_string(),
+            digest: manifest::digest(&bytes),
+            manifest: shared,
+        }))
     }
 
     /// Execute one stage of one iteration and commit it, without the resume check: if the stage

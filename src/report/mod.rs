@@ -526,11 +526,13 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             })
         })
         .collect::<Vec<_>>();
-    let own = if own.is_empty() {
-        "TRUE".to_string()
-    } else {
-        own.join(" AND ")
-    };
+    // A branch's stages shared with its parent from the branch point on (same inputs and
+    // settings) were spent by the parent too.
+    let own = own
+        .into_iter()
+        .chain(["status <> 'shared'".to_string()])
+        .collect::<Vec<_>>()
+        .join(" AND ");
     let list = runs
         .iter()
         .map(|r| str_lit(r))

@@ -102,6 +102,11 @@ pub async fn read_stage(
     read_committed(store, &path).await
 }
 
+/// The stage manifest at `path` (relative to the store root), if there is one.
+pub async fn read_committed_at(store: &Store, path: &str) -> Result<Option<Committed>> {
+    read_committed(store, &Path::from(path)).await
+}
+
 async fn read_committed(store: &Store, path: &Path) -> Result<Option<Committed>> {
     match store.get_opt(path).await? {
         None => Ok(None),

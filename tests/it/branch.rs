@@ -21,14 +21,36 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     f.run_pipeline(GRIDNAV, "p", 3, &SMALL_GRIDNAV).ok();
     let parent_files = f.files();
 
-    // A branch without overrides re-executes iteration 2 exactly as the parent did.
+    // A branch without overrides told to recompute re-executes iteration 2 exactly as the
+    // parent did.
     let same = f
-        .rla(&["replay", "--run", "p", "--from", "2", "--into", "same"])
+        .rla(&[
+            "replay",
+            "--run",
+            "p",
+            "--from",
+            "2",
+            "--into",
+            "same",
+            "--recompute",
+        ])
         .ok();
     assert!(
         same.stderr.contains("iterations 0..2 shared"),
         "{}",
         same.stderr
+    );
+    // Without --recompute, every stage of it would compute what the parent committed: all
+    // shared, nothing executed or written.
+    let twin = f
+        .rla(&["replay", "--run", "p", "--from", "2", "--into", "twin"])
+        .ok();
+    let shared = |l: &&str| l.starts_with("iter   2") && l.ends_with("as run \"p\": shared");
+    assert_eq!(
+        twin.stderr.lines().filter(shared).count(),
+        10,
+        "every stage of iteration 2 (all but the warm start) shared: {}",
+        twin.stderr
     );
     // λ changed from iteration 1 on.
     f.rla(&[
@@ -62,7 +84,18 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
             .or(file.strip_prefix("lam/artifacts/"))
         {
             assert!(!rest.contains("iter=000000"), "lam wrote {file}");
+            // λ reaches neither the rollout nor the RM's verdicts of iteration 1: shared.
+            for table in ["tasks", "trajectories", "steps", "rm_samples"] {
+                assert!(
+                    !rest.starts_with(&format!("{table}/iter=000001")),
+                    "lam wrote {file}"
+                );
+            }
         }
+        assert!(
+            !file.starts_with("twin/data/") && !file.starts_with("twin/artifacts/"),
+            "twin wrote {file}"
+        );
     }
 
     // sql shows every run with all its iterations, under its own run_id.
@@ -84,19 +117,28 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
         // re-executed one (seeds come from the config, not the run id).
         assert_eq!(differing(&f, table, "same", "p", "0, 1, 2"), 0, "{table}");
         assert_eq!(differing(&f, table, "p", "same", "0, 1, 2"), 0, "{table}");
+        assert_eq!(differing(&f, table, "twin", "p", "0, 1, 2"), 0, "{table}");
+        assert_eq!(differing(&f, table, "p", "twin", "0, 1, 2"), 0, "{table}");
         assert_eq!(differing(&f, table, "lam", "p", "0"), 0, "{table}");
     }
     // λ weighs the RM's process reward: the re-executed iterations differ.
     assert!(differing(&f, "step_rewards", "lam", "p", "1") > 0);
+    // Iteration 0 is the parent's; of iteration 1, the stages λ does not reach (the pool, the
+    // rollout, the RM's verdicts) are shared, the rest executed; iteration 2 follows another
+    // policy: executed.
     let status = f
-        .sql("SELECT iter, status, count(*) FROM stage_runs WHERE run_id = 'lam' GROUP BY iter, status ORDER BY iter")
+        .sql(
+            "SELECT iter, status, string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
+             WHERE run_id = 'lam' GROUP BY iter, status ORDER BY iter, status",
+        )
         .ok()
         .csv();
-    assert_eq!(status[0][1], "shared", "{status:?}");
-    assert!(
-        status[1..].iter().all(|r| r[1] == "committed"),
-        "{status:?}"
-    );
+    let status: Vec<String> = status.iter().map(|r| r.join(" ")).collect();
+    assert_eq!(status.len(), 4, "{status:?}");
+    assert!(status[0].starts_with("0 shared "), "{status:?}");
+    assert!(status[1].starts_with("1 committed ") && status[1].contains("reward_join"));
+    assert_eq!(status[2], "1 shared pool+rm_score+rollout", "{status:?}");
+    assert!(status[3].starts_with("2 committed "), "{status:?}");
 
     // run.json records the parent and the overrides; show says so.
     let run_json: serde_json::Value =
@@ -117,7 +159,23 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
         .rla(&["replay", "--run", "lam", "--iter", "0", "--verify"])
         .ok();
     assert!(v.stdout.contains("shared, replayed"), "{}", v.stdout);
-    f.rla(&["replay", "--run", "lam", "--iter", "1", "--verify"])
+    let v = f
+        .rla(&["replay", "--run", "lam", "--iter", "1", "--verify"])
+        .ok();
+    // Its shared stages verify in the parent, the executed ones here.
+    for (stage, how) in [
+        ("rollout", "shared, replayed"),
+        ("reward_join", "(replayed)"),
+    ] {
+        assert!(
+            v.stdout
+                .lines()
+                .any(|l| l.contains(&format!(" {stage} ")) && l.contains(how)),
+            "{stage}: {}",
+            v.stdout
+        );
+    }
+    f.rla(&["replay", "--run", "twin", "--iter", "2", "--verify"])
         .ok();
     f.rla(&["replay", "--run", "same", "--iter", "2", "--verify"])
         .ok();
