@@ -279,13 +279,13 @@ impl Engine {
     }
 
     /// A branch's stage that would compute exactly what its parent committed for the same
-    /// iteration — the same config values and seed, manifest inputs committed by the same
-    /// executions (a shared manifest counts as the one it shares), checkpoints and assets with
-    /// the same bytes — is shared with the parent instead of executed: its manifest names the
-    /// parent's files, as the iterations before the branch point do. So a branch re-executes
-    /// only what its overrides reach (`--set adapt.enabled=false` from iteration 0 shares the
-    /// warm start, the rollout, the rewards and the update; `reward.lambda` shares the rollout
-    /// and the RM's verdicts). `None`: the stage must run.
+    /// iteration — the same config values and seed, and inputs with the same bytes (the files
+    /// of the tables it reads, its checkpoints, the environment's files) — is shared with the
+    /// parent instead of executed: its manifest names the parent's files, as the iterations
+    /// before the branch point do. So a branch re-executes only what its overrides reach
+    /// (`--set adapt.enabled=false` from iteration 0 shares the warm start, the rollout, the
+    /// rewards, the update and the evaluation; `reward.lambda` shares the rollout and the RM's
+    /// verdicts). `None`: the stage must run.
     async fn shared_with_parent(
         &self,
         iter: u32,
@@ -317,19 +317,24 @@ impl Engine {
         {
             return Ok(None);
         }
-        // Manifest inputs, each by the manifest of the execution that committed it.
-        let origin = |c: &Committed| {
-            c.manifest
-                .shared
-                .as_ref()
-                .map_or(c.digest.clone(), |s| s.digest.clone())
+        // Tables read from other stages, by the bytes of the files committed for them (a stage
+        // executed again that committed the same rows counts as the same input).
+        let read = |c: &Committed, tables: &[String]| -> Vec<(String, String)> {
+            let mut files: Vec<(String, String)> = c
+                .manifest
+                .outputs
+                .iter()
+                .filter(|o| tables.contains(&o.table))
+                .map(|o| (o.table.clone(), o.digest.clone()))
+                .collect();
+            files.sort();
+            files
         };
-        let mut mine: Vec<(Vec<String>, String)> = self
-            .inputs_of(iter, stage.as_ref(), done)
-            .await?
-            .iter()
-            .map(|(c, tables)| (tables.iter().map(|t| t.to_string()).collect(), origin(c)))
-            .collect();
+        let mut mine = Vec::new();
+        for (c, tables) in self.inputs_of(iter, stage.as_ref(), done).await? {
+            let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
+            mine.push((read(&c, &tables), tables));
+        }
         let mut parents = Vec::new();
         for input in m.inputs.iter().filter(|i| i.kind == InputKind::Manifest) {
             let Some(c) = catalog::read_committed_at(&self.store, &input.path).await? else {
@@ -338,7 +343,7 @@ impl Engine {
             if c.digest != input.digest {
                 return Ok(None);
             }
-            parents.push((input.tables.clone(), origin(&c)));
+            parents.push((read(&c, &input.tables), input.tables.clone()));
         }
         mine.sort();
         parents.sort();

@@ -140,6 +140,34 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     assert_eq!(status[2], "1 shared pool+rm_score+rollout", "{status:?}");
     assert!(status[3].starts_with("2 committed "), "{status:?}");
 
+    // A stage executed again that committed the same bytes is the same input: without
+    // adaptation from iteration 0, only the judge and the adaptation execute (the update reads
+    // the judge's rows, which are the parent's; the evaluation reads the same checkpoint).
+    f.rla(&[
+        "replay",
+        "--run",
+        "p",
+        "--from",
+        "0",
+        "--set",
+        "adapt.enabled=false",
+        "--into",
+        "noadapt",
+        "--iterations",
+        "1",
+    ])
+    .ok();
+    let executed = f
+        .sql(
+            "SELECT string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
+             WHERE run_id = 'noadapt' AND status = 'committed'",
+        )
+        .ok()
+        .scalar();
+    assert_eq!(executed, "adapt+judge");
+    f.rla(&["replay", "--run", "noadapt", "--iter", "0", "--verify"])
+        .ok();
+
     // run.json records the parent and the overrides; show says so.
     let run_json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.store().join("lam/run.json")).unwrap()).unwrap();
