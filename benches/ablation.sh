@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The paper's ablation (pipelines/ablation/<env>.toml): three settings — policy only (outcome
 # reward, static tasks), + reward model, + reward model + adaptation — over SEEDS seeds each (5),
-# the same iteration budget, every run warm-started by `pretrain`; plus, per seed, the
+# the same iteration budget, every run warm-started by `pretrain` (the two smaller settings are
+# branches of the full loop from iteration 0: what their overrides do not reach is shared
+# with it, not executed again); plus, per seed, the
 # pretrained models alone (`pre-s<seed>`: one iteration whose update takes no step, so its
 # evaluation and RM accuracy are those of the warm start). Then the tables: per setting with
 # bootstrap 95% intervals over the seeds and the settings paired per seed
@@ -64,8 +66,20 @@ for ((seed = 0; seed < seeds; seed++)); do
     run="abl-$setting-s$seed"
     runs+=("$run")
     echo "== $run" >&2
-    "$bin" run "$pipeline" --store "$store" --run-id "$run" --iterations "$iters" "${extra[@]}" \
-      --set "run.seed=$seed" "${sets[@]}"
+    full="abl-rmadapt-s$seed"
+    if [ "$setting" = rmadapt ] \
+      || { "$bin" show --store "$store" "$run" >/dev/null 2>&1 \
+        && ! "$bin" show --store "$store" "$run" 2>/dev/null | grep -q "branch of"; }; then
+      # The full loop, or a run an earlier version of this script started: run (or resumed).
+      "$bin" run "$pipeline" --store "$store" --run-id "$run" --iterations "$iters" "${extra[@]}" \
+        --set "run.seed=$seed" "${sets[@]}"
+    else
+      # The other settings branch from the full loop at iteration 0: the stages their
+      # overrides do not reach (the warm start, the rollout, ...) are shared, not executed
+      # again; the rows are those a run of their own would commit.
+      "$bin" replay --store "$store" --run "$full" --from 0 --into "$run" --iterations "$iters" \
+        "${sets[@]}"
+    fi
   done
 done
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
