@@ -257,6 +257,36 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
             .scalar();
         assert_eq!(row["lost_in_loop"], lost, "{row:?}");
     }
+    // Actions by kind: per iteration, the rows add up to the rollout's steps, the trained rows
+    // and their advantages to the update's.
+    let kinds = diagnostics(crate::ACTION_KINDS);
+    for i in 0..3 {
+        let rows: Vec<_> = kinds
+            .iter()
+            .filter(|r| r["iter"] == i.to_string())
+            .collect();
+        assert!(!rows.is_empty(), "{kinds:?}");
+        let total =
+            |col: &str| -> f64 { rows.iter().map(|r| r[col].parse::<f64>().unwrap()).sum() };
+        let count = |q: &str| -> f64 { at(q, i).parse().unwrap() };
+        assert_eq!(
+            total("steps"),
+            count("SELECT count(*) FROM steps WHERE iter = {i}")
+        );
+        assert_eq!(
+            total("trained"),
+            count("SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included")
+        );
+        let advantages = count(
+            "SELECT coalesce(sum(advantage), 0) FROM policy_advantages WHERE iter = {i} AND included",
+        );
+        assert!(
+            (total("advantage_sum") - advantages).abs() <= 5e-4 * rows.len() as f64,
+            "{} vs {advantages}",
+            total("advantage_sum")
+        );
+        assert!((total("share") - 1.0).abs() <= 5e-4 * rows.len() as f64);
+    }
     // The procedural adapter is deterministic: replay re-executes adapt and the next pool.
     let r = f
         .rla(&["replay", "--run", "gridnav", "--iter", "1", "--verify"])

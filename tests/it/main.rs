@@ -40,6 +40,10 @@ pub const LEARNING_SIGNAL: &str = concat!(
 /// The loop diagnostics (one row per run and iteration).
 pub const STEP_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/step_loops.sql");
 pub const EVAL_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/eval_loops.sql");
+pub const ACTION_KINDS: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/action_kinds.sql"
+);
 
 /// A small gridnav run (8 tasks, small models, a small warm start): the settings the upgrade
 /// fixture `tests/fixtures/store-2026-11-23` was written with (its README), also used by the
