@@ -244,7 +244,7 @@ fn schema_describes_the_tables_sql_exposes() {
     let all: serde_json::Value =
         serde_json::from_str(&f.rla(&["schema", "--format", "json"]).ok().stdout).unwrap();
     let tables = all.as_array().unwrap();
-    assert_eq!(tables.len(), 17);
+    assert_eq!(tables.len(), 18);
     for t in tables {
         let name = t["table"].as_str().unwrap();
         let sql_columns: Vec<String> = f
