@@ -129,27 +129,36 @@ pub fn ppo_loss<B: Backend>(
     (loss, token_mean(k3), token_mean(clipped))
 }
 
-/// Whether the first optimizer step of [`plan`] holds every one of the `n` samples (a minibatch
-/// at least as large as the samples: the usual case). Then the model of step 0 is the
-/// snapshot, and a pretrained model's old log-probabilities can be taken from step 0's own
-/// forward pass, detached, instead of a separate pass over every sample before training (as
-/// TRL's GRPO does with one iteration): ratio 1 at step 0, the same values to the last bits
-/// but for the order of float sums in later steps.
-pub fn first_step_covers_all(n: usize, s: &PpoSettings, seed: u64) -> bool {
+/// The samples whose old (snapshot) log-probabilities a pass must compute before training, in
+/// index order. A model that packs shared prefixes (a pretrained one) takes them from step 0's
+/// own forward pass for the samples step 0 holds (its model is the snapshot), so the pass
+/// covers only the samples a later step reaches and step 0 does not — not the samples no step
+/// of this update reaches at all (with `steps × minibatch` below the samples, most of them).
+/// The small transformer's pass covers every sample, the computation its committed numbers
+/// were made with. No step, no pass.
+pub fn before_training(n: usize, s: &PpoSettings, seed: u64, packs_prefixes: bool) -> Vec<usize> {
     let plan = plan(n, s, seed);
     let Some(first) = plan.first() else {
-        return false;
+        return Vec::new();
     };
-    let mut seen = vec![false; n];
-    for &i in first.iter().flatten() {
-        seen[i] = true;
+    if !packs_prefixes {
+        return (0..n).collect();
     }
-    seen.iter().all(|&x| x)
+    let mut at_first = vec![false; n];
+    for &i in first.iter().flatten() {
+        at_first[i] = true;
+    }
+    let mut later = vec![false; n];
+    for &i in plan[1..].iter().flatten().flatten() {
+        later[i] = !at_first[i];
+    }
+    (0..n).filter(|&i| later[i]).collect()
 }
 
 /// The old (snapshot) log-probabilities of every sample (`T`: a sample's values): computed
-/// before training, or — when the first step holds every sample ([`first_step_covers_all`]) —
-/// taken from step 0's own forward pass as each micro-batch reaches it. Shared by the threads
+/// before training ([`before_training`]), or taken from step 0's own forward pass as each
+/// micro-batch reaches it (its model is the snapshot: ratio 1 at step 0, the same values to
+/// the last bits but for the order of float sums in a batch of other samples). Shared by the threads
 /// of [`train`]'s micro-batches.
 pub struct OldLogprobs<T>(std::sync::Mutex<Vec<Option<T>>>);
 
@@ -561,26 +570,63 @@ mod tests {
     }
 
     /// Old log-probabilities taken from step 0's forward pass give the update a pass before
-    /// training gives (here to the last bit: each row's values do not depend on its batch),
-    /// and `first_step_covers_all` says when that holds.
+    /// training gives (here to the last bit: each row's values do not depend on its batch);
+    /// with a minibatch at least as large as the samples the pass is empty.
     #[test]
     fn old_logprobs_from_the_first_step_equal_a_snapshot_pass() {
-        use burn::nn::Linear;
-        let dev = Default::default();
         let mut s = settings();
         s.steps = 3;
         s.minibatch = 10;
         s.micro_tokens = 3;
-        assert!(first_step_covers_all(10, &s, 7));
+        assert!(before_training(10, &s, 7, true).is_empty());
+        assert_eq!(
+            before_training(10, &s, 7, false),
+            (0..10).collect::<Vec<_>>()
+        );
         let mut fewer = s.clone();
         fewer.minibatch = 6;
-        assert!(!first_step_covers_all(10, &fewer, 7));
-        assert!(!first_step_covers_all(0, &s, 7));
+        assert!(!before_training(10, &fewer, 7, true).is_empty());
+        assert!(before_training(0, &s, 7, true).is_empty());
+        same_update_with_and_without_a_full_pass(&s, 10);
+    }
+
+    /// With fewer samples per step than samples, the pass before training covers exactly the
+    /// samples a later step reaches and step 0 does not, never one no step reaches; the update
+    /// is the one a pass over every sample gives. No step, no pass.
+    #[test]
+    fn a_pass_before_training_covers_only_what_step_0_does_not() {
+        let mut s = settings();
+        s.steps = 2;
+        s.minibatch = 3;
+        s.micro_tokens = 3;
+        let plan = plan(10, &s, 7);
+        let at = |k: usize| -> Vec<usize> { plan[k].iter().flatten().copied().collect() };
+        let before = before_training(10, &s, 7, true);
+        let mut want: Vec<usize> = at(1).into_iter().filter(|i| !at(0).contains(i)).collect();
+        want.sort();
+        assert_eq!(before, want);
+        assert!(
+            before.len() < 10 - at(0).len(),
+            "4 samples no step reaches: {before:?}"
+        );
+        s.steps = 0;
+        assert!(before_training(10, &s, 7, true).is_empty());
+        assert!(before_training(10, &s, 7, false).is_empty());
+        s.steps = 4;
+        same_update_with_and_without_a_full_pass(&s, 10);
+    }
+
+    /// Train the tiny model on `n` samples twice — old values from a pass over every sample,
+    /// and from a pass over [`before_training`]'s samples plus step 0's forward — and check
+    /// the weights, losses and old values the steps used agree to the last bit.
+    fn same_update_with_and_without_a_full_pass(s: &PpoSettings, n: usize) {
+        use burn::nn::Linear;
+        let dev = Default::default();
         let run = |old: OldLogprobs<f32>| {
             let (lin, m) = train(
                 tiny_linear(),
-                &[1; 10],
-                &s,
+                &vec![1; n],
+                s,
                 7,
                 |m: &Linear<CpuTrain>, idx| {
                     let b = idx.len();
@@ -591,7 +637,7 @@ mod tests {
                     let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
                     let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
                     let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
-                    let (l, k, c) = ppo_loss(lp, old_t.clone(), old_t, adv, valid, &s);
+                    let (l, k, c) = ppo_loss(lp, old_t.clone(), old_t, adv, valid, s);
                     (l, k, c, b as u64)
                 },
             );
@@ -599,17 +645,25 @@ mod tests {
             let losses: Vec<f64> = m.iter().map(|m| m.loss).collect();
             (w, losses, old.into_vec())
         };
-        let all: Vec<usize> = (0..10).collect();
-        let snapshot: Vec<Option<f32>> = tiny_logprobs(&tiny_linear(), &all)
+        let all: Vec<usize> = (0..n).collect();
+        let snapshot: Vec<f32> = tiny_logprobs(&tiny_linear(), &all)
             .into_data()
             .into_vec::<f32>()
-            .unwrap()
-            .into_iter()
-            .map(Some)
-            .collect();
-        let (w_snap, l_snap, o_snap) = run(OldLogprobs::new(snapshot));
-        let (w_reuse, l_reuse, o_reuse) = run(OldLogprobs::new(vec![None; 10]));
-        assert_eq!(o_reuse, o_snap, "step 0 saw the snapshot's values");
+            .unwrap();
+        let (w_snap, l_snap, o_snap) = run(OldLogprobs::new(
+            snapshot.iter().copied().map(Some).collect(),
+        ));
+        let mut partial = vec![None; n];
+        for i in before_training(n, s, 7, true) {
+            partial[i] = Some(snapshot[i]);
+        }
+        let (w_reuse, l_reuse, o_reuse) = run(OldLogprobs::new(partial));
+        // Every value a step used is the snapshot's; samples no step reached have none.
+        for (i, v) in o_reuse.iter().enumerate() {
+            if let Some(v) = v {
+                assert_eq!(Some(*v), o_snap[i], "sample {i}");
+            }
+        }
         assert_eq!(l_reuse, l_snap);
         assert_eq!(w_reuse, w_snap);
         assert!(

@@ -131,14 +131,16 @@ fn train_policy<B: AutodiffBackend>(
     // The weights' bytes are kept only for a benchmark dump.
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let t0 = std::time::Instant::now();
-    // A pretrained model whose first step holds every sample takes the old log-probabilities
-    // from that step's forward pass (`ppo::first_step_covers_all`); otherwise a snapshot pass
-    // computes them first. The small transformer keeps the computation its committed numbers
-    // were made with.
-    let reuse = model.packs_prefixes() && ppo::first_step_covers_all(decisions.len(), s, seed);
+    // A pretrained model takes the old log-probabilities of the samples step 0 holds from that
+    // step's forward pass; a snapshot pass computes those of the samples only later steps
+    // reach ([`ppo::before_training`]). The small transformer keeps the computation its
+    // committed numbers were made with (a pass over every sample).
     let mut old: Vec<Option<f32>> = vec![None; decisions.len()];
-    if !reuse {
+    let before = ppo::before_training(decisions.len(), s, seed, model.packs_prefixes());
+    if !before.is_empty() {
         let snap = ppo::snapshot(&model);
+        let decisions: Vec<Decision> = before.iter().map(|&i| decisions[i].clone()).collect();
+        let chosen: Vec<usize> = before.iter().map(|&i| chosen[i]).collect();
         let mut at = 0;
         for (d, c) in decisions
             .chunks(SNAPSHOT_BATCH)
@@ -161,7 +163,7 @@ fn train_policy<B: AutodiffBackend>(
                 chosen_lp(0..d.len())
             };
             for v in lp {
-                old[at] = Some(v);
+                old[before[at]] = Some(v);
                 at += 1;
             }
         }
@@ -305,20 +307,21 @@ fn train_responses<B: AutodiffBackend>(
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let vocab = spec.config.vocab;
     let t0 = std::time::Instant::now();
-    // As the policy's: a pretrained model whose first step holds every sample takes the old
-    // log-probabilities from that step's forward pass.
-    let reuse = model.packs_prefixes() && ppo::first_step_covers_all(prompts.len(), s, seed);
+    // As the policy's: a pretrained model takes step 0's samples' old log-probabilities from
+    // that step's forward pass, a snapshot pass those of the samples only later steps reach.
     let mut old: Vec<Option<Vec<f32>>> = vec![None; prompts.len()];
-    if !reuse {
+    let before = ppo::before_training(prompts.len(), s, seed, model.packs_prefixes());
+    if !before.is_empty() {
         let snap = ppo::snapshot(&model);
         let bias_inner = spec.verdicts().bias::<B::InnerBackend>(vocab, device);
+        let prompts: Vec<&[u32]> = before.iter().map(|&i| prompts[i].as_slice()).collect();
+        let responses: Vec<&[u32]> = before.iter().map(|&i| responses[i].as_slice()).collect();
         let mut at = 0;
         for (p, r) in prompts
             .chunks(SNAPSHOT_BATCH)
             .zip(responses.chunks(SNAPSHOT_BATCH))
         {
-            let p: Vec<&[u32]> = p.iter().map(Vec::as_slice).collect();
-            let r: Vec<&[u32]> = r.iter().map(Vec::as_slice).collect();
+            let (p, r) = (p.to_vec(), r.to_vec());
             let half = |k: std::ops::Range<usize>| -> Vec<Vec<f32>> {
                 let (lp, _) = packed_response_log_probs(
                     &snap,
@@ -341,7 +344,7 @@ fn train_responses<B: AutodiffBackend>(
                 half(0..p.len())
             };
             for v in lp {
-                old[at] = Some(v);
+                old[before[at]] = Some(v);
                 at += 1;
             }
         }
