@@ -151,14 +151,8 @@ impl Stage for Evaluate {
                                 .push_str(&tasks[*t].0)
                                 .push_u32(*r)
                                 .push_i8(episode.outcome)
-                                .push_u32(i as u32)
-                                .push_str(&st.observation)
-                                .push_str(&st.action)
-                                .push_f64(st.logprob)
-                                .push_opt_i8(st.oracle)
-                                .push_str(&st.next_observation)
-                                .push_str(&super::rollout::admissible_json(&st.admissible))
-                                .push_opt_str(st.response.as_deref());
+                                .push_u32(i as u32);
+                            st.push_columns(&mut steps);
                         }
                     }
                     for (t, (task_id, _)) in tasks.iter().enumerate() {

@@ -51,9 +51,19 @@ pub(crate) struct StepRecord {
     pub(crate) response: Option<String>,
 }
 
-/// A step's admissible actions as `steps.admissible` stores them (a JSON array).
-pub(crate) fn admissible_json(admissible: &[String]) -> String {
-    serde_json::to_string(admissible).expect("strings serialize")
+impl StepRecord {
+    /// The step's columns from `observation` to `response`, in the order `steps` and
+    /// `eval_steps` hold them (after their keys and `step_idx`).
+    pub(crate) fn push_columns(&self, b: &mut TableBuilder) {
+        let admissible = serde_json::to_string(&self.admissible).expect("strings serialize");
+        b.push_str(&self.observation)
+            .push_str(&self.action)
+            .push_f64(self.logprob)
+            .push_opt_i8(self.oracle)
+            .push_str(&self.next_observation)
+            .push_str(&admissible)
+            .push_opt_str(self.response.as_deref());
+    }
 }
 
 /// One finished rollout.
@@ -565,19 +575,12 @@ impl Stage for Rollout {
                 for (i, png) in rolled.screenshots.into_iter().enumerate() {
                     ctx.emit_screenshot(&traj_id, i, png);
                 }
-                for (i, st) in rolled.steps.into_iter().enumerate() {
-                    let admissible = admissible_json(&st.admissible);
+                for (i, st) in rolled.steps.iter().enumerate() {
                     steps
                         .push_str(task_id)
                         .push_str(&traj_id)
-                        .push_u32(i as u32)
-                        .push_str(&st.observation)
-                        .push_str(&st.action)
-                        .push_f64(st.logprob)
-                        .push_opt_i8(st.oracle)
-                        .push_str(&st.next_observation)
-                        .push_str(&admissible)
-                        .push_opt_str(st.response.as_deref());
+                        .push_u32(i as u32);
+                    st.push_columns(&mut steps);
                 }
             }
             let trajectories = trajectories.finish_with(&ctx.run_id, ctx.iter)?;
