@@ -139,6 +139,19 @@ fn table(name: &'static str, key: &'static [&'static str], cols: Vec<Field>) -> 
 
 use DataType::{Boolean, Float64, Int8, UInt32, UInt64, Utf8};
 
+/// What a step of an episode holds after its keys and `step_idx` (`steps`, `eval_steps`).
+fn step_fields() -> Vec<Field> {
+    vec![
+        f("observation", Utf8, false),
+        f("action", Utf8, false),
+        f("action_logprob", Float64, false),
+        f("oracle_progress", Int8, true),
+        f("next_observation", Utf8, false),
+        f("admissible", Utf8, false),
+        f("response", Utf8, true),
+    ]
+}
+
 /// Every table of DESIGN.md plus `stage_runs`, in DAG order.
 pub fn all_tables() -> Vec<TableDef> {
     vec![
@@ -191,14 +204,10 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("task_id", Utf8, false),
                 f("traj_id", Utf8, false),
                 f("step_idx", UInt32, false),
-                f("observation", Utf8, false),
-                f("action", Utf8, false),
-                f("action_logprob", Float64, false),
-                f("oracle_progress", Int8, true),
-                f("next_observation", Utf8, false),
-                f("admissible", Utf8, false),
-                f("response", Utf8, true),
-            ],
+            ]
+            .into_iter()
+            .chain(step_fields())
+            .collect(),
         ),
         table(
             "rm_samples",
@@ -381,14 +390,10 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("rollout_idx", UInt32, false),
                 f("outcome", Int8, false),
                 f("step_idx", UInt32, false),
-                f("observation", Utf8, false),
-                f("action", Utf8, false),
-                f("action_logprob", Float64, false),
-                f("oracle_progress", Int8, true),
-                f("next_observation", Utf8, false),
-                f("admissible", Utf8, false),
-                f("response", Utf8, true),
-            ],
+            ]
+            .into_iter()
+            .chain(step_fields())
+            .collect(),
         ),
         table(
             "stage_runs",
