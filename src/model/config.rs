@@ -37,6 +37,21 @@ pub enum ActionMode {
     Generate,
 }
 
+/// `<section>.inference_dtype`: the precision of a pretrained model's matrix products when it
+/// acts or judges (rollout, evaluation, RM scoring); training stays f32 whatever it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InferenceDtype {
+    /// f32 throughout (burn's kernels).
+    #[default]
+    F32,
+    /// The projections and the output head in bf16 on Intel AMX tiles (inputs and weights
+    /// rounded to bf16, sums in f32; attention, norms and activations stay f32), as rollout
+    /// engines serve models in bf16. Needs a CPU with AMX-BF16 and `run.device = "cpu"`;
+    /// reproducible to the bit on the same machine type.
+    Bf16,
+}
+
 /// `run.device`: where the models run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -111,6 +126,9 @@ pub struct PolicyConfig {
     pub reasoning: bool,
     /// Low-rank adapters (a pretrained model; off by default).
     pub lora: LoraConfig,
+    /// `f32` or `bf16`: a pretrained policy's matrix products when it acts (rollout,
+    /// evaluation) — `bf16` on Intel AMX, several times faster; the update stays f32.
+    pub inference_dtype: InferenceDtype,
 }
 
 impl Default for PolicyConfig {
@@ -131,6 +149,7 @@ impl Default for PolicyConfig {
             top_p: 1.0,
             reasoning: true,
             lora: LoraConfig::default(),
+            inference_dtype: InferenceDtype::F32,
         }
     }
 }
@@ -168,6 +187,9 @@ pub struct RewardModelConfig {
     pub reply_prefix: String,
     /// Low-rank adapters (a pretrained model; off by default), as `policy.lora`.
     pub lora: LoraConfig,
+    /// `f32` or `bf16`: a pretrained reward model's matrix products when it judges (RM
+    /// scoring), as `policy.inference_dtype`.
+    pub inference_dtype: InferenceDtype,
 }
 
 impl Default for RewardModelConfig {
@@ -186,6 +208,7 @@ impl Default for RewardModelConfig {
             init: String::new(),
             reply_prefix: String::new(),
             lora: LoraConfig::default(),
+            inference_dtype: InferenceDtype::F32,
         }
     }
 }
@@ -323,6 +346,17 @@ impl Init {
     }
 }
 
+/// `<section>.inference_dtype`: bf16 is for pretrained models.
+fn validate_dtype(section: &str, dtype: InferenceDtype, pretrained: bool, c: &mut Checks) {
+    c.check(
+        dtype == InferenceDtype::F32 || pretrained,
+        &format!("{section}.inference_dtype"),
+        format!(
+            "\"bf16\" is for pretrained models ({section}.init = \"hf:DIR\"); the small transformer runs in f32"
+        ),
+    );
+}
+
 /// The shape checks both models share (keys `<section>.*`).
 fn validate_shape(
     section: &str,
@@ -378,6 +412,7 @@ impl PolicyConfig {
             "must be in (0, 1]",
         );
         self.lora.validate("policy", self.pretrained(), c);
+        validate_dtype("policy", self.inference_dtype, self.pretrained(), c);
         validate_shape(
             "policy",
             (
@@ -438,6 +473,7 @@ impl RewardModelConfig {
             "needs a pretrained reward model (reward_model.init = \"hf:DIR\")",
         );
         self.lora.validate("reward_model", self.pretrained(), c);
+        validate_dtype("reward_model", self.inference_dtype, self.pretrained(), c);
     }
 }
 

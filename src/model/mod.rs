@@ -14,6 +14,7 @@
 //! are bytes with a fixed layout, so equal weights give equal bytes and the engine can store
 //! them content-addressed and verify their digests.
 
+pub mod amx;
 pub mod any_lm;
 pub mod backend;
 pub mod checkpoint;
@@ -37,8 +38,8 @@ pub use backend::{Cpu, CpuTrain, unavailable};
 pub use backend::{Gpu, GpuTrain};
 pub use checkpoint::Checkpoint;
 pub use config::{
-    ActionMode, ActionScore, CheckpointDtype, Device, Init, LogprobTemperature, LoraConfig,
-    PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
+    ActionMode, ActionScore, CheckpointDtype, Device, InferenceDtype, Init, LogprobTemperature,
+    LoraConfig, PolicyConfig, PolicyKind, RewardModelConfig, UpdateConfig,
 };
 pub use lm::Lm;
 pub use prompt::{StepRow, Trajectory};
@@ -83,6 +84,8 @@ pub struct ModelSpec {
     /// How a fully fine-tuned pretrained model's checkpoints are stored
     /// (`update.checkpoint_dtype`).
     pub checkpoint_dtype: CheckpointDtype,
+    /// A pretrained model's matrix products in inference (`<section>.inference_dtype`).
+    pub inference_dtype: InferenceDtype,
 }
 
 /// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
@@ -264,6 +267,11 @@ impl ModelSpec {
                 },
                 lora,
                 checkpoint_dtype: CheckpointDtype::F32,
+                inference_dtype: if role == POLICY {
+                    policy.inference_dtype
+                } else {
+                    reward_model.inference_dtype
+                },
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -286,6 +294,45 @@ impl ModelSpec {
             reply_prefix: String::new(),
             lora: None,
             checkpoint_dtype: CheckpointDtype::F32,
+            inference_dtype: InferenceDtype::F32,
+        })
+    }
+
+    /// The role's model for inference (rollout, evaluation, RM scoring) from `weights`:
+    /// adapters merged, and with `<section>.inference_dtype = "bf16"` its projections and head
+    /// packed for AMX ([`amx`]). bf16 needs the CPU backend on a CPU with AMX-BF16; elsewhere
+    /// it is refused naming the key.
+    pub fn inference_model<B: burn::tensor::backend::Backend>(
+        &self,
+        weights: &Weights,
+        device: &B::Device,
+    ) -> Result<AnyLm<B>> {
+        let model = weights.to_model::<B>(device)?;
+        if self.inference_dtype == InferenceDtype::F32 {
+            return Ok(model);
+        }
+        let key = format!(
+            "{}.inference_dtype",
+            if self.role == POLICY {
+                "policy"
+            } else {
+                "reward_model"
+            }
+        );
+        if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
+            return Err(Error::Config(format!(
+                "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
+            )));
+        }
+        if !amx::available() {
+            return Err(Error::Config(format!(
+                "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
+                 Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
+            )));
+        }
+        Ok(match model {
+            AnyLm::Hf(m) => AnyLm::Hf(m.pack_bf16()),
+            other => other,
         })
     }
 

@@ -140,7 +140,7 @@ fn judge_on<B: burn::tensor::backend::Backend>(
     max_tokens: usize,
     temperature: f64,
 ) -> Result<Vec<Vec<Judgement>>> {
-    let model = checkpoint.to_model::<B>(device)?;
+    let model = spec.inference_model::<B>(checkpoint, device)?;
     let mut out = Vec::with_capacity(prompts.len());
     let mut seconds = Vec::new();
     // A pretrained model: its trajectories in two halves on two threads (each prompt's samples

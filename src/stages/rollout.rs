@@ -182,7 +182,7 @@ pub(crate) fn play<B: burn::tensor::backend::Backend>(
         limit: u32,
         won: Option<bool>,
     }
-    let model = checkpoint.to_model::<B>(device)?;
+    let model = spec.inference_model::<B>(checkpoint, device)?;
     // `RLA_PIPE_BENCH_GENERATE` (`benches/torch_generate.py`): every scoring call with its
     // decisions, log π and seconds, as `<dump>.json`.
     let mut bench = dump

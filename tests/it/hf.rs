@@ -991,3 +991,95 @@ fn generative_policy_writes_replies_and_trains_on_them() {
     ]);
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
 }
+
+/// `inference_dtype = "bf16"`: the projections and the head on AMX tiles give logits within
+/// bf16's rounding of the f32 forward (max |Δlogit| ≤ 0.1, measured 0.027–0.042 on these
+/// models, whose logits spread over more than 1 unit), the same bits on a second forward. Without AMX the packed path cannot run: the test checks the
+/// refusal through the binary instead (`bf16_inference_runs_the_loop_and_replays`).
+#[test]
+fn bf16_inference_logits_stay_within_bf16_rounding_of_f32() {
+    if !rla_pipe::model::amx::available() {
+        eprintln!(
+            "no AMX-BF16 on this CPU: bf16 inference is refused here (tested through the binary)"
+        );
+        return;
+    }
+    let f = Fixture::new();
+    let seqs: Vec<Vec<u32>> = vec![
+        vec![
+            1, 5, 9, 33, 2, 17, 40, 63, 8, 12, 3, 44, 50, 7, 6, 21, 19, 30, 31, 4,
+        ],
+        vec![60, 3, 3, 3, 45, 2, 11, 9, 1, 0, 13, 24, 35],
+    ];
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let exact = logits(&load(&dir), &seqs);
+        let packed = load(&dir).pack_bf16();
+        let bf = logits(&packed, &seqs);
+        assert_eq!(bf, logits(&packed, &seqs), "{arch}: the same bits again");
+        let worst = exact
+            .iter()
+            .zip(&bf)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 0.1, "{arch}: max |Δlogit| = {worst}");
+        assert!(worst > 0.0, "{arch}: the packed path was not taken");
+    }
+}
+
+/// The loop with both pretrained models at `inference_dtype = "bf16"`: on a CPU with AMX every
+/// stage commits and `replay --verify` re-executes an iteration bit for bit; without AMX the
+/// run is refused naming the key and the CPU feature. The small transformer refuses the key.
+#[test]
+fn bf16_inference_runs_the_loop_and_replays() {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    byte_model(&policy, "Qwen2ForCausalLM", 51);
+    byte_model(&rm, "LlamaForCausalLM", 52);
+    let sets = pretrained_sets(
+        &policy,
+        &rm,
+        &[
+            "policy.inference_dtype=bf16",
+            "reward_model.inference_dtype=bf16",
+        ],
+    );
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(GRIDNAV, "bf", 2, &sets);
+    if !rla_pipe::model::amx::available() {
+        assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
+        assert!(
+            r.stderr.contains("inference_dtype") && r.stderr.contains("AMX"),
+            "{}",
+            r.stderr
+        );
+        return;
+    }
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let store = f.store_arg();
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "bf", "--iter", "1", "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // The same run in f32 takes other actions somewhere: bf16 is not a no-op.
+    let sets = pretrained_sets(&policy, &rm, &[]);
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(GRIDNAV, "f32", 2, &sets);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let r = f.sql(
+        "SELECT count(*) FROM steps a JOIN steps b ON a.iter = b.iter AND a.traj_id = b.traj_id \
+         AND a.step_idx = b.step_idx WHERE a.run_id = 'bf' AND b.run_id = 'f32' \
+         AND a.action_logprob <> b.action_logprob",
+    );
+    assert!(!r.stdout.contains("\n0\n"), "{}", r.stdout);
+
+    // The small transformer has no bf16 path.
+    let r = f.run_pipeline(GRIDNAV, "small", 1, &["policy.inference_dtype=bf16"]);
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.contains("policy.inference_dtype") && r.stderr.contains("pretrained"),
+        "{}",
+        r.stderr
+    );
+}

@@ -14,16 +14,19 @@
 //!   a key/value head are folded into its rows (`[b, kv, g·t, d]`), so the cache holds only the
 //!   `kv_heads` (query head `h` reads key/value head `h / g`, as Hugging Face's `repeat_kv`);
 //! - Qwen3's q/k RMSNorm per head before RoPE; Qwen2's q/k/v biases; tied embeddings.
+//! - optionally ([`CausalLm::pack_bf16`]) the projections and the head as bf16 on AMX tiles.
 
 use super::adapter::{LayerLora, LoraSpec};
 use super::config::HfArch;
+use crate::model::amx;
+use crate::model::config::LORA_TARGETS;
 pub use crate::model::lm::KvCache;
 use crate::model::lm::{Lm, bool_tensor, float_tensor, int_tensor, padded_inputs};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Bool, Int, Tensor};
+use burn::tensor::{Bool, Int, Tensor, TensorData};
 
 #[derive(Module, Debug)]
 pub struct Attention<B: Backend> {
@@ -70,6 +73,53 @@ pub struct CausalLm<B: Backend> {
     /// The adapters' shape when the layers carry them ([`super::lora`]).
     #[module(skip)]
     pub lora: Option<LoraSpec>,
+    /// bf16 copies of the projections and the head for AMX ([`CausalLm::pack_bf16`]):
+    /// inference with `<section>.inference_dtype = "bf16"`.
+    #[module(skip)]
+    pub packed: Option<std::sync::Arc<PackedWeights>>,
+}
+
+/// A model's projections (per layer, in [`crate::model::config::LORA_TARGETS`] order) and
+/// output head as bf16 tiles ([`crate::model::amx`]).
+#[derive(Debug)]
+pub struct PackedWeights {
+    layers: Vec<Vec<amx::Packed>>,
+    head: amx::Packed,
+}
+
+/// `[k, n]` f32 values of a 2-D tensor.
+fn values<B: Backend>(t: Tensor<B, 2>) -> (Vec<f32>, usize, usize) {
+    let [k, n] = t.dims();
+    let v = t
+        .into_data()
+        .convert::<f32>()
+        .to_vec::<f32>()
+        .expect("f32 weights");
+    (v, k, n)
+}
+
+/// `x [b, t, in] · W` on the tiles, plus the bias.
+fn apply_packed<B: Backend>(
+    x: Tensor<B, 3>,
+    w: &amx::Packed,
+    bias: Option<&Param<Tensor<B, 1>>>,
+) -> Tensor<B, 3> {
+    let [b, t, _] = x.dims();
+    let y = matmul_packed(x.reshape([b * t, w.dims()[0]]), w);
+    let y = match bias {
+        Some(bias) => y + bias.val().unsqueeze_dim(0),
+        None => y,
+    };
+    let out = w.dims()[1];
+    y.reshape([b, t, out])
+}
+
+fn matmul_packed<B: Backend>(x: Tensor<B, 2>, w: &amx::Packed) -> Tensor<B, 2> {
+    let device = x.device();
+    let [m, _] = x.dims();
+    let (v, _, _) = values(x);
+    let y = w.matmul(&v, m);
+    Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
 }
 
 fn zeros<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
@@ -185,7 +235,55 @@ impl<B: Backend> CausalLm<B> {
             lm_head: (!a.tied).then(|| linear(a.hidden, a.vocab, false, device)),
             arch: arch.clone(),
             lora: None,
+            packed: None,
         }
+    }
+
+    /// This model with bf16 copies of its projections and head on AMX tiles: its forward
+    /// then rounds each projection's input and weights to bf16 and sums in f32 (attention,
+    /// norms and activations stay f32). For inference, after adapters are merged. Call only
+    /// where [`amx::available`].
+    pub fn pack_bf16(mut self) -> CausalLm<B> {
+        let pack = |l: &Linear<B>| {
+            let (v, k, n) = values(l.weight.val());
+            amx::Packed::new(&v, k, n)
+        };
+        let layers = self
+            .model
+            .layers
+            .iter()
+            .map(|layer| {
+                let (att, mlp) = (&layer.self_attn, &layer.mlp);
+                [
+                    &att.q_proj,
+                    &att.k_proj,
+                    &att.v_proj,
+                    &att.o_proj,
+                    &mlp.gate_proj,
+                    &mlp.up_proj,
+                    &mlp.down_proj,
+                ]
+                .into_iter()
+                .map(pack)
+                .collect()
+            })
+            .collect();
+        let head = match &self.lm_head {
+            Some(head) => pack(head),
+            None => {
+                let (v, vocab, hidden) = values(self.model.embed_tokens.weight.val());
+                // The tied head is the embeddings transposed: `[hidden, vocab]`.
+                let mut t = vec![0f32; v.len()];
+                for (r, row) in v.chunks(hidden).enumerate() {
+                    for (c, x) in row.iter().enumerate() {
+                        t[c * vocab + r] = *x;
+                    }
+                }
+                amx::Packed::new(&t, hidden, vocab)
+            }
+        };
+        self.packed = Some(std::sync::Arc::new(PackedWeights { layers, head }));
+        self
     }
 
     pub fn vocab(&self) -> usize {
@@ -228,6 +326,13 @@ impl<B: Backend> CausalLm<B> {
     /// The output head: logits `[n, vocab]` of final hidden states `[n, hidden]` (`lm_head`,
     /// or the transposed embeddings when tied).
     pub fn head(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        if let Some(packed) = &self.packed {
+            let y = matmul_packed(x, &packed.head);
+            return match self.lm_head.as_ref().and_then(|h| h.bias.as_ref()) {
+                Some(bias) => y + bias.val().unsqueeze_dim(0),
+                None => y,
+            };
+        }
         match &self.lm_head {
             Some(head) => {
                 let y = x.matmul(head.weight.val());
@@ -296,8 +401,16 @@ impl<B: Backend> CausalLm<B> {
                 };
                 y.swap_dims(1, 2)
             };
-            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
-                proj(x, lin, layer, target, scale_lora)
+            let packed = self.packed.as_ref().map(|p| &p.layers[l]);
+            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| match packed {
+                Some(packed) => {
+                    let i = LORA_TARGETS
+                        .iter()
+                        .position(|t| *t == target)
+                        .expect("a target");
+                    apply_packed(x, &packed[i], lin.bias.as_ref())
+                }
+                None => proj(x, lin, layer, target, scale_lora),
             };
             let q = split(
                 p(normed.clone(), &att.q_proj, "q_proj"),
