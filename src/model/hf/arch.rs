@@ -87,15 +87,15 @@ pub struct PackedWeights {
     head: amx::Packed,
 }
 
-/// `[k, n]` f32 values of a 2-D tensor.
-fn values<B: Backend>(t: Tensor<B, 2>) -> (Vec<f32>, usize, usize) {
-    let [k, n] = t.dims();
-    let v = t
-        .into_data()
-        .convert::<f32>()
-        .to_vec::<f32>()
-        .expect("f32 weights");
-    (v, k, n)
+/// A 2-D tensor's values as f32 (read from its bytes in `rla-amx`, which the dev profile
+/// optimises: a checked cast here would run unoptimised over every value).
+fn values<B: Backend>(t: Tensor<B, 2>) -> TensorData {
+    let data = t.into_data();
+    if data.dtype == burn::tensor::DType::F32 {
+        data
+    } else {
+        data.convert::<f32>()
+    }
 }
 
 /// `x [b, t, in] · W` on the tiles, plus the bias.
@@ -114,11 +114,36 @@ fn apply_packed<B: Backend>(
     y.reshape([b, t, out])
 }
 
+/// The gated MLP on the tiles, `down(silu(gate(x)) · up(x))`, its activation in `rla-amx`
+/// (a vectorised `exp`, no tensors in between); `packed` holds gate, up and down.
+fn mlp_packed<B: Backend>(x: Tensor<B, 3>, mlp: &Mlp<B>, packed: &[amx::Packed]) -> Tensor<B, 3> {
+    let device = x.device();
+    let [b, t, d] = x.dims();
+    let m = b * t;
+    let data = values(x.reshape([m, d]));
+    let xs = amx::f32s(data.as_bytes());
+    let bias = |l: &Linear<B>, y: &mut Vec<f32>| {
+        if let Some(bias) = &l.bias {
+            amx::add_bias(
+                y,
+                &amx::f32s(values(bias.val().unsqueeze_dim::<2>(0)).as_bytes()),
+            );
+        }
+    };
+    let mut gate = packed[0].matmul(&xs, m);
+    bias(&mlp.gate_proj, &mut gate);
+    let mut up = packed[1].matmul(&xs, m);
+    bias(&mlp.up_proj, &mut up);
+    amx::silu_mul(&mut gate, &up);
+    let mut y = packed[2].matmul(&gate, m);
+    bias(&mlp.down_proj, &mut y);
+    Tensor::from_data(TensorData::new(y, [b, t, d]), &device)
+}
+
 fn matmul_packed<B: Backend>(x: Tensor<B, 2>, w: &amx::Packed) -> Tensor<B, 2> {
     let device = x.device();
     let [m, _] = x.dims();
-    let (v, _, _) = values(x);
-    let y = w.matmul(&v, m);
+    let y = w.matmul(&amx::f32s(values(x).as_bytes()), m);
     Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
 }
 
@@ -245,8 +270,8 @@ impl<B: Backend> CausalLm<B> {
     /// where [`amx::available`].
     pub fn pack_bf16(mut self) -> CausalLm<B> {
         let pack = |l: &Linear<B>| {
-            let (v, k, n) = values(l.weight.val());
-            amx::Packed::new(&v, k, n)
+            let [k, n] = l.weight.dims();
+            amx::Packed::new(&amx::f32s(values(l.weight.val()).as_bytes()), k, n)
         };
         let layers = self
             .model
@@ -271,15 +296,11 @@ impl<B: Backend> CausalLm<B> {
         let head = match &self.lm_head {
             Some(head) => pack(head),
             None => {
-                let (v, vocab, hidden) = values(self.model.embed_tokens.weight.val());
                 // The tied head is the embeddings transposed: `[hidden, vocab]`.
-                let mut t = vec![0f32; v.len()];
-                for (r, row) in v.chunks(hidden).enumerate() {
-                    for (c, x) in row.iter().enumerate() {
-                        t[c * vocab + r] = *x;
-                    }
-                }
-                amx::Packed::new(&t, hidden, vocab)
+                let e = self.model.embed_tokens.weight.val();
+                let [vocab, hidden] = e.dims();
+                let t = values(e.transpose());
+                amx::Packed::new(&amx::f32s(t.as_bytes()), hidden, vocab)
             }
         };
         self.packed = Some(std::sync::Arc::new(PackedWeights { layers, head }));
@@ -371,11 +392,26 @@ impl<B: Backend> CausalLm<B> {
         let rope_q = over(h);
         let rope_k = if kv == h { rope_q.clone() } else { over(kv) };
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
-        let bias = crate::model::transformer::attention_bias(mask)
-            .unsqueeze_dim::<4>(1)
-            .repeat_dim(1, g)
-            .reshape([b, 1, g * t, keys])
-            .repeat_dim(1, kv);
+        // With the tiles, the mask's bytes instead (`amx::masked_softmax` reads them).
+        let (bias, hidden_keys) = match &self.packed {
+            None => {
+                let bias = crate::model::transformer::attention_bias(mask)
+                    .unsqueeze_dim::<4>(1)
+                    .repeat_dim(1, g)
+                    .reshape([b, 1, g * t, keys])
+                    .repeat_dim(1, kv);
+                (Some(bias), None)
+            }
+            Some(_) => {
+                let hidden = mask.into_data();
+                assert_eq!(
+                    hidden.as_bytes().len(),
+                    b * t * keys,
+                    "one byte per mask value"
+                );
+                (None, Some(hidden))
+            }
+        };
         let scale = 1.0 / (hd as f64).sqrt();
         let old: Option<Vec<(Tensor<B, 4>, Tensor<B, 4>)>> = cache
             .as_ref()
@@ -433,8 +469,28 @@ impl<B: Backend> CausalLm<B> {
             fresh.push((k.clone(), v.clone()));
             // Query head j·g + i reads key/value head j: fold the g heads into the rows.
             let q = q.reshape([b, kv, g * t, hd]);
-            let scores = q.matmul(k.swap_dims(2, 3)).mul_scalar(scale) + bias.clone();
-            let out = softmax(scores, 3)
+            let scores = q.matmul(k.swap_dims(2, 3));
+            let weights = match (&bias, &hidden_keys) {
+                (Some(bias), _) => softmax(scores.mul_scalar(scale) + bias.clone(), 3),
+                (None, Some(hidden)) => {
+                    let device = scores.device();
+                    let dims = scores.dims();
+                    let mut w =
+                        amx::f32s(values(scores.reshape([b * kv * g * t, keys])).as_bytes())
+                            .into_owned();
+                    amx::masked_softmax(
+                        &mut w,
+                        keys,
+                        t,
+                        kv * g * t,
+                        hidden.as_bytes(),
+                        scale as f32,
+                    );
+                    Tensor::from_data(TensorData::new(w, dims), &device)
+                }
+                (None, None) => unreachable!("a bias or a mask"),
+            };
+            let out = weights
                 .matmul(v)
                 .reshape([b, h, t, hd])
                 .swap_dims(1, 2)
@@ -442,6 +498,10 @@ impl<B: Backend> CausalLm<B> {
             x = x + p(out, &att.o_proj, "o_proj");
             let normed = layer.post_attention_layernorm.forward(x.clone());
             let mlp = &layer.mlp;
+            if let Some(packed) = packed {
+                x = x + mlp_packed(normed, mlp, &packed[4..7]);
+                continue;
+            }
             let hidden = silu(p(normed.clone(), &mlp.gate_proj, "gate_proj"))
                 * p(normed, &mlp.up_proj, "up_proj");
             x = x + p(hidden, &mlp.down_proj, "down_proj");

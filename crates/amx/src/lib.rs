@@ -1,0 +1,438 @@
+//! Matrix products in bf16 on Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and
+//! later): `x [m, k] (f32) · W [k, n]` with `x` and `W` rounded to bf16 (round to nearest
+//! even) and products summed in f32 by the tiles' `tdpbf16ps`. Used for inference only
+//! (`<section>.inference_dtype = "bf16"`), never for training.
+//!
+//! Layout: `W` is packed once per model load into 16-column panels in the tiles' VNNI order
+//! (per pair of rows `k, k+1`: 16 columns × 2 values, 64 bytes); `x` is rounded into a bf16
+//! copy in tile order (per 16 rows and 32 columns, one contiguous 1 KiB tile), both
+//! zero-padded (rows to 32, `k` to 32, columns to 32). Each task
+//! computes a block of 32 × 32 outputs in four accumulator tiles over the whole `k`, so every
+//! output is summed in the same order whatever the number of threads: the result is the same
+//! to the bit on every run on the same machine.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::asm;
+use std::sync::OnceLock;
+
+use rayon::prelude::*;
+
+const TILE_K: usize = 32; // bf16 values per tile row (64 bytes)
+const BLOCK: usize = 32; // rows and columns of a task's output block
+
+/// Whether this CPU has AMX-BF16 and the kernel lets this process use the tiles (asked once).
+pub fn available() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            // CPUID.(EAX=7, ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+            let r = std::arch::x86_64::__cpuid_count(7, 0);
+            let has = r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0;
+            if !has {
+                return false;
+            }
+            // Linux ≥ 5.16: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            let r = unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                )
+            };
+            r == 0
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    })
+}
+
+/// f32 → bf16, rounding to nearest even (NaN stays NaN). Branch-free, so that the loops
+/// over rows vectorise.
+#[inline(always)]
+pub fn bf16(f: f32) -> u16 {
+    let u = f.to_bits();
+    let rounded = u.wrapping_add(0x7fff + ((u >> 16) & 1)) >> 16;
+    let nan = (u & 0x7fff_ffff) > 0x7f80_0000;
+    (if nan { (u >> 16) | 0x40 } else { rounded }) as u16
+}
+
+/// Little-endian f32 bytes (a tensor's buffer) as f32 values: borrowed when aligned.
+pub fn f32s(bytes: &[u8]) -> std::borrow::Cow<'_, [f32]> {
+    assert_eq!(bytes.len() % 4, 0, "f32 bytes");
+    // SAFETY: every bit pattern is an f32; `align_to` only yields aligned values.
+    let (head, body, tail) = unsafe { bytes.align_to::<f32>() };
+    if head.is_empty() && tail.is_empty() && cfg!(target_endian = "little") {
+        return std::borrow::Cow::Borrowed(body);
+    }
+    std::borrow::Cow::Owned(
+        bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+    )
+}
+
+/// `e^x` in f32 without a library call, so that loops over it vectorise: `2^n · p(r)` with
+/// `x = n·ln 2 + r`, `|r| ≤ ln 2 / 2`, `p` Cephes' degree-5 polynomial (relative error below
+/// 2e-7 against `f32::exp`); inputs clamped to ±88 (no infinities, no denormals).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.clamp(-87.0, 88.0);
+    // Round to nearest (even) by adding and removing 1.5·2^23: plain SSE2 arithmetic, no
+    // `roundf` call (x86-64's baseline has no rounding instruction), so it vectorises.
+    const MAGIC: f32 = 12_582_912.0;
+    let n = (x * std::f32::consts::LOG2_E + MAGIC) - MAGIC;
+    // r = x − n·ln 2 in two parts (Cody–Waite), exact enough for the polynomial.
+    let r = x - n * 0.693_359_4 + n * 2.121_944_4e-4;
+    let p = 1.987_569_1e-4_f32;
+    let p = p * r + 1.398_2e-3;
+    let p = p * r + 8.333_452e-3;
+    let p = p * r + 4.166_579_6e-2;
+    let p = p * r + 1.666_666_5e-1;
+    let p = p * r + 0.5;
+    let e = p * r * r + r + 1.0;
+    e * f32::from_bits(((n as i32 + 127) as u32) << 23)
+}
+
+/// `gate ← silu(gate) · up` (the gated MLP's activation: `g · u / (1 + e^−g)`), element by
+/// element.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    assert_eq!(gate.len(), up.len(), "gate and up");
+    #[inline(always)]
+    fn run(g: &mut [f32], u: &[f32]) {
+        for (g, u) in g.iter_mut().zip(u) {
+            *g = *g * *u / (1.0 + exp(-*g));
+        }
+    }
+    gate.par_chunks_mut(1 << 14)
+        .zip(up.par_chunks(1 << 14))
+        .for_each(|(g, u)| wide(|| run(g, u)));
+}
+
+/// Run `f` compiled for AVX-512 where the CPU has it (every CPU with AMX does): the same
+/// arithmetic in wider registers, so the same results to the bit (Rust never fuses a multiply
+/// and an add on its own).
+#[inline]
+fn wide(f: impl FnOnce()) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+        unsafe fn on_avx512(f: impl FnOnce()) {
+            f()
+        }
+        static AVX512: OnceLock<bool> = OnceLock::new();
+        if *AVX512.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx512f")
+                && std::arch::is_x86_feature_detected!("avx512bw")
+                && std::arch::is_x86_feature_detected!("avx512vl")
+        }) {
+            // SAFETY: the CPU has the features just checked.
+            return unsafe { on_avx512(f) };
+        }
+    }
+    f()
+}
+
+/// Attention weights in place: each row of `scores` (`keys` values) becomes
+/// `softmax(scale · row)` over the keys its mask leaves visible, 0 on the others (a row with
+/// none visible is all 0). Rows are `[batch][per_batch]`, and row `r`'s query is `r mod t`:
+/// its mask is `mask[(batch · t + query) · keys ..][..keys]`, non-zero where the key is hidden
+/// (a boolean tensor's bytes, `[batch, t, keys]`).
+pub fn masked_softmax(
+    scores: &mut [f32],
+    keys: usize,
+    t: usize,
+    per_batch: usize,
+    mask: &[u8],
+    scale: f32,
+) {
+    assert_eq!(scores.len() % keys, 0, "rows of keys");
+    scores
+        .par_chunks_mut(keys)
+        .enumerate()
+        .with_min_len(64)
+        .for_each(|(r, row)| {
+            wide(|| {
+                let (batch, query) = (r / per_batch, r % t);
+                let hidden = &mask[(batch * t + query) * keys..][..keys];
+                let mut max = f32::NEG_INFINITY;
+                for (v, h) in row.iter_mut().zip(hidden) {
+                    *v *= scale;
+                    if *h == 0 && *v > max {
+                        max = *v;
+                    }
+                }
+                if max == f32::NEG_INFINITY {
+                    row.fill(0.0);
+                    return;
+                }
+                let mut sum = 0.0f32;
+                for (v, h) in row.iter_mut().zip(hidden) {
+                    let e = if *h == 0 { exp(*v - max) } else { 0.0 };
+                    *v = e;
+                    sum += e;
+                }
+                let inv = 1.0 / sum;
+                for v in row.iter_mut() {
+                    *v *= inv;
+                }
+            })
+        });
+}
+
+/// `y[r] += bias` for every row `r` of `y` (rows of `bias.len()` values).
+pub fn add_bias(y: &mut [f32], bias: &[f32]) {
+    for row in y.chunks_mut(bias.len()) {
+        for (v, b) in row.iter_mut().zip(bias) {
+            *v += *b;
+        }
+    }
+}
+
+fn round_up(x: usize, to: usize) -> usize {
+    x.div_ceil(to) * to
+}
+
+/// A weight matrix `[k, n]` packed for the tiles.
+#[derive(Clone)]
+pub struct Packed {
+    k: usize,
+    n: usize,
+    kp: usize,
+    np: usize,
+    data: Vec<u16>,
+}
+
+impl std::fmt::Debug for Packed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Packed([{}, {}] bf16)", self.k, self.n)
+    }
+}
+
+impl Packed {
+    /// Pack a row-major `[k, n]` matrix.
+    pub fn new(w: &[f32], k: usize, n: usize) -> Packed {
+        assert_eq!(w.len(), k * n, "weight shape");
+        let kp = round_up(k.max(1), TILE_K);
+        let np = round_up(n.max(1), BLOCK);
+        let panel = kp * 16;
+        let mut data = vec![0u16; np / 16 * panel];
+        data.par_chunks_mut(panel).enumerate().for_each(|(p, out)| {
+            for kk in 0..k {
+                let row = &w[kk * n..(kk + 1) * n];
+                let base = (kk / 2) * 32 + kk % 2;
+                for c in 0..16 {
+                    let col = p * 16 + c;
+                    if col < n {
+                        out[base + c * 2] = bf16(row[col]);
+                    }
+                }
+            }
+        });
+        Packed { k, n, kp, np, data }
+    }
+
+    /// Rows and columns.
+    pub fn dims(&self) -> [usize; 2] {
+        [self.k, self.n]
+    }
+
+    /// `x [m, k] · W → [m, n]` on the tiles. Callers check [`available`] first (a model is
+    /// packed only then).
+    #[cfg(target_arch = "x86_64")]
+    pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
+        assert_eq!(x.len(), m * self.k, "input shape");
+        assert!(available(), "AMX is not available");
+        if m == 0 {
+            return Vec::new();
+        }
+        let (k, kp, np) = (self.k, self.kp, self.np);
+        let mp = round_up(m, BLOCK);
+        // `x` in tile order: per 16 rows, per 32 columns, one contiguous 16 × 64-byte tile.
+        let mut a = vec![0u16; mp * kp];
+        a.par_chunks_mut(16 * kp)
+            .enumerate()
+            .for_each(|(rb, tiles)| {
+                for r in 0..16 {
+                    let row = rb * 16 + r;
+                    if row >= m {
+                        break;
+                    }
+                    let src = &x[row * k..(row + 1) * k];
+                    for (kc, chunk) in src.chunks(TILE_K).enumerate() {
+                        let at = (kc * 16 + r) * TILE_K;
+                        for (d, s) in tiles[at..at + chunk.len()].iter_mut().zip(chunk) {
+                            *d = bf16(*s);
+                        }
+                    }
+                }
+            });
+        let mut c = vec![0f32; mp * np];
+        let blocks_n = np / BLOCK;
+        // Tasks: column blocks (each reads its two panels once per row block); rows inside.
+        let work = mp * np * kp;
+        let grain = if work < (1 << 22) { blocks_n } else { 1 };
+        let cptr = SendPtr(c.as_mut_ptr());
+        (0..blocks_n)
+            .into_par_iter()
+            .with_min_len(grain)
+            .for_each(|bn| {
+                let cptr = &cptr;
+                unsafe {
+                    let _tiles = Tiles::configure();
+                    for bm in 0..mp / BLOCK {
+                        block(
+                            a.as_ptr().add(bm * BLOCK * kp),
+                            kp,
+                            self.data.as_ptr().add(bn * 2 * kp * 16),
+                            kp * 16,
+                            cptr.0.add(bm * BLOCK * np + bn * BLOCK),
+                            np,
+                        );
+                    }
+                }
+            });
+        if np == self.n {
+            c.truncate(m * np);
+            return c;
+        }
+        let n = self.n;
+        let mut out = vec![0f32; m * n];
+        out.chunks_mut(n)
+            .zip(c.chunks(np))
+            .for_each(|(o, r)| o.copy_from_slice(&r[..n]));
+        out
+    }
+
+    /// Without AMX (not x86-64): never called, a model is packed only where [`available`].
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn matmul(&self, _x: &[f32], _m: usize) -> Vec<f32> {
+        unreachable!("AMX is x86-64 only")
+    }
+
+    /// The same product from the packed values, one output at a time in f64 (tests: the
+    /// packing, on any CPU).
+    pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
+        let (k, n) = (self.k, self.n);
+        let w = |kk: usize, col: usize| {
+            let (p, c) = (col / 16, col % 16);
+            let v = self.data[p * self.kp * 16 + (kk / 2) * 32 + c * 2 + kk % 2];
+            f32::from_bits((v as u32) << 16) as f64
+        };
+        let mut out = vec![0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0f64;
+                for kk in 0..k {
+                    s += f32::from_bits((bf16(x[i * k + kk]) as u32) << 16) as f64 * w(kk, j);
+                }
+                out[i * n + j] = s as f32;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+struct SendPtr(*mut f32);
+#[cfg(target_arch = "x86_64")]
+unsafe impl Sync for SendPtr {}
+#[cfg(target_arch = "x86_64")]
+unsafe impl Send for SendPtr {}
+
+/// The tile configuration of this thread: 8 tiles of 16 rows × 64 bytes; released on drop.
+#[cfg(target_arch = "x86_64")]
+struct Tiles;
+
+/// `ldtilecfg`'s 64-byte operand (palette 1).
+#[cfg(target_arch = "x86_64")]
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Tiles {
+    unsafe fn configure() -> Tiles {
+        let mut cfg = Config {
+            palette: 1,
+            start_row: 0,
+            reserved: [0; 14],
+            colsb: [0; 16],
+            rows: [0; 16],
+        };
+        for i in 0..8 {
+            cfg.colsb[i] = 64;
+            cfg.rows[i] = 16;
+        }
+        unsafe { asm!("ldtilecfg [{c}]", c = in(reg) &cfg as *const Config, options(nostack)) };
+        Tiles
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// One 32 × 32 output block: `a` (32 rows, `kp` bf16 each), `b` (two 16-column panels of
+/// `kp / 2` VNNI rows, `panel` values apart), into `c` (row stride `ldc` floats).
+#[cfg(target_arch = "x86_64")]
+unsafe fn block(a: *const u16, kp: usize, b: *const u16, panel: usize, c: *mut f32, ldc: usize) {
+    let a1 = unsafe { a.add(16 * kp) };
+    let b1 = unsafe { b.add(panel) };
+    unsafe {
+        asm!(
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tilezero tmm3",
+            options(nostack, nomem)
+        );
+        let mut kc = 0;
+        while kc < kp {
+            asm!(
+                "tileloadd tmm4, [{a0} + {sa}*1]",
+                "tileloadd tmm5, [{a1} + {sa}*1]",
+                "tileloadd tmm6, [{b0} + {sb}*1]",
+                "tileloadd tmm7, [{b1} + {sb}*1]",
+                "tdpbf16ps tmm0, tmm4, tmm6",
+                "tdpbf16ps tmm1, tmm4, tmm7",
+                "tdpbf16ps tmm2, tmm5, tmm6",
+                "tdpbf16ps tmm3, tmm5, tmm7",
+                a0 = in(reg) a.add(kc * 16),
+                a1 = in(reg) a1.add(kc * 16),
+                b0 = in(reg) b.add(kc * 16),
+                b1 = in(reg) b1.add(kc * 16),
+                sa = in(reg) 64usize,
+                sb = in(reg) 64usize,
+                options(nostack, readonly),
+            );
+            kc += TILE_K;
+        }
+        let sc = ldc * 4;
+        asm!(
+            "tilestored [{c0} + {sc}*1], tmm0",
+            "tilestored [{c1} + {sc}*1], tmm1",
+            "tilestored [{c2} + {sc}*1], tmm2",
+            "tilestored [{c3} + {sc}*1], tmm3",
+            c0 = in(reg) c,
+            c1 = in(reg) c.add(16),
+            c2 = in(reg) c.add(16 * ldc),
+            c3 = in(reg) c.add(16 * ldc + 16),
+            sc = in(reg) sc,
+            options(nostack),
+        );
+    }
+}
