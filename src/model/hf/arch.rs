@@ -269,6 +269,10 @@ impl<B: Backend> CausalLm<B> {
     /// norms and activations stay f32). For inference, after adapters are merged. Call only
     /// where [`amx::available`].
     pub fn pack_bf16(mut self) -> CausalLm<B> {
+        assert!(
+            self.lora.is_none(),
+            "adapters are merged before packing (the packed path has none)"
+        );
         let pack = |l: &Linear<B>| {
             let [k, n] = l.weight.dims();
             amx::Packed::new(&amx::f32s(values(l.weight.val()).as_bytes()), k, n)
