@@ -264,43 +264,50 @@ impl<B: Backend> CausalLm<B> {
         }
     }
 
-    /// This model with bf16 copies of its projections and head on AMX tiles: its forward
-    /// then rounds each projection's input and weights to bf16 and sums in f32 (attention,
-    /// norms and activations stay f32). For inference, after adapters are merged. Call only
-    /// where [`amx::available`].
+    /// This model with its projections and head as bf16 on AMX tiles (their f32 weights
+    /// dropped): its forward then rounds each projection's input and weights to bf16 and sums
+    /// in f32 (attention, norms and activations stay f32). For inference only, after adapters
+    /// are merged. Call only where [`amx::available`].
     pub fn pack_bf16(mut self) -> CausalLm<B> {
         assert!(
             self.lora.is_none(),
             "adapters are merged before packing (the packed path has none)"
         );
-        let pack = |l: &Linear<B>| {
+        // Each projection's f32 weights give way to a 1 × 1 placeholder once packed: the
+        // packed forward reads only their biases, and the model holds one copy, not two.
+        let pack = |l: &mut Linear<B>| {
             let [k, n] = l.weight.dims();
-            amx::Packed::new(&amx::f32s(values(l.weight.val()).as_bytes()), k, n)
+            let w = l.weight.val();
+            let device = w.device();
+            let packed = amx::Packed::new(&amx::f32s(values(w).as_bytes()), k, n);
+            l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
+            packed
         };
         let layers = self
             .model
             .layers
-            .iter()
+            .iter_mut()
             .map(|layer| {
-                let (att, mlp) = (&layer.self_attn, &layer.mlp);
+                let (att, mlp) = (&mut layer.self_attn, &mut layer.mlp);
                 [
-                    &att.q_proj,
-                    &att.k_proj,
-                    &att.v_proj,
-                    &att.o_proj,
-                    &mlp.gate_proj,
-                    &mlp.up_proj,
-                    &mlp.down_proj,
+                    &mut att.q_proj,
+                    &mut att.k_proj,
+                    &mut att.v_proj,
+                    &mut att.o_proj,
+                    &mut mlp.gate_proj,
+                    &mut mlp.up_proj,
+                    &mut mlp.down_proj,
                 ]
                 .into_iter()
                 .map(pack)
                 .collect()
             })
             .collect();
-        let head = match &self.lm_head {
+        let head = match &mut self.lm_head {
             Some(head) => pack(head),
             None => {
-                // The tied head is the embeddings transposed: `[hidden, vocab]`.
+                // The tied head is the embeddings transposed: `[hidden, vocab]` (the
+                // embeddings themselves stay: the forward looks tokens up in them).
                 let e = self.model.embed_tokens.weight.val();
                 let [vocab, hidden] = e.dims();
                 let t = values(e.transpose());
