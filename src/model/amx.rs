@@ -2,7 +2,9 @@
 //! kernels live in the `rla-amx` crate (`crates/amx`), which the dev profile optimises while
 //! rla-pipe itself builds unoptimised.
 
-pub use rla_amx::{Packed, add_bias, available, bf16, exp, f32s, masked_softmax, silu_mul};
+pub use rla_amx::{
+    Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, silu_mul,
+};
 
 // The crate's tests live here, where `cargo test` runs them.
 #[cfg(test)]

@@ -198,6 +198,44 @@ fn round_up(x: usize, to: usize) -> usize {
     x.div_ceil(to) * to
 }
 
+/// Input rows `x [m, k]` rounded to bf16 in the tiles' order: per 16 rows and 32 columns, one
+/// contiguous 16 × 64-byte tile (rows padded to 32, `k` to 32, with zeros).
+pub struct Rounded {
+    m: usize,
+    k: usize,
+    mp: usize,
+    tiles: Vec<u16>,
+}
+
+impl Rounded {
+    /// Round the row-major `[m, k]` values of `x`.
+    pub fn new(x: &[f32], m: usize, k: usize) -> Rounded {
+        assert_eq!(x.len(), m * k, "input shape");
+        let kp = round_up(k.max(1), TILE_K);
+        let mp = round_up(m, BLOCK);
+        let mut tiles = vec![0u16; mp * kp];
+        tiles
+            .par_chunks_mut(16 * kp)
+            .enumerate()
+            .for_each(|(rb, tiles)| {
+                for r in 0..16 {
+                    let row = rb * 16 + r;
+                    if row >= m {
+                        break;
+                    }
+                    let src = &x[row * k..(row + 1) * k];
+                    for (kc, chunk) in src.chunks(TILE_K).enumerate() {
+                        let at = (kc * 16 + r) * TILE_K;
+                        for (d, s) in tiles[at..at + chunk.len()].iter_mut().zip(chunk) {
+                            *d = bf16(*s);
+                        }
+                    }
+                }
+            });
+        Rounded { m, k, mp, tiles }
+    }
+}
+
 /// A weight matrix `[k, n]` packed for the tiles.
 #[derive(Clone)]
 pub struct Packed {
@@ -246,32 +284,21 @@ impl Packed {
     /// packed only then).
     #[cfg(target_arch = "x86_64")]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
-        assert_eq!(x.len(), m * self.k, "input shape");
+        self.matmul_rounded(&Rounded::new(x, m, self.k))
+    }
+
+    /// [`Packed::matmul`] of an input already rounded (one rounding for every matrix that
+    /// multiplies the same rows).
+    #[cfg(target_arch = "x86_64")]
+    pub fn matmul_rounded(&self, x: &Rounded) -> Vec<f32> {
+        assert_eq!(x.k, self.k, "input columns");
         assert!(available(), "AMX is not available");
+        let m = x.m;
         if m == 0 {
             return Vec::new();
         }
-        let (k, kp, np) = (self.k, self.kp, self.np);
-        let mp = round_up(m, BLOCK);
-        // `x` in tile order: per 16 rows, per 32 columns, one contiguous 16 × 64-byte tile.
-        let mut a = vec![0u16; mp * kp];
-        a.par_chunks_mut(16 * kp)
-            .enumerate()
-            .for_each(|(rb, tiles)| {
-                for r in 0..16 {
-                    let row = rb * 16 + r;
-                    if row >= m {
-                        break;
-                    }
-                    let src = &x[row * k..(row + 1) * k];
-                    for (kc, chunk) in src.chunks(TILE_K).enumerate() {
-                        let at = (kc * 16 + r) * TILE_K;
-                        for (d, s) in tiles[at..at + chunk.len()].iter_mut().zip(chunk) {
-                            *d = bf16(*s);
-                        }
-                    }
-                }
-            });
+        let (kp, np) = (self.kp, self.np);
+        let (a, mp) = (&x.tiles, x.mp);
         let mut c = vec![0f32; mp * np];
         let blocks_n = np / BLOCK;
         // Tasks: column blocks (each reads its two panels once per row block); rows inside.
@@ -312,6 +339,12 @@ impl Packed {
     /// Without AMX (not x86-64): never called, a model is packed only where [`available`].
     #[cfg(not(target_arch = "x86_64"))]
     pub fn matmul(&self, _x: &[f32], _m: usize) -> Vec<f32> {
+        unreachable!("AMX is x86-64 only")
+    }
+
+    /// Without AMX (not x86-64): never called, as [`Packed::matmul`].
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn matmul_rounded(&self, _x: &Rounded) -> Vec<f32> {
         unreachable!("AMX is x86-64 only")
     }
 

@@ -120,8 +120,8 @@ fn mlp_packed<B: Backend>(x: Tensor<B, 3>, mlp: &Mlp<B>, packed: &[amx::Packed])
     let device = x.device();
     let [b, t, d] = x.dims();
     let m = b * t;
-    let data = values(x.reshape([m, d]));
-    let xs = amx::f32s(data.as_bytes());
+    // Gate and up multiply the same rows: rounded to bf16 once.
+    let xs = amx::Rounded::new(&amx::f32s(values(x.reshape([m, d])).as_bytes()), m, d);
     let bias = |l: &Linear<B>, y: &mut Vec<f32>| {
         if let Some(bias) = &l.bias {
             amx::add_bias(
@@ -130,9 +130,9 @@ fn mlp_packed<B: Backend>(x: Tensor<B, 3>, mlp: &Mlp<B>, packed: &[amx::Packed])
             );
         }
     };
-    let mut gate = packed[0].matmul(&xs, m);
+    let mut gate = packed[0].matmul_rounded(&xs);
     bias(&mlp.gate_proj, &mut gate);
-    let mut up = packed[1].matmul(&xs, m);
+    let mut up = packed[1].matmul_rounded(&xs);
     bias(&mlp.up_proj, &mut up);
     amx::silu_mul(&mut gate, &up);
     let mut y = packed[2].matmul(&gate, m);
@@ -273,8 +273,8 @@ impl<B: Backend> CausalLm<B> {
             self.lora.is_none(),
             "adapters are merged before packing (the packed path has none)"
         );
-        // Each projection's f32 weights give way to a 1 × 1 placeholder once packed: the
-        // packed forward reads only their biases, and the model holds one copy, not two.
+        // Once packed, each projection's f32 weight becomes a 1 × 1 zero tensor (the packed
+        // forward reads only the biases), so the model holds one copy of the weights, not two.
         let pack = |l: &mut Linear<B>| {
             let [k, n] = l.weight.dims();
             let w = l.weight.val();
