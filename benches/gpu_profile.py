@@ -47,6 +47,8 @@ SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "
         "update.policy_lr=1e-5", "update.rm_lr=1e-5"]
 STAGE_START = re.compile(r"stage started.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)")
 STAGE_DONE = re.compile(r"stage committed.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)\"?.*\bseconds=([0-9.e+-]+)")
+# one line per model call (src/model/tree.rs, at debug level): its rows and packed length
+CALL = re.compile(r"model call.*\brows=(\d+).*\blen=(\d+)")
 # cubecl's profiler: `| 12.3µs     | kernel name`
 KERNEL = re.compile(r"^\|\s*([0-9.]+)(ns|µs|us|ms|s)\s*\|\s*(.+?)\s*$")
 UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
@@ -103,10 +105,11 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
            "--set", f"policy.init=hf:{model}", "--set", f"reward_model.init=hf:{model}"]
     for s in SETS + list(sets):
         cmd += ["--set", s]
-    env = dict(os.environ, RUST_LOG="rla_pipe=info", **(env_extra or {}))
+    env = dict(os.environ, RUST_LOG="rla_pipe=info,rla_pipe::model::tree=debug", **(env_extra or {}))
     mem = Memory() if device == "cuda" else None
     stages, order, kernels = {}, [], collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
     current = "(start)"
+    calls = collections.defaultdict(lambda: [0, 0, 0])  # per stage: model calls, rows, longest row
     logf = open(os.path.join(out, f"{name}.log"), "w")
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -119,6 +122,13 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
             k = kernels[current][m.group(3)[:110]]
             k[0] += 1
             k[1] += float(m.group(1)) * UNIT[m.group(2)]
+            continue
+        m = CALL.search(line)
+        if m:
+            c = calls[current]
+            c[0] += 1
+            c[1] += int(m.group(1))
+            c[2] = max(c[2], int(m.group(2)))
             continue
         logf.write(line)
         m = STAGE_START.search(line)
@@ -139,7 +149,8 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
     logf.close()
     shutil.rmtree(store, ignore_errors=True)
     res = {"wall": wall, "stages": stages, "order": order, "failed": rc != 0,
-           "peak": dict(mem.peak) if mem else {}, "kernels": kernels}
+           "peak": dict(mem.peak) if mem else {}, "kernels": kernels,
+           "calls": {k: v for k, v in calls.items()}}
     if rc != 0:
         log(f"{name}: exit {rc} after {wall:.1f} s (log: {name}.log); what it measured until then is kept")
         with open(os.path.join(out, f"{name}.log")) as f:
@@ -231,6 +242,10 @@ def main():
                     help="NAME=VAR=VALUE[,VAR=VALUE...]: the generation comparison again with this environment")
     ap.add_argument("--generate-runs", type=int, default=1,
                     help="run the generation comparison this many times; the last is reported")
+    ap.add_argument("--profile-variant", default=None,
+                    help="NAME of a --variant: profile its kernels instead of the default iteration's")
+    ap.add_argument("--pytorch-variant", action="append", default=[],
+                    help="NAME of a --variant: PyTorch's update on its dump too")
     ap.add_argument("--budget", type=float, default=float("inf"), help="seconds for the whole script")
     a = ap.parse_args()
     DEADLINE[0] = time.perf_counter() + a.budget
@@ -261,16 +276,20 @@ def main():
     bench["RLA_PIPE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="kernels-")
     cold = None if "cold" in skip else run_iteration(bin_, model, gpu, out, "cuda-cold", bench, limit=150)
     cuda = run_iteration(bin_, model, gpu, out, "cuda", dict(bench, RLA_PIPE_BENCH_UPDATE=dump), limit=150)
-    torch_text = ""
-    if "pytorch" not in skip and cuda:
-        torch_text, _ = step("pytorch", 180, [sys.executable, "benches/smollm2_update.py"], out,
-                             {"DUMP": dump, "TORCH_DEVICE": "cuda", "RLA_PIPE_BIN": bin_})
     prof = None
     if "kernels" not in skip:
         d = tempfile.mkdtemp(prefix="cubecl-")
         with open(os.path.join(d, "cubecl.toml"), "w") as f:
             f.write('[profiling.logger]\nlevel = "basic"\nstdout = true\n')
-        prof = run_iteration(bin_, model, gpu, out, "kernels", bench, cwd=d, limit=300)
+        psets, penv = [], {}
+        for name, spec in variants:
+            if name == a.profile_variant:
+                items = spec.split(",")
+                penv = dict(i[4:].split("=", 1) for i in items if i.startswith("env:"))
+                psets = [i for i in items if not i.startswith("env:")]
+        log(f"kernels: profiling {a.profile_variant or 'the default iteration'}")
+        prof = run_iteration(bin_, model, gpu, out, "kernels", dict(bench, **penv), sets=psets,
+                             cwd=d, limit=300)
     var, dumps = {}, {"cuda": dump}
     for name, spec in ([] if "variants" in skip else variants):
         items = spec.split(",")
@@ -279,6 +298,20 @@ def main():
         var[name] = run_iteration(bin_, model, gpu, out, f"cuda-{name}",
                                   dict(bench, RLA_PIPE_BENCH_UPDATE=dumps[name], **env),
                                   sets=[i for i in items if not i.startswith("env:")])
+    # PyTorch on the same dumps: the default iteration's, and each --pytorch-variant's (with its
+    # environment, so that RLA_PIPE_ATTENTION_BUDGET groups the rows alike on both sides).
+    torch_texts = {}
+    for name in ([] if "pytorch" in skip else ["cuda"] + a.pytorch_variant):
+        if (name == "cuda" and not cuda) or (name != "cuda" and not var.get(name)):
+            continue
+        env = {}
+        for n, spec in variants:
+            if n == name:
+                env = dict(i[4:].split("=", 1) for i in spec.split(",") if i.startswith("env:"))
+        torch_texts[name], _ = step("pytorch" + ("" if name == "cuda" else f"-{name}"), 180,
+                                    [sys.executable, "benches/smollm2_update.py"], out,
+                                    dict({"DUMP": dumps[name], "TORCH_DEVICE": "cuda", "RLA_PIPE_BIN": bin_},
+                                         **env))
     gen_texts = {}
     for gname, genv in ([] if "generate" in skip else gen_variants):
         for _ in range(a.generate_runs):
@@ -322,6 +355,17 @@ def main():
         + " | ".join(f"{it(var.get(n)):.1f} | {(var.get(n) or {}).get('peak', {}).get('(run)', 0):,.0f}" for n in names) + " |")
     log(f"process wall: cuda compiling {w(cold)} s, cuda {w(cuda)} s, profiled {w(prof)} s, cpu {w(cpu)} s, "
         + ", ".join(f"{n} {w(var.get(n))} s" for n in names))
+    # Model calls per stage and run: each launches the same kernels whatever its size.
+    runs = [("cuda", cuda)] + [(n, var.get(n)) for n in names]
+    log("\n| model calls (rows, longest packed row) | " + " | ".join(n for n, _ in runs) + " |\n|---|"
+        + "---:|" * len(runs))
+    for stage in (cuda or {"order": []})["order"]:
+        cells = []
+        for _, r in runs:
+            c = (r or {}).get("calls", {}).get(stage)
+            cells.append(f"{c[0]:,} ({c[1]:,}, {c[2]:,})" if c else "")
+        if any(cells):
+            log(f"| {stage} | " + " | ".join(cells) + " |")
     # The update's optimizer steps per run, from each run's dump (the stage's own seconds).
     log("\n| run | policy optimizer steps (s) | RM optimizer steps (s) |\n|---|---:|---:|")
     for name, d in dumps.items():
@@ -333,7 +377,8 @@ def main():
             except (OSError, KeyError, ValueError):
                 secs.append("")
         log(f"| {name} | {secs[0]} | {secs[1]} |")
-    for title, text, keep in [("update: burn-cuda vs PyTorch CUDA", torch_text, r"^\||step 0|snapshot|tokens")] + \
+    for title, text, keep in [(f"update: burn-cuda vs PyTorch CUDA ({n})", t, r"^\||step 0|snapshot|tokens")
+                              for n, t in torch_texts.items()] + \
             [(f"generation{' (' + n + ')' if n else ''}", t, r"^\||^batch") for n, t in gen_texts.items()]:
         if text:
             log(f"\n{title}:")

@@ -44,7 +44,7 @@ Needs:  torch, numpy, transformers, safetensors (installed with pip if missing);
 import json, os, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from torch_update import F, ROOT, TARGET, Update, rel, torch  # noqa: E402  (installs torch, numpy)
+from torch_update import F, ROOT, TARGET, Update, flat, reached, rel, torch  # noqa: E402  (installs torch, numpy)
 
 try:
     import transformers
@@ -79,7 +79,8 @@ DEFAULT_SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_it
 SNAPSHOT_BATCH = 512
 TREE_MIN_SHARED = 16
 TREE_MAX_ROW = 1024
-ATTENTION_BUDGET = 1 << 21
+# src/model/tree.rs `attention_budget`: the same environment variable moves both sides
+ATTENTION_BUDGET = int(os.environ.get("RLA_PIPE_ATTENTION_BUDGET") or (1 << 21 if DEVICE == "cpu" else 1 << 23))
 
 
 def common_prefix(a, b):
@@ -303,10 +304,6 @@ def dump_dir(args):
     return dump
 
 
-def flat(o):
-    return [x for r in o for x in (r if isinstance(r, list) else [r])]
-
-
 def main():
     dump = dump_dir(sys.argv[1:])
     torch.set_num_threads(THREADS)
@@ -328,10 +325,13 @@ def main():
         burn = d["metrics"]
         tokens = sum(x["tokens"] for x in burn)
         t = time.perf_counter()
-        old = u.old(m)
+        # Only the samples the stage's snapshot computed (those some optimizer step reaches).
+        seen = reached(d["old_logprobs"])
+        old = u.old(m, seen)
         snap_s = time.perf_counter() - t
-        lp_diff = max(abs(a - b) for a, b in zip(flat(old), flat(d["old_logprobs"])))
-        assert len(flat(old)) == len(flat(d["old_logprobs"])), "snapshot sizes differ"
+        mine, theirs = flat([old[i] for i in seen]), flat([d["old_logprobs"][i] for i in seen])
+        assert len(mine) == len(theirs), f"snapshot sizes differ: {len(mine)} vs {len(theirs)}"
+        lp_diff = max(abs(a - b) for a, b in zip(mine, theirs))
         t = time.perf_counter()
         steps = u.train(m, d["old_logprobs"])  # burn's snapshot as "old", as the stage trains
         train_s = time.perf_counter() - t
@@ -344,9 +344,10 @@ def main():
         burn_tps, torch_tps = tokens / d["train_seconds"], tokens / train_s
         print(f"\n## {role} ({d['kind']}): {len(d['adv'])} samples, {len(d['plan'])} optimizer steps "
               f"({', '.join(str(x['samples']) for x in burn)} samples), {tokens:,} tokens\n")
-        print(f"| {role} | rla-pipe (burn, {d['cores']} cores) | PyTorch ({TORCH_LABEL}) | difference |")
+        burn_label = f"burn, {d['cores']} cores" if DEVICE == "cpu" else "burn-cuda"
+        print(f"| {role} | rla-pipe ({burn_label}) | PyTorch ({TORCH_LABEL}) | difference |")
         print("|---|---:|---:|---:|")
-        print(f"| snapshot log-probs ({len(flat(old))}) | | | max abs {lp_diff:.2e} |")
+        print(f"| snapshot log-probs ({len(mine)} of {len(seen)} samples) | | | max abs {lp_diff:.2e} |")
         print(f"| step 0 loss | {burn[0]['loss']:.9g} | {steps[0][0]:.9g} | rel {rel(steps[0][0], burn[0]['loss']):.2e} |")
         print(f"| step 0 grad norm | {burn[0]['grad_norm']:.9g} | {steps[0][1]:.9g} | rel {rel(steps[0][1], burn[0]['grad_norm']):.2e} |")
         print(f"| step 1 loss | {b1:.9g} | {t1:.9g} | rel {rel(t1, b1) if len(steps) > 1 else nan:.2e} |")

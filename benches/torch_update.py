@@ -18,7 +18,7 @@ Usage:  python3 benches/torch_update.py [PIPELINE.toml] [--set key=value ...]
 Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe)
 Needs:  torch, numpy (installed with pip if missing)
 """
-import json, os, struct, subprocess, sys, tempfile, time
+import math, json, os, struct, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TARGET = os.environ.get("CARGO_TARGET_DIR", os.path.expanduser("~/.cache/rla-pipe-target"))
@@ -179,6 +179,18 @@ def policy_log_probs(model, decisions, temperature, mean):
     return torch.log_softmax(logits, dim=1)
 
 
+def reached(old):
+    """The samples whose snapshot log-probabilities the stage computed: it skips those no
+    optimizer step reaches (steps × minibatch below the samples), dumped as `null` (a decision)
+    or `[]` (a response)."""
+    return [i for i, v in enumerate(old)
+            if v is not None and v != [] and not (isinstance(v, float) and math.isnan(v))]
+
+
+def flat(o):
+    return [x for r in o for x in (r if isinstance(r, list) else [r])]
+
+
 class Update:
     """One model's update as the dump describes it."""
 
@@ -209,15 +221,18 @@ class Update:
                                           self.bias, d["temperature"])
         return lp, valid.to(F)
 
-    def old(self, m):
-        """Snapshot log-probs, in batches of 512 as the stage computes them."""
+    def old(self, m, only=None):
+        """Snapshot log-probs, in batches of 512 as the stage computes them; with `only`, of
+        those samples alone (`[]` for the others: see `reached`)."""
         n = len(self.d["adv"])
-        out = []
+        want = list(range(n)) if only is None else list(only)
+        out = [[] for _ in range(n)]
         with torch.no_grad():
-            for s in range(0, n, 512):
-                idx = list(range(s, min(n, s + 512)))
+            for s in range(0, len(want), 512):
+                idx = want[s:s + 512]
                 lp, valid = self.log_probs(m, idx)
-                out += [row[:int(v.sum())].tolist() for row, v in zip(lp, valid)]
+                for i, row, v in zip(idx, lp, valid):
+                    out[i] = row[:int(v.sum())].tolist()
         return out
 
     def old_tensor(self, old, idx, width):
@@ -305,9 +320,11 @@ def main():
         tokens = sum(m["tokens"] for m in burn)
         torch.set_num_threads(2)
         # Agreement: forward (snapshot), step 0 (loss, gradient norm), step 1 (loss after AdamW).
-        old = u.old(u.model())
-        flat = lambda o: [x for r in o for x in (r if isinstance(r, list) else [r])]
-        lp_diff = max(abs(a - b) for a, b in zip(flat(old), flat(d["old_logprobs"])))
+        seen = reached(d["old_logprobs"])
+        old = u.old(u.model(), seen)
+        mine, theirs = flat([old[i] for i in seen]), flat([d["old_logprobs"][i] for i in seen])
+        assert len(mine) == len(theirs), f"snapshot sizes differ: {len(mine)} vs {len(theirs)}"
+        lp_diff = max(abs(a - b) for a, b in zip(mine, theirs))
         steps = u.train(u.model(), d["old_logprobs"], steps=2)
         checks = {
             "snapshot log-prob max |Δ|": lp_diff,

@@ -23,6 +23,21 @@ pub type Gpu = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
 
+/// Whether `B` computes on the GPU (burn-cuda, with or without autodiff: both use its device).
+pub fn is_cuda<B: burn::tensor::backend::Backend>() -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        fn device<B: burn::tensor::backend::Backend>() -> std::any::TypeId {
+            std::any::TypeId::of::<B::Device>()
+        }
+        device::<B>() == device::<Gpu>()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        false
+    }
+}
+
 /// Call a backend-generic function on the backend a [`Device`] names:
 /// `on_backend!(device, infer | train, function(args...))`, where the function's first
 /// argument is the burn device.

@@ -58,11 +58,35 @@ impl TreeRow {
 /// layer, dominate the memory of a training step (as in a padded batch of the same length).
 pub const ATTENTION_BUDGET: usize = 1 << 21;
 
+/// The budget on a GPU: 4× the CPU's. The SmolLM2 household update on an H200 (with
+/// `update.cuda_micro_batch_tokens = 0`): 9 → 8 model calls, the RM's optimizer steps 1.22 →
+/// 0.84 s, peak device memory 28.0 → 29.8 GB (docs/src/real-models.md, "The GPU path").
+pub const CUDA_ATTENTION_BUDGET: usize = 1 << 23;
+
+/// The attention entries one model call on backend `B` may hold: [`ATTENTION_BUDGET`] on the
+/// CPU, [`CUDA_ATTENTION_BUDGET`] on a GPU (every call launches the same kernels whatever its
+/// size), or the environment's `RLA_PIPE_ATTENTION_BUDGET` (a benchmark knob; other values
+/// group rows otherwise, so they move the last bits).
+pub fn attention_budget<B: Backend>() -> usize {
+    static BUDGET: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let set = *BUDGET.get_or_init(|| {
+        std::env::var("RLA_PIPE_ATTENTION_BUDGET")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|&v| v > 0)
+    });
+    set.unwrap_or(if super::backend::is_cuda::<B>() {
+        CUDA_ATTENTION_BUDGET
+    } else {
+        ATTENTION_BUDGET
+    })
+}
+
 /// Per-token log-probabilities of every leaf's scored tokens, rows in (row, leaf) order:
 /// `[leaves, longest scored]`, zero past a leaf's end, and the validity mask (host, row-major).
 /// `bias` (`[vocab]`) is added to the logits and `temperature` divides them before
 /// `log_softmax`, as [`Lm::continuation_logprobs`] does. Rows go to the model in consecutive
-/// chunks of at most [`ATTENTION_BUDGET`] attention entries.
+/// chunks of at most [`attention_budget`] attention entries.
 pub fn tree_logprobs<B: Backend, M: Lm<B>>(
     model: &M,
     rows: &[TreeRow],
@@ -76,6 +100,7 @@ pub fn tree_logprobs<B: Backend, M: Lm<B>>(
         .max()
         .unwrap_or(1)
         .max(1);
+    let budget = attention_budget::<B>();
     let mut valid = Vec::new();
     let mut parts = Vec::new();
     let mut from = 0;
@@ -84,7 +109,7 @@ pub fn tree_logprobs<B: Backend, M: Lm<B>>(
         let mut t = rows[from].packed_len();
         while to < rows.len() {
             let t2 = t.max(rows[to].packed_len());
-            if (to + 1 - from) * t2 * t2 > ATTENTION_BUDGET {
+            if (to + 1 - from) * t2 * t2 > budget {
                 break;
             }
             t = t2;
@@ -175,6 +200,9 @@ fn tree_chunk<B: Backend, M: Lm<B>>(
     let packed: usize = rows.iter().map(TreeRow::packed_len).sum();
     let unpacked: usize = rows.iter().map(TreeRow::unpacked_len).sum();
     record(packed, unpacked.saturating_sub(packed));
+    // One line per model call (benches/gpu_profile.py counts them per stage: on a GPU each call
+    // launches the same kernels whatever its size).
+    tracing::debug!(rows = b, len = t, leaves = scored.len(), "model call");
     let x = model.hidden(
         int_tensor(tokens, [b, t], device),
         int_tensor(positions, [b, t], device),
@@ -646,6 +674,23 @@ pub fn batch_cache<B: Backend>(own: &[&SeqCache<B>], device: &B::Device) -> KvCa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_attention_budget_follows_the_backend() {
+        // (`RLA_PIPE_ATTENTION_BUDGET` is never set by the tests.)
+        assert_eq!(attention_budget::<crate::model::Cpu>(), ATTENTION_BUDGET);
+        assert!(!crate::model::backend::is_cuda::<crate::model::Cpu>());
+        assert!(!crate::model::backend::is_cuda::<crate::model::CpuTrain>());
+        #[cfg(feature = "cuda")]
+        {
+            assert!(crate::model::backend::is_cuda::<crate::model::Gpu>());
+            assert!(crate::model::backend::is_cuda::<crate::model::GpuTrain>());
+            assert_eq!(
+                attention_budget::<crate::model::GpuTrain>(),
+                CUDA_ATTENTION_BUDGET
+            );
+        }
+    }
 
     #[test]
     fn pack_groups_shared_prompts_and_keeps_every_sample_once() {

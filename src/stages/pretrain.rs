@@ -150,8 +150,12 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
         steps: (samples * epochs as usize).div_ceil(mb) as u32,
         minibatch: mb,
         schedule: Schedule::Fixed,
-        micro_tokens: cfg.update.micro_batch_tokens,
-        threads: cfg.update.threads,
+        micro_tokens: cfg.update.micro_tokens(cfg.run.device),
+        // One device queue on `cuda` (as the update stage).
+        threads: match cfg.run.device {
+            crate::model::Device::Cuda => 1,
+            _ => cfg.update.threads,
+        },
     }
 }
 

@@ -87,7 +87,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         steps,
         minibatch: cfg.update.minibatch as usize,
         schedule: cfg.update.schedule,
-        micro_tokens: cfg.update.micro_batch_tokens,
+        micro_tokens: cfg.update.micro_tokens(cfg.run.device),
         // Threads keep CPU cores busy; on a GPU the micro-batches queue on one device anyway,
         // and each thread's copy of the parameters and autodiff graph would only take its
         // memory (the same bits for any value).
