@@ -22,13 +22,20 @@ from a seed, the same shapes a learning run's update has.
    20 ms: the whole device, as nvidia-smi counts it), its update dumped (`RLA_PIPE_BENCH_UPDATE`).
 3. `pytorch`: benches/smollm2_update.py on that dump with PyTorch on the same GPU — the same
    samples, prefix-tree rows, PPO loss, clipping and AdamW; full f32.
-4. `kernels`: the same iteration with cubecl's own profiler (a `cubecl.toml`, profiling level
-   "basic": every kernel launched alone and timed on the device), its log split at the stages'
-   start lines: per stage, the kernels' device time against the stage's wall time (the rest is
-   the host: launches, allocation, copies, Rust), and the kernels that take it.
-5. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
+4. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
    `nocache=env:RLA_PIPE_KERNEL_CACHE=off`): the iteration with other settings, timed beside 2,
-   each with its update's optimizer-step seconds from its own dump.
+   each with its update's optimizer-step seconds from its own dump; `--pytorch-variant NAME`
+   runs step 3 on that variant's dump too.
+5. `kernels`: the same iteration (or `--profile-variant NAME`'s, after the variants, so that
+   every kernel it launches is compiled already) with cubecl's own profiler (a `cubecl.toml`,
+   profiling level "basic": every kernel launched alone), its log split at the stages' start
+   lines: per stage, the kernels' time against the stage's wall time, and the kernels that take
+   it. On CUDA a kernel's time is the host's wall time between a synchronisation before its
+   launch and one after it (the kernel, its launch, and its compilation if that launch compiles
+   it): an upper bound on the device's time.
+
+Every run also counts its model calls per stage (`model call` lines at debug level,
+src/model/tree.rs): each call launches the same kernels whatever its size.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
    `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment.
@@ -233,7 +240,8 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated steps to skip (cold,pytorch,kernels,variants,generate,cpu)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=KEY=VALUE[,KEY=VALUE...]: one more cuda iteration with these sets, timed "
-                         "beside the first (default: mb0=update.micro_batch_tokens=0,update.threads=1)")
+                         "beside the first (default: mb512=update.cuda_micro_batch_tokens=512, the backward passes "
+                         "of a smaller GPU)")
     ap.add_argument("--device", default="cuda", help="the device of every run but `cpu` (cpu: to check this "
                     "script on a machine without a GPU)")
     ap.add_argument("--real-weights", action="store_true",
@@ -265,7 +273,7 @@ def main():
     model = os.path.abspath(a.model) if a.real_weights else random_model(a.model)
     if not a.real_weights:
         log(f"random SmolLM2-shaped weights: {time.perf_counter() - t:.1f} s")
-    variants = [v.split("=", 1) for v in (a.variant or ["mb0=update.micro_batch_tokens=0,update.threads=1"])]
+    variants = [v.split("=", 1) for v in (a.variant or ["mb512=update.cuda_micro_batch_tokens=512"])]
     gen_variants = [("", {})] + [(n, dict(kv.split("=", 1) for kv in rest.split(",")))
                                  for n, rest in (v.split("=", 1) for v in a.generate_variant)]
     dump = tempfile.mkdtemp(prefix="gpu-dump-")
@@ -276,6 +284,16 @@ def main():
     bench["RLA_PIPE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="kernels-")
     cold = None if "cold" in skip else run_iteration(bin_, model, gpu, out, "cuda-cold", bench, limit=150)
     cuda = run_iteration(bin_, model, gpu, out, "cuda", dict(bench, RLA_PIPE_BENCH_UPDATE=dump), limit=150)
+    var, dumps = {}, {"cuda": dump}
+    for name, spec in ([] if "variants" in skip else variants):
+        items = spec.split(",")
+        env = dict(i[4:].split("=", 1) for i in items if i.startswith("env:"))
+        dumps[name] = tempfile.mkdtemp(prefix=f"gpu-dump-{name}-")
+        var[name] = run_iteration(bin_, model, gpu, out, f"cuda-{name}",
+                                  dict(bench, RLA_PIPE_BENCH_UPDATE=dumps[name], **env),
+                                  sets=[i for i in items if not i.startswith("env:")])
+    # Profiled after the variants: every kernel it launches is compiled by then (cubecl's
+    # profiler would count a launch's compilation as that kernel's time).
     prof = None
     if "kernels" not in skip:
         d = tempfile.mkdtemp(prefix="cubecl-")
@@ -290,14 +308,6 @@ def main():
         log(f"kernels: profiling {a.profile_variant or 'the default iteration'}")
         prof = run_iteration(bin_, model, gpu, out, "kernels", dict(bench, **penv), sets=psets,
                              cwd=d, limit=300)
-    var, dumps = {}, {"cuda": dump}
-    for name, spec in ([] if "variants" in skip else variants):
-        items = spec.split(",")
-        env = dict(i[4:].split("=", 1) for i in items if i.startswith("env:"))
-        dumps[name] = tempfile.mkdtemp(prefix=f"gpu-dump-{name}-")
-        var[name] = run_iteration(bin_, model, gpu, out, f"cuda-{name}",
-                                  dict(bench, RLA_PIPE_BENCH_UPDATE=dumps[name], **env),
-                                  sets=[i for i in items if not i.startswith("env:")])
     # PyTorch on the same dumps: the default iteration's, and each --pytorch-variant's (with its
     # environment, so that RLA_PIPE_ATTENTION_BUDGET groups the rows alike on both sides).
     torch_texts = {}
