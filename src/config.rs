@@ -493,6 +493,16 @@ impl Config {
             "eval.temperature",
             "must be positive",
         );
+        let frozen = |init: &str, rank: usize| init.starts_with("hf:") && rank > 0;
+        c.check(
+            self.update.base_dtype == crate::model::InferenceDtype::F32
+                || frozen(&self.policy.init, self.policy.lora.rank)
+                || (self.reward_model.enabled
+                    && frozen(&self.reward_model.init, self.reward_model.lora.rank)),
+            "update.base_dtype",
+            "\"bf16\" is for a pretrained model's frozen base: it needs adapters on one \
+             (policy or reward_model: init = \"hf:DIR\" and lora.rank > 0)",
+        );
         c.finish()
     }
 

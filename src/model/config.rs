@@ -517,6 +517,13 @@ pub struct UpdateConfig {
     /// 0 — optimizer steps 2.9× (policy) and 3.6× (RM) faster, peak device memory 14.3 → 28.0
     /// GB (docs/src/real-models.md, "The GPU path"). 0: no limit; set a bound on a smaller GPU.
     pub cuda_micro_batch_tokens: usize,
+    /// `f32` or `bf16`: a pretrained model's frozen base in training when it has adapters
+    /// (`lora.rank > 0`; the update, the warm start and their snapshot passes): `bf16` packs the
+    /// base's projections and head once as bf16 tiles for Intel AMX, both for the forward and
+    /// for the input gradients (a frozen matrix has no gradient of its own); the adapters,
+    /// attention, norms and optimizer stay f32 — mixed precision, as GPU training does. Needs a
+    /// CPU with AMX-BF16 and `run.device = "cpu"`; reproducible to the bit on one machine type.
+    pub base_dtype: InferenceDtype,
     /// Micro-batches differentiated at once, one per thread (each on its own copy of the
     /// parameters' autodiff leaves; gradients summed in micro-batch order, so the update is the
     /// same to the last bit for any value). More keeps more cores busy through the backward
@@ -572,6 +579,7 @@ impl Default for UpdateConfig {
             logprob_temperature: LogprobTemperature::One,
             micro_batch_tokens: 0,
             cuda_micro_batch_tokens: 0,
+            base_dtype: InferenceDtype::F32,
             threads: 1,
             checkpoint_dtype: CheckpointDtype::F32,
         }

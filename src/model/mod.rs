@@ -86,6 +86,8 @@ pub struct ModelSpec {
     pub checkpoint_dtype: CheckpointDtype,
     /// A pretrained model's matrix products in inference (`<section>.inference_dtype`).
     pub inference_dtype: InferenceDtype,
+    /// A pretrained model's frozen base in training (`update.base_dtype`, with adapters).
+    pub train_dtype: InferenceDtype,
 }
 
 /// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
@@ -272,6 +274,7 @@ impl ModelSpec {
                 } else {
                     reward_model.inference_dtype
                 },
+                train_dtype: InferenceDtype::F32,
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -295,6 +298,7 @@ impl ModelSpec {
             lora: None,
             checkpoint_dtype: CheckpointDtype::F32,
             inference_dtype: InferenceDtype::F32,
+            train_dtype: InferenceDtype::F32,
         })
     }
 
@@ -332,6 +336,38 @@ impl ModelSpec {
         }
         Ok(match model {
             AnyLm::Hf(m) => AnyLm::Hf(m.pack_bf16()),
+            other => other,
+        })
+    }
+
+    /// The role's model for training from `weights` ([`Weights::to_trainable`]): with
+    /// `update.base_dtype = "bf16"` and adapters, its frozen base packed for AMX
+    /// ([`hf::frozen`]). bf16 needs the CPU backend on a CPU with AMX-BF16; elsewhere it is
+    /// refused naming the key.
+    pub fn trainable_model<B: burn::tensor::backend::Backend>(
+        &self,
+        weights: &Weights,
+        device: &B::Device,
+    ) -> Result<AnyLm<B>> {
+        let model = weights.to_trainable::<B>(device)?;
+        if self.train_dtype == InferenceDtype::F32 {
+            return Ok(model);
+        }
+        let key = "update.base_dtype";
+        let id = std::any::TypeId::of::<B>();
+        if id != std::any::TypeId::of::<CpuTrain>() && id != std::any::TypeId::of::<Cpu>() {
+            return Err(Error::Config(format!(
+                "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
+            )));
+        }
+        if !amx::available() {
+            return Err(Error::Config(format!(
+                "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
+                 Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
+            )));
+        }
+        Ok(match model {
+            AnyLm::Hf(m) if m.lora.is_some() => AnyLm::Hf(m.freeze_bf16()),
             other => other,
         })
     }

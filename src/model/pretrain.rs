@@ -25,7 +25,7 @@ pub fn clone_policy<B: AutodiffBackend>(
     s: &PpoSettings,
     seed: u64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_trainable::<B>(device)?;
+    let model = spec.trainable_model::<B>(ck, device)?;
     let sizes: Vec<usize> = decisions.iter().map(Decision::tokens).collect();
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {
         let (lp, tokens) =
@@ -50,7 +50,7 @@ pub fn teach_responses<B: AutodiffBackend>(
     s: &PpoSettings,
     seed: u64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_trainable::<B>(device)?;
+    let model = spec.trainable_model::<B>(ck, device)?;
     let bias = spec.verdicts().bias::<B>(spec.config.vocab, device);
     let sizes = ppo::sample_tokens(prompts, responses);
     let (model, metrics) = ppo::train(model, &sizes, s, seed, |m, idx| {

@@ -127,7 +127,7 @@ fn train_policy<B: AutodiffBackend>(
     seed: u64,
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_trainable::<B>(device)?;
+    let model = spec.trainable_model::<B>(&ck, device)?;
     // The weights' bytes are kept only for a benchmark dump.
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let t0 = std::time::Instant::now();
@@ -302,7 +302,7 @@ fn train_responses<B: AutodiffBackend>(
     seed: u64,
     temperature: f64,
 ) -> Result<(Weights, Vec<StepMetrics>)> {
-    let model = ck.to_trainable::<B>(device)?;
+    let model = spec.trainable_model::<B>(&ck, device)?;
     // The weights' bytes are kept only for a benchmark dump.
     let ck = super::bench::enabled(super::bench::UPDATE).then_some(ck);
     let vocab = spec.config.vocab;

@@ -18,6 +18,7 @@
 
 use super::adapter::{LayerLora, LoraSpec};
 use super::config::HfArch;
+use super::frozen::{Frozen, frozen_matmul};
 use crate::model::amx;
 use crate::model::config::LORA_TARGETS;
 pub use crate::model::lm::KvCache;
@@ -77,6 +78,18 @@ pub struct CausalLm<B: Backend> {
     /// inference with `<section>.inference_dtype = "bf16"`.
     #[module(skip)]
     pub packed: Option<std::sync::Arc<PackedWeights>>,
+    /// The frozen base's projections and head in bf16 for training with adapters
+    /// ([`CausalLm::freeze_bf16`]): `update.base_dtype = "bf16"`.
+    #[module(skip)]
+    pub frozen: Option<std::sync::Arc<FrozenWeights>>,
+}
+
+/// A model's frozen projections (per layer, in [`crate::model::config::LORA_TARGETS`] order)
+/// and output head, packed for training ([`super::frozen`]).
+#[derive(Debug)]
+pub struct FrozenWeights {
+    layers: Vec<Vec<std::sync::Arc<Frozen>>>,
+    head: std::sync::Arc<Frozen>,
 }
 
 /// A model's projections (per layer, in [`crate::model::config::LORA_TARGETS`] order) and
@@ -211,6 +224,28 @@ fn proj<B: Backend>(
     }
 }
 
+/// [`proj`] with the base product frozen in bf16 ([`super::frozen`]).
+fn proj_frozen<B: Backend>(
+    x: Tensor<B, 3>,
+    l: &Linear<B>,
+    w: &std::sync::Arc<Frozen>,
+    layer: &DecoderLayer<B>,
+    target: &str,
+    scale: f32,
+) -> Tensor<B, 3> {
+    let [b, t, d] = x.dims();
+    let x = x.reshape([b * t, d]);
+    let mut y = frozen_matmul(x.clone(), w);
+    if let Some(bias) = &l.bias {
+        y = y + bias.val().unsqueeze_dim(0);
+    }
+    if let Some(dy) = delta(layer, target, x, scale) {
+        y = y + dy;
+    }
+    let out = w.dims()[1];
+    y.reshape([b, t, out])
+}
+
 /// Hugging Face's `rotate_half` RoPE on `[b, t, n, d]`: `x · cos + rotate_half(x) · sin`, with
 /// `rotate_half(x) = [−x₂, x₁]`. `cos` and `sin` have `x`'s shape (no broadcasting: burn-flex
 /// multiplies broadcast operands element by element through a strided index, a twentieth of a
@@ -261,7 +296,59 @@ impl<B: Backend> CausalLm<B> {
             arch: arch.clone(),
             lora: None,
             packed: None,
+            frozen: None,
         }
+    }
+
+    /// This model, for training with adapters, with its frozen projections and head as bf16
+    /// on AMX tiles ([`super::frozen`]; their f32 weights dropped): the forward and the input
+    /// gradients of those products round to bf16 and sum in f32; the adapters, attention,
+    /// norms and activations stay f32. Call only where [`amx::available`], on the CPU
+    /// backends.
+    pub fn freeze_bf16(mut self) -> CausalLm<B> {
+        assert!(
+            self.lora.is_some(),
+            "only a model with adapters has a frozen base"
+        );
+        let freeze = |l: &mut Linear<B>| {
+            let [k, n] = l.weight.dims();
+            let w = l.weight.val();
+            let device = w.device();
+            let frozen = Frozen::new(&amx::f32s(values(w).as_bytes()), k, n);
+            l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
+            std::sync::Arc::new(frozen)
+        };
+        let layers = self
+            .model
+            .layers
+            .iter_mut()
+            .map(|layer| {
+                let (att, mlp) = (&mut layer.self_attn, &mut layer.mlp);
+                [
+                    &mut att.q_proj,
+                    &mut att.k_proj,
+                    &mut att.v_proj,
+                    &mut att.o_proj,
+                    &mut mlp.gate_proj,
+                    &mut mlp.up_proj,
+                    &mut mlp.down_proj,
+                ]
+                .into_iter()
+                .map(freeze)
+                .collect()
+            })
+            .collect();
+        let head = match &mut self.lm_head {
+            Some(head) => freeze(head),
+            None => {
+                let e = self.model.embed_tokens.weight.val();
+                let [vocab, hidden] = e.dims();
+                let t = values(e.transpose());
+                std::sync::Arc::new(Frozen::new(&amx::f32s(t.as_bytes()), hidden, vocab))
+            }
+        };
+        self.frozen = Some(std::sync::Arc::new(FrozenWeights { layers, head }));
+        self
     }
 
     /// This model with its projections and head as bf16 on AMX tiles (their f32 weights
@@ -358,6 +445,13 @@ impl<B: Backend> CausalLm<B> {
     /// The output head: logits `[n, vocab]` of final hidden states `[n, hidden]` (`lm_head`,
     /// or the transposed embeddings when tied).
     pub fn head(&self, x: Tensor<B, 2>) -> Tensor<B, 2> {
+        if let Some(frozen) = &self.frozen {
+            let y = frozen_matmul(x, &frozen.head);
+            return match self.lm_head.as_ref().and_then(|h| h.bias.as_ref()) {
+                Some(bias) => y + bias.val().unsqueeze_dim(0),
+                None => y,
+            };
+        }
         if let Some(packed) = &self.packed {
             let y = matmul_packed(x, &packed.head);
             return match self.lm_head.as_ref().and_then(|h| h.bias.as_ref()) {
@@ -449,6 +543,7 @@ impl<B: Backend> CausalLm<B> {
                 y.swap_dims(1, 2)
             };
             let packed = self.packed.as_ref().map(|p| &p.layers[l]);
+            let frozen = self.frozen.as_ref().map(|f| &f.layers[l]);
             let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| match packed {
                 Some(packed) => {
                     let i = LORA_TARGETS
@@ -457,7 +552,16 @@ impl<B: Backend> CausalLm<B> {
                         .expect("a target");
                     apply_packed(x, &packed[i], lin.bias.as_ref())
                 }
-                None => proj(x, lin, layer, target, scale_lora),
+                None => match frozen {
+                    Some(frozen) => {
+                        let i = LORA_TARGETS
+                            .iter()
+                            .position(|t| *t == target)
+                            .expect("a target");
+                        proj_frozen(x, lin, &frozen[i], layer, target, scale_lora)
+                    }
+                    None => proj(x, lin, layer, target, scale_lora),
+                },
             };
             let q = split(
                 p(normed.clone(), &att.q_proj, "q_proj"),

@@ -14,6 +14,7 @@
 pub mod adapter;
 pub mod arch;
 pub mod config;
+pub mod frozen;
 pub mod generate;
 pub mod lora;
 pub mod prompt;
