@@ -1,9 +1,10 @@
-//! bf16 matrix products on Intel AMX for inference (`<section>.inference_dtype = "bf16"`): the
-//! kernels live in the `rla-amx` crate (`crates/amx`), which the dev profile optimises while
+//! bf16 matrix products on Intel AMX for inference (`<section>.inference_dtype = "bf16"`) and
+//! for adapters' frozen base in training (`update.base_dtype = "bf16"`): the kernels live in the `rla-amx` crate (`crates/amx`), which the dev profile optimises while
 //! rla-pipe itself builds unoptimised.
 
 pub use rla_amx::{
-    Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, silu_mul,
+    Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, masked_softmax_backward,
+    silu_mul,
 };
 
 // The crate's tests live here, where `cargo test` runs them.

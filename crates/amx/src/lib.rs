@@ -185,6 +185,37 @@ pub fn masked_softmax(
         });
 }
 
+/// The gradient of [`masked_softmax`] from its output `y` (the weights) and the gradient `g` of
+/// that output, in place of `g`: per row `scale · y ⊙ (g − Σ g ⊙ y)` (0 where a key was hidden,
+/// since `y` is 0 there). Each row's sum runs in a fixed order (16 lanes, then the lanes in
+/// order), so the result does not depend on the threads.
+pub fn masked_softmax_backward(g: &mut [f32], y: &[f32], keys: usize, scale: f32) {
+    assert_eq!(g.len(), y.len(), "one gradient per weight");
+    assert_eq!(g.len() % keys.max(1), 0, "rows of keys");
+    g.par_chunks_mut(keys)
+        .zip(y.par_chunks(keys))
+        .with_min_len(64)
+        .for_each(|(g, y)| {
+            wide(|| {
+                let mut lanes = [0f32; 16];
+                let (gc, gr) = g.split_at(g.len() / 16 * 16);
+                let (yc, yr) = y.split_at(gc.len());
+                for (a, b) in gc.chunks_exact(16).zip(yc.chunks_exact(16)) {
+                    for i in 0..16 {
+                        lanes[i] += a[i] * b[i];
+                    }
+                }
+                let mut dot = lanes.iter().sum::<f32>();
+                for (a, b) in gr.iter().zip(yr) {
+                    dot += a * b;
+                }
+                for (gv, yv) in g.iter_mut().zip(y) {
+                    *gv = scale * *yv * (*gv - dot);
+                }
+            })
+        });
+}
+
 /// `y[r] += bias` for every row `r` of `y` (rows of `bias.len()` values).
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
     for row in y.chunks_mut(bias.len()) {

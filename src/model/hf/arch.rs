@@ -497,9 +497,10 @@ impl<B: Backend> CausalLm<B> {
         let rope_q = over(h);
         let rope_k = if kv == h { rope_q.clone() } else { over(kv) };
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
-        // With the tiles, the mask's bytes instead (`amx::masked_softmax` reads them).
-        let (bias, hidden_keys) = match &self.packed {
-            None => {
+        // With the tiles (inference or training), the mask's bytes instead: the fused masked
+        // softmax reads them ([`super::softmax`]).
+        let (bias, hidden_keys) = match self.packed.is_none() && self.frozen.is_none() {
+            true => {
                 let bias = crate::model::transformer::attention_bias(mask)
                     .unsqueeze_dim::<4>(1)
                     .repeat_dim(1, g)
@@ -507,7 +508,7 @@ impl<B: Backend> CausalLm<B> {
                     .repeat_dim(1, kv);
                 (Some(bias), None)
             }
-            Some(_) => {
+            false => {
                 let hidden = mask.into_data();
                 assert_eq!(
                     hidden.as_bytes().len(),
@@ -588,20 +589,7 @@ impl<B: Backend> CausalLm<B> {
             let weights = match (&bias, &hidden_keys) {
                 (Some(bias), _) => softmax(scores.mul_scalar(scale) + bias.clone(), 3),
                 (None, Some(hidden)) => {
-                    let device = scores.device();
-                    let dims = scores.dims();
-                    let mut w =
-                        amx::f32s(values(scores.reshape([b * kv * g * t, keys])).as_bytes())
-                            .into_owned();
-                    amx::masked_softmax(
-                        &mut w,
-                        keys,
-                        t,
-                        kv * g * t,
-                        hidden.as_bytes(),
-                        scale as f32,
-                    );
-                    Tensor::from_data(TensorData::new(w, dims), &device)
+                    super::softmax::masked_softmax(scores, hidden.as_bytes(), t, scale as f32)
                 }
                 (None, None) => unreachable!("a bias or a mask"),
             };

@@ -18,6 +18,7 @@ pub mod frozen;
 pub mod generate;
 pub mod lora;
 pub mod prompt;
+pub mod softmax;
 pub mod tokenizer;
 pub mod weights;
 
