@@ -1,10 +1,11 @@
 //! bf16 matrix products on Intel AMX for inference (`<section>.inference_dtype = "bf16"`) and
-//! for adapters' frozen base in training (`update.base_dtype = "bf16"`): the kernels live in the `rla-amx` crate (`crates/amx`), which the dev profile optimises while
-//! rla-pipe itself builds unoptimised.
+//! for adapters' frozen base in training (`update.base_dtype = "bf16"`): the kernels live in
+//! the `rla-amx` crate (`crates/amx`), which the dev profile optimises while rla-pipe itself
+//! builds unoptimised.
 
 pub use rla_amx::{
     Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, masked_softmax_backward,
-    silu_mul,
+    silu_mul, transpose,
 };
 
 // The crate's tests live here, where `cargo test` runs them.
@@ -41,6 +42,19 @@ mod tests {
         let silu = |x: f64| x / (1.0 + (-x).exp());
         for (got, want) in g.iter().zip([silu(-2.0), 0.0, 2.0 * silu(3.0)]) {
             assert!((*got as f64 - want).abs() < 1e-6, "{got} vs {want}");
+        }
+    }
+
+    #[test]
+    fn transpose_moves_every_value() {
+        for (k, n) in [(1, 1), (3, 130), (65, 7), (128, 64)] {
+            let w = data(k * n, 5);
+            let t = transpose(&w, k, n);
+            for i in 0..k {
+                for j in 0..n {
+                    assert_eq!(t[j * k + i], w[i * n + j], "{k}x{n} at {i},{j}");
+                }
+            }
         }
     }
 

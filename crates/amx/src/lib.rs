@@ -216,6 +216,23 @@ pub fn masked_softmax_backward(g: &mut [f32], y: &[f32], keys: usize, scale: f32
         });
 }
 
+/// The transpose of a row-major `[k, n]` matrix: `[n, k]`, in 64 × 64 blocks.
+pub fn transpose(w: &[f32], k: usize, n: usize) -> Vec<f32> {
+    assert_eq!(w.len(), k * n, "matrix shape");
+    let mut t = vec![0f32; w.len()];
+    const B: usize = 64;
+    for i0 in (0..k).step_by(B) {
+        for j0 in (0..n).step_by(B) {
+            for i in i0..(i0 + B).min(k) {
+                for j in j0..(j0 + B).min(n) {
+                    t[j * k + i] = w[i * n + j];
+                }
+            }
+        }
+    }
+    t
+}
+
 /// `y[r] += bias` for every row `r` of `y` (rows of `bias.len()` values).
 pub fn add_bias(y: &mut [f32], bias: &[f32]) {
     for row in y.chunks_mut(bias.len()) {

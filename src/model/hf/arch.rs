@@ -300,6 +300,38 @@ impl<B: Backend> CausalLm<B> {
         }
     }
 
+    /// `f` of every layer's projections, in [`LORA_TARGETS`] order.
+    fn map_projections<T>(&mut self, mut f: impl FnMut(&mut Linear<B>) -> T) -> Vec<Vec<T>> {
+        self.model
+            .layers
+            .iter_mut()
+            .map(|layer| {
+                let (att, mlp) = (&mut layer.self_attn, &mut layer.mlp);
+                [
+                    &mut att.q_proj,
+                    &mut att.k_proj,
+                    &mut att.v_proj,
+                    &mut att.o_proj,
+                    &mut mlp.gate_proj,
+                    &mut mlp.up_proj,
+                    &mut mlp.down_proj,
+                ]
+                .into_iter()
+                .map(&mut f)
+                .collect()
+            })
+            .collect()
+    }
+
+    /// The tied head, the embeddings transposed: `[hidden, vocab]` values, hidden, vocab (the
+    /// embeddings themselves stay: the forward looks tokens up in them).
+    fn tied_head(&self) -> (Vec<f32>, usize, usize) {
+        let e = self.model.embed_tokens.weight.val();
+        let [vocab, hidden] = e.dims();
+        let t = values(e.transpose());
+        (amx::f32s(t.as_bytes()).into_owned(), hidden, vocab)
+    }
+
     /// This model, for training with adapters, with its frozen projections and head as bf16
     /// on AMX tiles ([`super::frozen`]; their f32 weights dropped): the forward and the input
     /// gradients of those products round to bf16 and sum in f32; the adapters, attention,
@@ -318,33 +350,12 @@ impl<B: Backend> CausalLm<B> {
             l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
             std::sync::Arc::new(frozen)
         };
-        let layers = self
-            .model
-            .layers
-            .iter_mut()
-            .map(|layer| {
-                let (att, mlp) = (&mut layer.self_attn, &mut layer.mlp);
-                [
-                    &mut att.q_proj,
-                    &mut att.k_proj,
-                    &mut att.v_proj,
-                    &mut att.o_proj,
-                    &mut mlp.gate_proj,
-                    &mut mlp.up_proj,
-                    &mut mlp.down_proj,
-                ]
-                .into_iter()
-                .map(freeze)
-                .collect()
-            })
-            .collect();
+        let layers = self.map_projections(&freeze);
         let head = match &mut self.lm_head {
             Some(head) => freeze(head),
             None => {
-                let e = self.model.embed_tokens.weight.val();
-                let [vocab, hidden] = e.dims();
-                let t = values(e.transpose());
-                std::sync::Arc::new(Frozen::new(&amx::f32s(t.as_bytes()), hidden, vocab))
+                let (t, hidden, vocab) = self.tied_head();
+                std::sync::Arc::new(Frozen::new(&t, hidden, vocab))
             }
         };
         self.frozen = Some(std::sync::Arc::new(FrozenWeights { layers, head }));
@@ -370,35 +381,12 @@ impl<B: Backend> CausalLm<B> {
             l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
             packed
         };
-        let layers = self
-            .model
-            .layers
-            .iter_mut()
-            .map(|layer| {
-                let (att, mlp) = (&mut layer.self_attn, &mut layer.mlp);
-                [
-                    &mut att.q_proj,
-                    &mut att.k_proj,
-                    &mut att.v_proj,
-                    &mut att.o_proj,
-                    &mut mlp.gate_proj,
-                    &mut mlp.up_proj,
-                    &mut mlp.down_proj,
-                ]
-                .into_iter()
-                .map(pack)
-                .collect()
-            })
-            .collect();
+        let layers = self.map_projections(&pack);
         let head = match &mut self.lm_head {
             Some(head) => pack(head),
             None => {
-                // The tied head is the embeddings transposed: `[hidden, vocab]` (the
-                // embeddings themselves stay: the forward looks tokens up in them).
-                let e = self.model.embed_tokens.weight.val();
-                let [vocab, hidden] = e.dims();
-                let t = values(e.transpose());
-                amx::Packed::new(&amx::f32s(t.as_bytes()), hidden, vocab)
+                let (t, hidden, vocab) = self.tied_head();
+                amx::Packed::new(&t, hidden, vocab)
             }
         };
         self.packed = Some(std::sync::Arc::new(PackedWeights { layers, head }));
@@ -545,24 +533,20 @@ impl<B: Backend> CausalLm<B> {
             };
             let packed = self.packed.as_ref().map(|p| &p.layers[l]);
             let frozen = self.frozen.as_ref().map(|f| &f.layers[l]);
-            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| match packed {
-                Some(packed) => {
-                    let i = LORA_TARGETS
+            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
+                let i = || {
+                    LORA_TARGETS
                         .iter()
                         .position(|t| *t == target)
-                        .expect("a target");
-                    apply_packed(x, &packed[i], lin.bias.as_ref())
-                }
-                None => match frozen {
-                    Some(frozen) => {
-                        let i = LORA_TARGETS
-                            .iter()
-                            .position(|t| *t == target)
-                            .expect("a target");
-                        proj_frozen(x, lin, &frozen[i], layer, target, scale_lora)
+                        .expect("a target")
+                };
+                match (packed, frozen) {
+                    (Some(packed), _) => apply_packed(x, &packed[i()], lin.bias.as_ref()),
+                    (None, Some(frozen)) => {
+                        proj_frozen(x, lin, &frozen[i()], layer, target, scale_lora)
                     }
-                    None => proj(x, lin, layer, target, scale_lora),
-                },
+                    (None, None) => proj(x, lin, layer, target, scale_lora),
+                }
             };
             let q = split(
                 p(normed.clone(), &att.q_proj, "q_proj"),

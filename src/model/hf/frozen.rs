@@ -35,15 +35,9 @@ pub struct Frozen {
 impl Frozen {
     /// Pack `w` (`[k, n]`, row-major f32) both ways.
     pub fn new(w: &[f32], k: usize, n: usize) -> Frozen {
-        let mut t = vec![0f32; w.len()];
-        for (i, row) in w.chunks_exact(n).enumerate() {
-            for (j, v) in row.iter().enumerate() {
-                t[j * k + i] = *v;
-            }
-        }
         Frozen {
             w: amx::Packed::new(w, k, n),
-            wt: amx::Packed::new(&t, n, k),
+            wt: amx::Packed::new(&amx::transpose(w, k, n), n, k),
         }
     }
 
