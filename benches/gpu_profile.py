@@ -20,8 +20,8 @@ from a seed, the same shapes a learning run's update has.
 2. `cuda`: the same iteration again, its kernels loaded from the cache (as a user's second run),
    timed per stage, with the peak device memory in use during each stage (NVML, polled every
    20 ms: the whole device, as nvidia-smi counts it), its update dumped (`RLA_PIPE_BENCH_UPDATE`).
-3. `pytorch`: benches/smollm2_update.py on that dump with PyTorch on the same GPU — the same
-   samples, prefix-tree rows, PPO loss, clipping and AdamW; full f32.
+3. `pytorch` (run after 4 and 5): benches/smollm2_update.py on that dump with PyTorch on the
+   same GPU — the same samples, prefix-tree rows, PPO loss, clipping and AdamW; full f32.
 4. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
    `nocache=env:RLA_PIPE_KERNEL_CACHE=off`): the iteration with other settings, timed beside 2,
    each with its update's optimizer-step seconds from its own dump; `--pytorch-variant NAME`
@@ -33,13 +33,13 @@ from a seed, the same shapes a learning run's update has.
    it. On CUDA a kernel's time is the host's wall time between a synchronisation before its
    launch and one after it (the kernel, its launch, and its compilation if that launch compiles
    it): an upper bound on the device's time.
-
-Every run also counts its model calls per stage (`model call` lines at debug level,
-src/model/tree.rs): each call launches the same kernels whatever its size.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
    `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment.
 7. `cpu`: the iteration on the machine's CPU cores, for the GPU/CPU ratio.
+
+Every run also counts its model calls per stage (`model call` lines at debug level,
+src/model/tree.rs): each call launches the same kernels whatever its size.
 
 Each step has its own time limit; a failed step is reported and the rest still run. The summary
 table is printed last and written, with every log, to --out.
