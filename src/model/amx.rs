@@ -8,6 +8,28 @@ pub use rla_amx::{
     silu_mul, transpose,
 };
 
+use burn::tensor::backend::Backend;
+use burn::tensor::{Tensor, TensorData};
+
+/// A tensor's values as f32 (read from its bytes in `rla-amx`, which the dev profile
+/// optimises: a checked cast here would run unoptimised over every value).
+pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
+    let data = t.into_data();
+    if data.dtype == burn::tensor::DType::F32 {
+        data
+    } else {
+        data.convert::<f32>()
+    }
+}
+
+/// `x [m, k] · W` on the tiles, as a tensor (the CPU backends).
+pub fn matmul_packed<B: Backend>(x: Tensor<B, 2>, w: &Packed) -> Tensor<B, 2> {
+    let device = x.device();
+    let [m, _] = x.dims();
+    let y = w.matmul(&f32s(values(x).as_bytes()), m);
+    Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
+}
+
 // The crate's tests live here, where `cargo test` runs them.
 #[cfg(test)]
 mod tests {

@@ -169,6 +169,23 @@ impl Weights {
     }
 }
 
+/// Whether a key set to `"bf16"` can run here: on the CPU backends (`on_cpu`) of a CPU with
+/// AMX-BF16; else the configuration error naming `key`.
+fn amx_usable(key: &str, on_cpu: bool) -> Result<()> {
+    if !on_cpu {
+        return Err(Error::Config(format!(
+            "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
+        )));
+    }
+    if !amx::available() {
+        return Err(Error::Config(format!(
+            "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
+             Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
+        )));
+    }
+    Ok(())
+}
+
 impl ModelSpec {
     /// The spec of a role (`policy` or `rm`): its section's shape and tokenizer, over the
     /// environment's vocabulary `words` (for the built-in word-level tokenizer), or the
@@ -323,17 +340,10 @@ impl ModelSpec {
                 "reward_model"
             }
         );
-        if std::any::TypeId::of::<B>() != std::any::TypeId::of::<Cpu>() {
-            return Err(Error::Config(format!(
-                "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
-            )));
-        }
-        if !amx::available() {
-            return Err(Error::Config(format!(
-                "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
-                 Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
-            )));
-        }
+        amx_usable(
+            &key,
+            std::any::TypeId::of::<B>() == std::any::TypeId::of::<Cpu>(),
+        )?;
         Ok(match model {
             AnyLm::Hf(m) => AnyLm::Hf(m.pack_bf16()),
             other => other,
@@ -353,19 +363,11 @@ impl ModelSpec {
         if self.train_dtype == InferenceDtype::F32 {
             return Ok(model);
         }
-        let key = "update.base_dtype";
         let id = std::any::TypeId::of::<B>();
-        if id != std::any::TypeId::of::<CpuTrain>() && id != std::any::TypeId::of::<Cpu>() {
-            return Err(Error::Config(format!(
-                "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
-            )));
-        }
-        if !amx::available() {
-            return Err(Error::Config(format!(
-                "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
-                 Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
-            )));
-        }
+        amx_usable(
+            "update.base_dtype",
+            id == std::any::TypeId::of::<CpuTrain>() || id == std::any::TypeId::of::<Cpu>(),
+        )?;
         Ok(match model {
             AnyLm::Hf(m) if m.lora.is_some() => AnyLm::Hf(m.freeze_bf16()),
             other => other,

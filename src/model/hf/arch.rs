@@ -19,7 +19,7 @@
 use super::adapter::{LayerLora, LoraSpec};
 use super::config::HfArch;
 use super::frozen::{Frozen, frozen_matmul};
-use crate::model::amx;
+use crate::model::amx::{self, matmul_packed, values};
 use crate::model::config::LORA_TARGETS;
 pub use crate::model::lm::KvCache;
 use crate::model::lm::{Lm, bool_tensor, float_tensor, int_tensor, padded_inputs};
@@ -100,17 +100,6 @@ pub struct PackedWeights {
     head: amx::Packed,
 }
 
-/// A 2-D tensor's values as f32 (read from its bytes in `rla-amx`, which the dev profile
-/// optimises: a checked cast here would run unoptimised over every value).
-fn values<B: Backend>(t: Tensor<B, 2>) -> TensorData {
-    let data = t.into_data();
-    if data.dtype == burn::tensor::DType::F32 {
-        data
-    } else {
-        data.convert::<f32>()
-    }
-}
-
 /// `x [b, t, in] · W` on the tiles, plus the bias.
 fn apply_packed<B: Backend>(
     x: Tensor<B, 3>,
@@ -153,11 +142,15 @@ fn mlp_packed<B: Backend>(x: Tensor<B, 3>, mlp: &Mlp<B>, packed: &[amx::Packed])
     Tensor::from_data(TensorData::new(y, [b, t, d]), &device)
 }
 
-fn matmul_packed<B: Backend>(x: Tensor<B, 2>, w: &amx::Packed) -> Tensor<B, 2> {
-    let device = x.device();
-    let [m, _] = x.dims();
-    let y = w.matmul(&amx::f32s(values(x).as_bytes()), m);
-    Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
+/// A projection's weight `[k, n]` as f32 values, leaving a 1 × 1 zero tensor in its place (a
+/// packed forward reads only the bias, so the model keeps one copy of the weights, not two).
+fn take_weight<B: Backend>(l: &mut Linear<B>) -> (Vec<f32>, usize, usize) {
+    let [k, n] = l.weight.dims();
+    let w = l.weight.val();
+    let device = w.device();
+    let values = amx::f32s(values(w).as_bytes()).into_owned();
+    l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
+    (values, k, n)
 }
 
 fn zeros<B: Backend, const D: usize>(shape: [usize; D], device: &B::Device) -> Param<Tensor<B, D>> {
@@ -343,12 +336,8 @@ impl<B: Backend> CausalLm<B> {
             "only a model with adapters has a frozen base"
         );
         let freeze = |l: &mut Linear<B>| {
-            let [k, n] = l.weight.dims();
-            let w = l.weight.val();
-            let device = w.device();
-            let frozen = Frozen::new(&amx::f32s(values(w).as_bytes()), k, n);
-            l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
-            std::sync::Arc::new(frozen)
+            let (w, k, n) = take_weight(l);
+            std::sync::Arc::new(Frozen::new(&w, k, n))
         };
         let layers = self.map_projections(&freeze);
         let head = match &mut self.lm_head {
@@ -371,15 +360,9 @@ impl<B: Backend> CausalLm<B> {
             self.lora.is_none(),
             "adapters are merged before packing (the packed path has none)"
         );
-        // Once packed, each projection's f32 weight becomes a 1 × 1 zero tensor (the packed
-        // forward reads only the biases), so the model holds one copy of the weights, not two.
         let pack = |l: &mut Linear<B>| {
-            let [k, n] = l.weight.dims();
-            let w = l.weight.val();
-            let device = w.device();
-            let packed = amx::Packed::new(&amx::f32s(values(w).as_bytes()), k, n);
-            l.weight = Param::from_tensor(Tensor::zeros([1, 1], &device));
-            packed
+            let (w, k, n) = take_weight(l);
+            amx::Packed::new(&w, k, n)
         };
         let layers = self.map_projections(&pack);
         let head = match &mut self.lm_head {

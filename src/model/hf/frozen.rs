@@ -18,7 +18,7 @@ use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::model::amx;
 use crate::model::backend::{Cpu, CpuTrain};
@@ -46,18 +46,9 @@ impl Frozen {
     }
 }
 
-/// `x · W` on the CPU backend (no autodiff).
+/// `x · W` on the CPU backend (no autodiff): the inference path's product.
 fn product(x: Tensor<Cpu, 2>, w: &amx::Packed) -> Tensor<Cpu, 2> {
-    let device = x.device();
-    let [m, _] = x.dims();
-    let data = x.into_data();
-    let data = if data.dtype == burn::tensor::DType::F32 {
-        data
-    } else {
-        data.convert::<f32>()
-    };
-    let y = w.matmul(&amx::f32s(data.as_bytes()), m);
-    Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
+    amx::matmul_packed(x, w)
 }
 
 #[derive(Debug)]
@@ -110,6 +101,7 @@ pub fn frozen_matmul<B: Backend>(x: Tensor<B, 2>, w: &Arc<Frozen>) -> Tensor<B, 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use burn::tensor::TensorData;
 
     /// The product and its input's gradient against f32 (within bf16 rounding), the same bits
     /// with and without autodiff, and on any CPU the packing's transpose is the transpose.

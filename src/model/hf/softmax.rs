@@ -19,15 +19,9 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use crate::model::amx;
 use crate::model::backend::{Cpu, CpuTrain};
 
-/// A 4-D tensor's values as f32.
+/// A tensor's values as f32.
 fn values<const D: usize>(x: Tensor<Cpu, D>) -> Vec<f32> {
-    let data = x.into_data();
-    let data = if data.dtype == burn::tensor::DType::F32 {
-        data
-    } else {
-        data.convert::<f32>()
-    };
-    amx::f32s(data.as_bytes()).into_owned()
+    amx::f32s(amx::values(x).as_bytes()).into_owned()
 }
 
 /// The forward on the CPU backend: the weights, and their values (the backward's state).
