@@ -19,24 +19,14 @@
 # RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 store=${1:?STORE}
 run=${2:?RUN}
 iter=${3:-0}
 runs=${4:-2}
 shift 4 || shift $#
-extra=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --set) extra+=(--set "$2"); shift 2 ;;
-    *) extra+=(--set "$1"); shift ;;
-  esac
-done
-if [ -n "${RLA_PIPE_BIN:-}" ]; then
-  bin=$RLA_PIPE_BIN
-else
-  cargo build --quiet
-  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
-fi
+sets_from "$@"
+rla_bin
 case "$store" in
   *://*) echo "STORE must be a local path (the run is copied)" >&2; exit 2 ;;
 esac

@@ -17,21 +17,11 @@
 # convert it offline). RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 runs=${1:-2}
 shift || true
-extra=()
-while [ $# -gt 0 ]; do
-  case "$1" in
-    --set) extra+=(--set "$2"); shift 2 ;;
-    *) extra+=(--set "$1"); shift ;;
-  esac
-done
-if [ -n "${RLA_PIPE_BIN:-}" ]; then
-  bin=$RLA_PIPE_BIN
-else
-  cargo build --quiet
-  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
-fi
+sets_from "$@"
+rla_bin
 [ -f models/smollm2-135m/model.safetensors ] || {
   echo "models/smollm2-135m is missing: see the header of pipelines/household-smollm2.toml" >&2
   exit 1

@@ -15,16 +15,12 @@
 #     benches/rm_grid.sh 5 8 ./runs-ablation/household pipelines/ablation/household.toml
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 seeds=${1:-5}
 iters=${2:-8}
 store=${3:-./runs-rm-grid/gridnav}
 pipeline=${4:-pipelines/ablation/gridnav.toml}
-if [ -n "${RLA_PIPE_BIN:-}" ]; then
-  bin=$RLA_PIPE_BIN
-else
-  cargo build --quiet
-  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
-fi
+rla_bin
 started=$(date +%s)
 # variant name, the iteration it branches from, its --set arguments
 variants=(

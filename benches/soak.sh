@@ -14,14 +14,10 @@
 #   SOAK_ITERATIONS=16 (default): the run's length, enough work for all the crashes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benches/common.sh
 kills=${1:-24}
 dir=${2:-$(mktemp -d)}
-if [ -n "${RLA_PIPE_BIN:-}" ]; then
-  bin=$RLA_PIPE_BIN
-else
-  cargo build --quiet
-  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
-fi
+rla_bin
 iters=${SOAK_ITERATIONS:-16}
 sets=()
 for s in env.initial_tasks=8 rollout.n=4 eval.tasks=8 policy.d_model=16 policy.context=48 \

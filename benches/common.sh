@@ -1,0 +1,23 @@
+# Sourced by the benchmark scripts (not run on its own).
+
+# `sets_from ARGS...`: the array `extra` of `--set key=value` pairs, from arguments given as
+# `--set key=value` or as `key=value`.
+sets_from() {
+  extra=()
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --set) extra+=(--set "$2"); shift 2 ;;
+      *) extra+=(--set "$1"); shift ;;
+    esac
+  done
+}
+
+# `rla_bin`: `bin`, the rla-pipe binary: $RLA_PIPE_BIN, or the dev build (built first).
+rla_bin() {
+  if [ -n "${RLA_PIPE_BIN:-}" ]; then
+    bin=$RLA_PIPE_BIN
+  else
+    cargo build --quiet
+    bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
+  fi
+}
