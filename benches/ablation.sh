@@ -17,7 +17,7 @@
 # setting and iteration held-out and OOD success with intervals over the seeds, after the warm
 # start first, and the RL gain (last iteration minus the warm start, paired per seed).
 #
-#   [SEEDS=5] [ABL_SEEDS=SEEDS] [SETS="k=v ..."] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [SETS="k=v ..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 # ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
@@ -41,22 +41,59 @@ extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
-if [ -n "${RLA_PIPE_BIN:-}" ]; then
-  bin=$RLA_PIPE_BIN
-else
-  cargo build --quiet
-  bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
-fi
+. benches/common.sh
+rla_bin
+# KEEP=DIR: keep each seed's finished runs in DIR — their tables and manifests, not their
+# checkpoints or assets (a few MB a seed; `rla-pipe sql`, `report` and `show` read it as a
+# store) — skip the seeds DIR already holds, and compute the tables from DIR. DIR can be
+# committed, so a grid longer than one machine's lifetime goes on elsewhere: a seed is the unit
+# (its settings branch from its full loop and must finish on one machine).
+# DIR/provenance.csv says which commit, binary and CPU made each run.
+keep=${KEEP:-}
+cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
+commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates Cargo.lock || echo '+changes')
+# `finished DIR RUN ITERS`: RUN's last iteration committed in DIR.
+finished() {
+  [ -f "$1/$2/_commits/iter=$(printf '%06d' $(($3 - 1)))/_iteration.json" ]
+}
+# `seed_kept`: every run of this seed ($seed, $settings) finished in $keep.
+seed_kept() {
+  finished "$keep" "pre-s$seed" 1 || return 1
+  for setting in "${settings[@]}"; do
+    finished "$keep" "abl-$setting-s$seed" "$iters" || return 1
+  done
+}
+# `keep_runs RUN...`: copy the runs' tables and manifests from the store into $keep.
+keep_runs() {
+  mkdir -p "$keep"
+  [ -f "$keep/provenance.csv" ] || echo "run_id,commit,cpu,kept" >"$keep/provenance.csv"
+  for r in "$@"; do
+    rm -rf "$keep/$r.tmp"
+    mkdir -p "$keep/$r.tmp"
+    cp "$store/$r/run.json" "$keep/$r.tmp/"
+    cp -r "$store/$r/_commits" "$store/$r/data" "$keep/$r.tmp/"
+    rm -rf "$keep/$r"
+    mv "$keep/$r.tmp" "$keep/$r"
+    grep -v "^$r," "$keep/provenance.csv" >"$keep/provenance.tmp" || true
+    echo "$r,$commit,\"$cpu\",$(date -u +%Y-%m-%dT%H:%MZ)" >>"$keep/provenance.tmp"
+    mv "$keep/provenance.tmp" "$keep/provenance.csv"
+  done
+}
 started=$(date +%s)
 runs=()
 seeds=${SEEDS:-5}
 abl_seeds=${ABL_SEEDS:-$seeds}
 for ((seed = 0; seed < seeds; seed++)); do
+  settings=(rmadapt rm policy)   # the full loop first: every seed runs it
+  if ((seed >= abl_seeds)); then settings=(rmadapt); fi
+  if [ -n "$keep" ] && seed_kept; then
+    for setting in "${settings[@]}"; do runs+=("abl-$setting-s$seed"); done
+    echo "== seed $seed: kept in $keep ($(grep "^abl-rmadapt-s$seed," "$keep/provenance.csv" | cut -d, -f2-3))" >&2
+    continue
+  fi
   echo "== pre-s$seed" >&2
   "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
     --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
-  settings=(rmadapt rm policy)   # the full loop first: every seed runs it
-  if ((seed >= abl_seeds)); then settings=(rmadapt); fi
   for setting in "${settings[@]}"; do
     case "$setting" in
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
@@ -81,21 +118,34 @@ for ((seed = 0; seed < seeds; seed++)); do
         "${sets[@]}"
     fi
   done
+  if [ -n "$keep" ]; then
+    kept=("pre-s$seed")
+    for setting in "${settings[@]}"; do kept+=("abl-$setting-s$seed"); done
+    keep_runs "${kept[@]}"
+    echo "== seed $seed kept in $keep" >&2
+  fi
 done
+# The tables come from the kept runs where there are any (every seed, whichever machine ran it).
+csv=$store
+if [ -n "$keep" ]; then store=$keep csv=$out; mkdir -p "$out"; fi
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
 echo "== the ablation ($env, $iters iterations)"
-"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation.sql >"$store/ablation.csv"
-python3 benches/ablation.py "$store/ablation.csv"
+"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation.sql >"$csv/ablation.csv"
+python3 benches/ablation.py "$csv/ablation.csv"
 echo "== the warm start alone (pretrain, before any update)"
 "$bin" sql --store "$store" --file pipelines/sql/pretrain_alone.sql
 echo "== held-out success and RM process accuracy per iteration"
 "$bin" sql --store "$store" --file pipelines/sql/ablation_curves.sql
 echo "== the learning curve: after the warm start, then every iteration; the RL gain"
-"$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$store/learning_curve.csv"
-python3 benches/learning_curve.py "$store/learning_curve.csv"
+"$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$csv/learning_curve.csv"
+python3 benches/learning_curve.py "$csv/learning_curve.csv"
 mkdir -p "$out"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
-echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
+if [ -n "$keep" ]; then
+  echo "measured with $iters iterations and $seeds seeds; each run's commit and CPU: $keep/provenance.csv" >"$out/measured.txt"
+else
+  echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
+fi
 # Every run in one report; the figures (SVG) from seed 0 of each setting, readable overlaid.
 "$bin" report --store "$store" "${runs[@]}" --out "$out/report-all.html"
 "$bin" report --store "$store" abl-policy-s0 abl-rm-s0 abl-rmadapt-s0 --out "$out/report.html" --svg-dir "$out"

@@ -120,7 +120,9 @@ mod tests {
                 }
             }
             if !available() {
-                eprintln!("no AMX on this CPU: the tiles' own product is not checked here");
+                eprintln!(
+                    "no bf16 kernel (AMX, AVX512-BF16) on this CPU: its own product is not checked here"
+                );
                 continue;
             }
             let got = p.matmul(&x, m);

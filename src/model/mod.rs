@@ -174,13 +174,14 @@ impl Weights {
 fn amx_usable(key: &str, on_cpu: bool) -> Result<()> {
     if !on_cpu {
         return Err(Error::Config(format!(
-            "key `{key}`: \"bf16\" runs on the CPU backend (AMX); with run.device = \"cuda\" set it to \"f32\""
+            "key `{key}`: \"bf16\" runs on the CPU backend (AMX or AVX512-BF16); with run.device = \"cuda\" set it to \"f32\""
         )));
     }
     if !amx::available() {
         return Err(Error::Config(format!(
             "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
-             Sapphire Rapids, or later; Linux ≥ 5.16), and this machine has none: set it to \"f32\""
+             Sapphire Rapids, or later; Linux ≥ 5.16) or AVX512-BF16 (AMD Zen 4 or later, \
+             Intel Cooper Lake), and this machine has neither: set it to \"f32\""
         )));
     }
     Ok(())

@@ -1000,7 +1000,7 @@ fn generative_policy_writes_replies_and_trains_on_them() {
 fn bf16_inference_logits_stay_within_bf16_rounding_of_f32() {
     if !rla_pipe::model::amx::available() {
         eprintln!(
-            "no AMX-BF16 on this CPU: bf16 inference is refused here (tested through the binary)"
+            "no bf16 kernel (AMX, AVX512-BF16) on this CPU: bf16 inference is refused here (tested through the binary)"
         );
         return;
     }

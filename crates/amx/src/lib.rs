@@ -1,15 +1,19 @@
-//! Matrix products in bf16 on Intel AMX (Advanced Matrix Extensions, Sapphire Rapids and
-//! later): `x [m, k] (f32) · W [k, n]` with `x` and `W` rounded to bf16 (round to nearest
-//! even) and products summed in f32 by the tiles' `tdpbf16ps`. Used for inference only
-//! (`<section>.inference_dtype = "bf16"`), never for training.
+//! Matrix products in bf16 on the CPU: `x [m, k] (f32) · W [k, n]` with `x` and `W` rounded to
+//! bf16 (round to nearest even) and products summed in f32 — on Intel AMX tiles (`tdpbf16ps`,
+//! Sapphire Rapids and later) or, on CPUs without AMX that have AVX512-BF16 (AMD Zen 4 and
+//! later, Intel Cooper Lake), with `vdpbf16ps` in AVX-512 registers. Used for inference
+//! (`<section>.inference_dtype = "bf16"`) and for the frozen base under trained adapters
+//! (`update.base_dtype = "bf16"`).
 //!
-//! Layout: `W` is packed once per model load into 16-column panels in the tiles' VNNI order
-//! (per pair of rows `k, k+1`: 16 columns × 2 values, 64 bytes); `x` is rounded into a bf16
-//! copy in tile order (per 16 rows and 32 columns, one contiguous 1 KiB tile), both
-//! zero-padded (rows to 32, `k` to 32, columns to 32). Each task
-//! computes a block of 32 × 32 outputs in four accumulator tiles over the whole `k`, so every
-//! output is summed in the same order whatever the number of threads: the result is the same
-//! to the bit on every run on the same machine.
+//! Layout: `W` is packed once per model load into 16-column panels in VNNI order (per pair of
+//! rows `k, k+1`: 16 columns × 2 values, 64 bytes) — the tiles' operand order and one AVX-512
+//! register of `vdpbf16ps` alike; `x` is rounded into a bf16 copy in tile order (per 16 rows
+//! and 32 columns, one contiguous 1 KiB tile), both zero-padded (rows to 32, `k` to 32, columns
+//! to 32). Each task computes a block of 32 × 32 outputs over the whole `k` (four accumulator
+//! tiles, or 8 rows × 32 columns at a time in registers), so every output is summed in the
+//! same order whatever the number of threads: the result is the same to the bit on every run
+//! on the same machine with the same kernel. The two kernels add the same products in other
+//! orders: their results differ in the last bits.
 
 #[cfg(target_arch = "x86_64")]
 use std::arch::asm;
@@ -20,35 +24,85 @@ use rayon::prelude::*;
 const TILE_K: usize = 32; // bf16 values per tile row (64 bytes)
 const BLOCK: usize = 32; // rows and columns of a task's output block
 
-/// Whether this CPU has AMX-BF16 and the kernel lets this process use the tiles (asked once).
-pub fn available() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            // CPUID.(EAX=7, ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-            let r = std::arch::x86_64::__cpuid_count(7, 0);
-            let has = r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0;
-            if !has {
-                return false;
-            }
-            // Linux ≥ 5.16: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
-            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-            const XFEATURE_XTILEDATA: libc::c_long = 18;
-            let r = unsafe {
-                libc::syscall(
-                    libc::SYS_arch_prctl,
-                    ARCH_REQ_XCOMP_PERM,
-                    XFEATURE_XTILEDATA,
-                )
-            };
-            r == 0
+/// The kernel that multiplies in bf16 on this CPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Intel AMX tiles (`tdpbf16ps`).
+    Amx,
+    /// AVX512-BF16 (`vdpbf16ps`), where there is no AMX.
+    Avx512Bf16,
+}
+
+impl Kernel {
+    /// Its name in messages and benchmark tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Amx => "AMX",
+            Kernel::Avx512Bf16 => "AVX512-BF16",
         }
-        #[cfg(not(target_arch = "x86_64"))]
-        {
-            false
+    }
+}
+
+/// The bf16 kernel of this CPU, if it has one (asked once): AMX where the CPU has it and the
+/// kernel lets this process use the tiles, else AVX512-BF16. `RLA_AMX_KERNEL=avx512` picks
+/// AVX512-BF16 on a CPU that has both (to compare them).
+pub fn kernel() -> Option<Kernel> {
+    static K: OnceLock<Option<Kernel>> = OnceLock::new();
+    *K.get_or_init(|| {
+        let want_avx = std::env::var("RLA_AMX_KERNEL").is_ok_and(|v| v == "avx512");
+        if !want_avx && amx() {
+            return Some(Kernel::Amx);
         }
+        if avx512_bf16() {
+            return Some(Kernel::Avx512Bf16);
+        }
+        None
     })
+}
+
+/// Whether this CPU has a bf16 product kernel ([`kernel`]).
+pub fn available() -> bool {
+    kernel().is_some()
+}
+
+fn avx512_bf16() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Whether this CPU has AMX-BF16 and the kernel lets this process use the tiles.
+fn amx() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // CPUID.(EAX=7, ECX=0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
+        let r = std::arch::x86_64::__cpuid_count(7, 0);
+        let has = r.edx & (1 << 22) != 0 && r.edx & (1 << 24) != 0;
+        if !has {
+            return false;
+        }
+        // Linux ≥ 5.16: ask for the tile data state (ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        };
+        r == 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
 }
 
 /// f32 → bf16, rounding to nearest even (NaN stays NaN). Branch-free, so that the loops
@@ -328,8 +382,8 @@ impl Packed {
         [self.k, self.n]
     }
 
-    /// `x [m, k] · W → [m, n]` on the tiles. Callers check [`available`] first (a model is
-    /// packed only then).
+    /// `x [m, k] · W → [m, n]` with this CPU's [`kernel`]. Callers check [`available`] first
+    /// (a model is packed only then).
     #[cfg(target_arch = "x86_64")]
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_rounded(&Rounded::new(x, m, self.k))
@@ -340,7 +394,7 @@ impl Packed {
     #[cfg(target_arch = "x86_64")]
     pub fn matmul_rounded(&self, x: &Rounded) -> Vec<f32> {
         assert_eq!(x.k, self.k, "input columns");
-        assert!(available(), "AMX is not available");
+        let kernel = kernel().expect("no bf16 kernel on this CPU");
         let m = x.m;
         if m == 0 {
             return Vec::new();
@@ -358,18 +412,34 @@ impl Packed {
             .with_min_len(grain)
             .for_each(|bn| {
                 let cptr = &cptr;
-                unsafe {
-                    let _tiles = Tiles::configure();
-                    for bm in 0..mp / BLOCK {
-                        block(
-                            a.as_ptr().add(bm * BLOCK * kp),
-                            kp,
-                            self.data.as_ptr().add(bn * 2 * kp * 16),
-                            kp * 16,
-                            cptr.0.add(bm * BLOCK * np + bn * BLOCK),
-                            np,
-                        );
-                    }
+                let b = unsafe { self.data.as_ptr().add(bn * 2 * kp * 16) };
+                match kernel {
+                    Kernel::Amx => unsafe {
+                        let _tiles = Tiles::configure();
+                        for bm in 0..mp / BLOCK {
+                            block(
+                                a.as_ptr().add(bm * BLOCK * kp),
+                                kp,
+                                b,
+                                kp * 16,
+                                cptr.0.add(bm * BLOCK * np + bn * BLOCK),
+                                np,
+                            );
+                        }
+                    },
+                    Kernel::Avx512Bf16 => unsafe {
+                        for bm in 0..mp / BLOCK {
+                            block_avx512(
+                                a.as_ptr().add(bm * BLOCK * kp),
+                                kp,
+                                (m - bm * BLOCK).min(BLOCK),
+                                b,
+                                kp * 16,
+                                cptr.0.add(bm * BLOCK * np + bn * BLOCK),
+                                np,
+                            );
+                        }
+                    },
                 }
             });
         if np == self.n {
@@ -384,16 +454,16 @@ impl Packed {
         out
     }
 
-    /// Without AMX (not x86-64): never called, a model is packed only where [`available`].
+    /// Not x86-64: never called, a model is packed only where [`available`].
     #[cfg(not(target_arch = "x86_64"))]
     pub fn matmul(&self, _x: &[f32], _m: usize) -> Vec<f32> {
-        unreachable!("AMX is x86-64 only")
+        unreachable!("the bf16 kernels are x86-64 only")
     }
 
-    /// Without AMX (not x86-64): never called, as [`Packed::matmul`].
+    /// Not x86-64: never called, as [`Packed::matmul`].
     #[cfg(not(target_arch = "x86_64"))]
     pub fn matmul_rounded(&self, _x: &Rounded) -> Vec<f32> {
-        unreachable!("AMX is x86-64 only")
+        unreachable!("the bf16 kernels are x86-64 only")
     }
 
     /// The same product from the packed values, one output at a time in f64 (tests: the
@@ -515,5 +585,56 @@ unsafe fn block(a: *const u16, kp: usize, b: *const u16, panel: usize, c: *mut f
             sc = in(reg) sc,
             options(nostack),
         );
+    }
+}
+
+/// One 32 × 32 output block with AVX512-BF16, as [`block`] computes it on the tiles, of which
+/// only the first `rows` rows are needed (the rest stay 0): per group of 8 rows, 16
+/// accumulators (8 rows × two 16-column panels) over the pairs of `k`, each pair of a row's
+/// values broadcast against the panels' VNNI row (`vdpbf16ps`: two products per lane, added in
+/// f32).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn block_avx512(
+    a: *const u16,
+    kp: usize,
+    rows: usize,
+    b: *const u16,
+    panel: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    use std::arch::x86_64::*;
+    const G: usize = 8;
+    for g in (0..rows).step_by(G) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; G];
+        // Row g + r lives in half h = (g + r) / 16 at row (g + r) % 16 of each tile.
+        let half = g / 16;
+        let base = unsafe { a.add(half * 16 * kp) };
+        for kc in (0..kp).step_by(TILE_K) {
+            let tile = unsafe { base.add(kc * 16) };
+            for j in 0..TILE_K / 2 {
+                let kk = kc / 2 + j;
+                let b0 = unsafe { (b.add(kk * 32) as *const __m512bh).read_unaligned() };
+                let b1 = unsafe { (b.add(panel + kk * 32) as *const __m512bh).read_unaligned() };
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let row = (g + r) % 16;
+                    let pair =
+                        unsafe { (tile.add(row * TILE_K + 2 * j) as *const i32).read_unaligned() };
+                    let x = unsafe {
+                        std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair))
+                    };
+                    acc[0] = _mm512_dpbf16_ps(acc[0], x, b0);
+                    acc[1] = _mm512_dpbf16_ps(acc[1], x, b1);
+                }
+            }
+        }
+        for (r, acc) in acc.iter().enumerate() {
+            unsafe {
+                let out = c.add((g + r) * ldc);
+                _mm512_storeu_ps(out, acc[0]);
+                _mm512_storeu_ps(out.add(16), acc[1]);
+            }
+        }
     }
 }

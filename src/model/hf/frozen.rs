@@ -118,7 +118,9 @@ mod tests {
         assert_eq!(f.dims(), [k, n]);
         assert_eq!(f.wt.dims(), [n, k]);
         if !amx::available() {
-            eprintln!("no AMX-BF16 on this CPU: the products are not run here");
+            eprintln!(
+                "no bf16 kernel (AMX, AVX512-BF16) on this CPU: the products are not run here"
+            );
             return;
         }
         let f = Arc::new(f);
