@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bf16 inference on Intel AMX against f32, side by side: the inference stages of one iteration
+# bf16 inference on the CPU (AMX or AVX512-BF16) against f32, side by side: the inference stages of one iteration
 # of a committed SmolLM2 run (rollout, RM scoring, evaluation; the update takes no step) as a
 # branch from STORE's RUN at ITER, with `policy.inference_dtype = reward_model.inference_dtype`
 # = bf16 and = f32 in turn (bf16, f32, bf16, f32, ...), every stage executed (--recompute).
@@ -10,7 +10,8 @@
 #   benches/bf16_inference.sh ./runs-curve/household-smollm2 abl-rmadapt-s0 1 2 \
 #     --set eval.tasks=8 --set eval.ood_tasks=4
 #
-# Needs a CPU with AMX-BF16 (Intel Xeon 4th generation or later) and the pretrained model the
+# Needs a CPU with AMX-BF16 (Intel Xeon 4th generation or later) or AVX512-BF16 (AMD Zen 4
+# or later), and the pretrained model the
 # run started from. The branches go into a copy of RUN in a temporary store, not into STORE.
 # RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
 set -euo pipefail
@@ -54,12 +55,12 @@ for _ in $(seq "$runs"); do
   one bf16
   one f32
 done
-python3 - "$results" <<'PY'
-import statistics, sys
+BF16_KERNEL=$(bf16_kernel) python3 - "$results" <<'PY'
+import os, statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 med = {d: [statistics.median(float(x[i]) for x in rows if x[0] == d) for i in (1, 2, 3, 4)]
        for d in ("bf16", "f32")}
-print("\n| medians | f32 | bf16 (AMX) | bf16 / f32 |")
+print(f"\n| medians | f32 | bf16 ({os.environ['BF16_KERNEL']}) | bf16 / f32 |")
 print("|---|---:|---:|---:|")
 for i, what in enumerate(("wall (s)", "evaluate (s)", "rm_score (s)", "rollout (s)")):
     f, b = med["f32"][i], med["bf16"][i]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Adapters trained over a bf16 base on Intel AMX against f32, side by side: the update stage of
+# Adapters trained over a bf16 base on the CPU (AMX or AVX512-BF16) against f32, side by side: the update stage of
 # one iteration of a committed run whose models have adapters (a SmolLM2 file), re-executed as
 # a branch from STORE's RUN at ITER with `update.base_dtype` = bf16 and = f32 in turn (bf16, f32,
 # bf16, f32, ...). Rollout and RM scoring are shared from the parent (their settings did not
@@ -14,7 +14,8 @@
 #   benches/bf16_training.sh STORE RUN [ITER] [RUNS] [--set key=value ...]
 #   benches/bf16_training.sh ./runs/household-smollm2 base 0 2 --set eval.tasks=1 --set eval.ood_tasks=1
 #
-# Needs a CPU with AMX-BF16 (Intel Xeon 4th generation or later) and the pretrained model the
+# Needs a CPU with AMX-BF16 (Intel Xeon 4th generation or later) or AVX512-BF16 (AMD Zen 4
+# or later), and the pretrained model the
 # run started from. The branches go into a copy of RUN in a temporary store, not into STORE.
 # RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
 set -euo pipefail
@@ -55,12 +56,12 @@ for _ in $(seq "$runs"); do
   one bf16
   one f32
 done
-python3 - "$results" <<'PY'
-import statistics, sys
+BF16_KERNEL=$(bf16_kernel) python3 - "$results" <<'PY'
+import os, statistics, sys
 rows = [l.split() for l in open(sys.argv[1])]
 med = {d: [statistics.median(float(x[i]) for x in rows if x[0] == d) for i in (2, 3)]
        for d in ("bf16", "f32")}
-print("\n| medians | f32 | bf16 (AMX) | bf16 / f32 |")
+print(f"\n| medians | f32 | bf16 ({os.environ['BF16_KERNEL']}) | bf16 / f32 |")
 print("|---|---:|---:|---:|")
 for i, what in enumerate(("update (s)", "update, CPU (s)")):
     f, b = med["f32"][i], med["bf16"][i]

@@ -21,3 +21,15 @@ rla_bin() {
     bin="${CARGO_TARGET_DIR:-target}/debug/rla-pipe"
   fi
 }
+
+# `bf16_kernel`: the bf16 product kernel this CPU gives rla-pipe (as `rla_amx::kernel()` picks
+# it): AMX, else AVX512-BF16, else none.
+bf16_kernel() {
+  if [ "${RLA_AMX_KERNEL:-}" != avx512 ] && grep -qw amx_bf16 /proc/cpuinfo; then
+    echo AMX
+  elif grep -qw avx512_bf16 /proc/cpuinfo; then
+    echo AVX512-BF16
+  else
+    echo none
+  fi
+}
