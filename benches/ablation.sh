@@ -138,8 +138,8 @@ echo "== held-out success and RM process accuracy per iteration"
 "$bin" sql --store "$store" --file pipelines/sql/ablation_curves.sql
 echo "== the learning curve: after the warm start, then every iteration; the RL gain"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$csv/learning_curve.csv"
-python3 benches/learning_curve.py "$csv/learning_curve.csv"
 mkdir -p "$out"
+python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
 if [ -n "$keep" ]; then
   echo "measured with $iters iterations and $seeds seeds; each run's commit and CPU: $keep/provenance.csv" >"$out/measured.txt"

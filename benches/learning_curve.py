@@ -7,7 +7,12 @@ before iteration 0; then the RL gain per setting — held-out at the last iterat
 the setting reached minus the same seed's warm start — with its paired interval (`*`: the
 interval excludes 0).
 
-Usage: python3 benches/learning_curve.py CURVE.csv      (standard library only)
+With `--svg OUT.svg` it also draws the curve: held-out success per iteration (sampled, and
+greedy in a second panel where there is one), a line per setting through the means over seeds
+and a band over their intervals, the warm start first — the figures of the tables, not a second
+resampling.
+
+Usage: python3 benches/learning_curve.py CURVE.csv [--svg OUT.svg]      (standard library only)
 """
 import csv
 import random
@@ -26,17 +31,82 @@ def num(x):
     return float(x) if x not in (None, "") else None
 
 
-def mean_ci(xs, rng):
+def mean_ci(xs, rng, rec=None):
+    """The cell's text; `rec` (a list) gets (mean, low, high), the interval None for one seed."""
     if not xs:
         return "–"
     if len(xs) < 2:
+        if rec is not None:
+            rec.append((xs[0], None, None))
         return f"{xs[0]:.3f}"
     m, lo, hi = boot(xs, rng)
+    if rec is not None:
+        rec.append((m, lo, hi))
     return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+COLOURS = {"policy": "#1f77b4", "rm": "#ff7f0e", "rmadapt": "#2ca02c"}
+
+
+def svg(curves, seeds, title):
+    """Panels of `curves[metric][setting] = [(x, mean, lo, hi)]` (x = -1: the warm start)."""
+    panels = [(k, n) for k, n in (("held_out", "held-out, sampled"),
+                                  ("held_out_greedy", "held-out, greedy")) if curves.get(k)]
+    pw, ph, ml, mt, mb = 420, 260, 48, 40, 42
+    gap = 48
+    width, height = ml + len(panels) * (pw + gap), mt + ph + mb + 24
+    xs = sorted({x for c in curves.values() for pts in c.values() for x, *_ in pts})
+    x0, x1 = min(xs), max(xs)
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+           f'font-family="sans-serif" font-size="11">',
+           f'<rect width="{width}" height="{height}" fill="white"/>',
+           f'<text x="{ml}" y="16" font-size="13">{title}</text>']
+    for p, (key, name) in enumerate(panels):
+        left = ml + p * (pw + gap)
+        fx = lambda x: left + (x - x0) / max(x1 - x0, 1) * pw
+        fy = lambda y: mt + (1 - y) * ph
+        out.append(f'<text x="{left}" y="{mt - 8}">{name} (mean over seeds, 95% interval)</text>')
+        out.append(f'<rect x="{left}" y="{mt}" width="{pw}" height="{ph}" fill="none" stroke="#999"/>')
+        for t in (0, 0.25, 0.5, 0.75, 1):
+            out.append(f'<line x1="{left}" x2="{left + pw}" y1="{fy(t):.1f}" y2="{fy(t):.1f}" '
+                       f'stroke="#eee"/><text x="{left - 6}" y="{fy(t) + 4:.1f}" '
+                       f'text-anchor="end">{t:g}</text>')
+        for x in xs:
+            label = "warm" if x < 0 else str(x)
+            out.append(f'<text x="{fx(x):.1f}" y="{mt + ph + 14}" text-anchor="middle">{label}</text>')
+        out.append(f'<text x="{left + pw / 2}" y="{mt + ph + 30}" text-anchor="middle">'
+                   f'iteration (warm: after the warm start)</text>')
+        for setting, pts in curves[key].items():
+            c = COLOURS.get(setting, "#555")
+            band = [(x, lo, hi) for x, _, lo, hi in pts if lo is not None]
+            if len(band) > 1:
+                poly = [f"{fx(x):.1f},{fy(hi):.1f}" for x, _, hi in band] + \
+                       [f"{fx(x):.1f},{fy(lo):.1f}" for x, lo, _ in reversed(band)]
+                out.append(f'<polygon points="{" ".join(poly)}" fill="{c}" fill-opacity="0.15"/>')
+            line = " ".join(f"{fx(x):.1f},{fy(m):.1f}" for x, m, *_ in pts)
+            out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
+            for x, m, *_ in pts:
+                out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
+    for i, (key, name) in enumerate(SETTINGS):
+        if key in seeds:
+            y = mt + ph + mb + 10
+            x = ml + i * 200
+            out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" fill="{COLOURS[key]}"/>'
+                       f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
 def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
+    args = sys.argv[1:]
+    out_svg = None
+    if "--svg" in args:
+        i = args.index("--svg")
+        out_svg = args[i + 1]
+        del args[i:i + 2]
+    rows = list(csv.DictReader(open(args[0])))
+    curves = defaultdict(dict)  # metric -> setting -> [(x, mean, lo, hi)]
+    seeds_of = {}
     # setting -> seed -> iter -> row
     runs = defaultdict(lambda: defaultdict(dict))
     for r in rows:
@@ -53,14 +123,29 @@ def main():
               f"iterations 0–{last}; mean [bootstrap 95% interval]\n")
         print("| iteration | " + " | ".join(n for _, n in shown) + " |")
         print("|---|" + "---:|" * len(shown))
+        seeds_of[key] = len(seeds)
+        points = {k: [] for k, _ in shown}
+
+        def row(x, values):
+            cells = []
+            for k, _ in shown:
+                rec = []
+                cells.append(mean_ci(values(k), rng, rec))
+                if rec:
+                    points[k].append((x, *rec[0]))
+            return cells
+
         if warm:
-            cells = [mean_ci([v for s in sorted(seeds) if s in warm
-                              and (v := num(warm[s][k])) is not None], rng) for k, _ in shown]
+            cells = row(-1, lambda k: [v for s in sorted(seeds) if s in warm
+                                       and (v := num(warm[s][k])) is not None])
             print("| warm start | " + " | ".join(cells) + " |")
         for i in range(last + 1):
-            cells = [mean_ci([v for s in sorted(seeds)
-                              if (v := num(seeds[s][i][k])) is not None], rng) for k, _ in shown]
+            cells = row(i, lambda k: [v for s in sorted(seeds)
+                                      if (v := num(seeds[s][i][k])) is not None])
             print(f"| {i} | " + " | ".join(cells) + " |")
+        for k, pts in points.items():
+            if pts:
+                curves[k][key] = pts
     print("\nRL gain: the last iteration every run of the setting reached minus the same seed's "
           "warm start; mean [paired bootstrap 95% interval], * = excludes 0\n")
     print("| setting | seeds | " + " | ".join(n for _, n in shown) + " |")
@@ -77,6 +162,11 @@ def main():
                  if num(seeds[s][last][k]) is not None and num(warm[s][k]) is not None]
             cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
         print(f"| {name} | {len(common)} | " + " | ".join(cells) + " |")
+    if out_svg:
+        n = max(seeds_of.values(), default=0)
+        with open(out_svg, "w") as f:
+            f.write(svg(curves, seeds_of, f"Learning curve: held-out success, {n} seeds"))
+        print(f"\nwrote {out_svg}")
 
 
 if __name__ == "__main__":
