@@ -92,9 +92,10 @@ mod tests {
     }
 
     /// The packed layout holds W's bf16 values (checked through the portable reference on
-    /// every CPU), and on a CPU with AMX the tiles compute the same sums: every output within
-    /// 1e-4 (absolute, outputs of order 1) of the f64 sum of the same bf16 products — the tiles
-    /// add in f32 — and within 0.05 of the f32 product (bf16's 8 bits over k ≤ 600 terms).
+    /// every CPU), and every bf16 kernel the CPU has (AMX tiles, AVX512-BF16) computes the same
+    /// sums: every output within 1e-4 (absolute, outputs of order 1) of the f64 sum of the same
+    /// bf16 products — the kernels add in f32, in their own orders (2e-4 between two kernels) —
+    /// and within 0.05 of the f32 product (bf16's 8 bits over k ≤ 600 terms).
     #[test]
     fn tiles_compute_the_product_of_the_rounded_matrices() {
         for &(m, k, n) in &[
@@ -117,6 +118,24 @@ mod tests {
                         (got - exact).abs() < 0.05,
                         "[{m}, {k}, {n}] ({i}, {j}): {got} vs {exact}"
                     );
+                }
+            }
+            // Every kernel this CPU has (AMX and AVX512-BF16 on a Xeon with both), each
+            // against the reference and against each other.
+            let mut products = Vec::new();
+            for kernel in rla_amx::supported() {
+                let got = p.matmul_on(kernel, &rla_amx::Rounded::new(&x, m, k));
+                for (g, r) in got.iter().zip(&reference) {
+                    assert!(
+                        (g - r).abs() < 1e-4,
+                        "{kernel:?} [{m}, {k}, {n}]: {g} vs {r}"
+                    );
+                }
+                products.push(got);
+            }
+            for pair in products.windows(2) {
+                for (a, b) in pair[0].iter().zip(&pair[1]) {
+                    assert!((a - b).abs() < 2e-4, "the kernels differ: {a} vs {b}");
                 }
             }
             if !available() {

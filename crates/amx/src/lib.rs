@@ -60,6 +60,18 @@ pub fn kernel() -> Option<Kernel> {
     })
 }
 
+/// Every bf16 kernel this CPU can run (tests compare them where a CPU has both).
+pub fn supported() -> Vec<Kernel> {
+    let mut all = Vec::new();
+    if amx() {
+        all.push(Kernel::Amx);
+    }
+    if avx512_bf16() {
+        all.push(Kernel::Avx512Bf16);
+    }
+    all
+}
+
 /// Whether this CPU has a bf16 product kernel ([`kernel`]).
 pub fn available() -> bool {
     kernel().is_some()
@@ -393,8 +405,18 @@ impl Packed {
     /// multiplies the same rows).
     #[cfg(target_arch = "x86_64")]
     pub fn matmul_rounded(&self, x: &Rounded) -> Vec<f32> {
+        self.matmul_on(kernel().expect("no bf16 kernel on this CPU"), x)
+    }
+
+    /// [`Packed::matmul_rounded`] with a given kernel, one of [`supported`].
+    #[cfg(target_arch = "x86_64")]
+    pub fn matmul_on(&self, kernel: Kernel, x: &Rounded) -> Vec<f32> {
         assert_eq!(x.k, self.k, "input columns");
-        let kernel = kernel().expect("no bf16 kernel on this CPU");
+        assert!(
+            supported().contains(&kernel),
+            "{} is not supported here",
+            kernel.name()
+        );
         let m = x.m;
         if m == 0 {
             return Vec::new();
@@ -463,6 +485,12 @@ impl Packed {
     /// Not x86-64: never called, as [`Packed::matmul`].
     #[cfg(not(target_arch = "x86_64"))]
     pub fn matmul_rounded(&self, _x: &Rounded) -> Vec<f32> {
+        unreachable!("the bf16 kernels are x86-64 only")
+    }
+
+    /// Not x86-64: never called, as [`Packed::matmul`].
+    #[cfg(not(target_arch = "x86_64"))]
+    pub fn matmul_on(&self, _kernel: Kernel, _x: &Rounded) -> Vec<f32> {
         unreachable!("the bf16 kernels are x86-64 only")
     }
 
