@@ -91,6 +91,55 @@ mod tests {
         assert!(f32::from_bits((bf16(f32::NAN) as u32) << 16).is_nan());
     }
 
+    /// The masked softmax in lanes gives the weights of the key-by-key version to the bit:
+    /// rows of every length around the lane width, masks from none to all hidden (a row with
+    /// no visible key is all 0), scores up to ±200 (a row's exponentials clamp), several
+    /// batches of queries.
+    #[test]
+    fn masked_softmax_in_lanes_equals_key_by_key() {
+        for &(keys, t, batches, heads) in &[
+            (1, 1, 1, 1),
+            (15, 3, 2, 2),
+            (16, 4, 1, 3),
+            (17, 5, 3, 1),
+            (70, 9, 2, 4),
+            (300, 2, 1, 9),
+        ] {
+            let rows = batches * heads * t;
+            let scores: Vec<f32> = data(rows * keys, keys as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| if i % 11 == 0 { v * 400.0 } else { v * 8.0 })
+                .collect();
+            let mut s = keys as u64 * 31 + t as u64;
+            let mask: Vec<u8> = (0..batches * t * keys)
+                .map(|i| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    // Query 0 of each batch sees nothing; the rest about a third hidden.
+                    u8::from(i % (t * keys) < keys || (s >> 60) < 5)
+                })
+                .collect();
+            let mut fast = scores.clone();
+            masked_softmax(&mut fast, keys, t, heads * t, &mask, 0.37);
+            let mut slow = scores;
+            rla_amx::masked_softmax_reference(&mut slow, keys, t, heads * t, &mask, 0.37);
+            for (i, (a, b)) in fast.iter().zip(&slow).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "keys {keys}, value {i}: {a} vs {b}"
+                );
+            }
+            // A row with nothing visible is 0, one with something sums to 1.
+            for (r, row) in fast.chunks(keys).enumerate() {
+                let sum: f32 = row.iter().sum();
+                assert!(sum == 0.0 || (sum - 1.0).abs() < 1e-5, "row {r}: {sum}");
+            }
+        }
+    }
+
     /// The packed layout holds W's bf16 values (checked through the portable reference on
     /// every CPU), and every bf16 kernel the CPU has (AMX tiles, AVX512-BF16) computes the same
     /// sums: every output within 1e-4 (absolute, outputs of order 1) of the f64 sum of the same

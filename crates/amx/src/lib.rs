@@ -209,6 +209,10 @@ fn wide(f: impl FnOnce()) {
 /// none visible is all 0). Rows are `[batch][per_batch]`, and row `r`'s query is `r mod t`:
 /// its mask is `mask[(batch · t + query) · keys ..][..keys]`, non-zero where the key is hidden
 /// (a boolean tensor's bytes, `[batch, t, keys]`).
+///
+/// The scaling, the maximum, the exponentials and the final products run 16 lanes wide; the
+/// row's sum runs key by key in order (as [`masked_softmax_reference`] computes it), so the
+/// weights are the same to the bit whatever the vector width.
 pub fn masked_softmax(
     scores: &mut [f32],
     keys: usize,
@@ -223,32 +227,96 @@ pub fn masked_softmax(
         .enumerate()
         .with_min_len(64)
         .for_each(|(r, row)| {
-            wide(|| {
-                let (batch, query) = (r / per_batch, r % t);
-                let hidden = &mask[(batch * t + query) * keys..][..keys];
-                let mut max = f32::NEG_INFINITY;
-                for (v, h) in row.iter_mut().zip(hidden) {
-                    *v *= scale;
-                    if *h == 0 && *v > max {
-                        max = *v;
-                    }
-                }
-                if max == f32::NEG_INFINITY {
-                    row.fill(0.0);
-                    return;
-                }
-                let mut sum = 0.0f32;
-                for (v, h) in row.iter_mut().zip(hidden) {
-                    let e = if *h == 0 { exp(*v - max) } else { 0.0 };
-                    *v = e;
-                    sum += e;
-                }
-                let inv = 1.0 / sum;
-                for v in row.iter_mut() {
-                    *v *= inv;
-                }
-            })
+            let (batch, query) = (r / per_batch, r % t);
+            let hidden = &mask[(batch * t + query) * keys..][..keys];
+            wide(|| softmax_row(row, hidden, scale))
         });
+}
+
+#[inline(always)]
+fn softmax_row(row: &mut [f32], hidden: &[u8], scale: f32) {
+    const L: usize = 16;
+    // The maximum over the visible keys: per lane, then over the lanes (a maximum is the same
+    // in any order; NaN is never taken, as with `>`).
+    let mut lanes = [f32::NEG_INFINITY; L];
+    let (body, rest) = row.split_at_mut(row.len() / L * L);
+    let (hb, hr) = hidden.split_at(body.len());
+    for (v, h) in body.chunks_exact_mut(L).zip(hb.chunks_exact(L)) {
+        for i in 0..L {
+            v[i] *= scale;
+            let x = if h[i] == 0 { v[i] } else { f32::NEG_INFINITY };
+            lanes[i] = if x > lanes[i] { x } else { lanes[i] };
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for (v, h) in rest.iter_mut().zip(hr) {
+        *v *= scale;
+        if *h == 0 && *v > max {
+            max = *v;
+        }
+    }
+    for l in lanes {
+        if l > max {
+            max = l;
+        }
+    }
+    if max == f32::NEG_INFINITY {
+        row.fill(0.0);
+        return;
+    }
+    for (v, h) in row.iter_mut().zip(hidden) {
+        let e = exp(*v - max);
+        *v = if *h == 0 { e } else { 0.0 };
+    }
+    // In key order, one add at a time: the reference's sum. A hidden key adds 0, exactly, so
+    // the sum stops at the last visible key (half the row of a causal mask, on average).
+    let last = hidden.iter().rposition(|h| *h == 0).map_or(0, |i| i + 1);
+    let mut sum = 0.0f32;
+    for v in &row[..last] {
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// [`masked_softmax`] one key at a time (what it computed before it ran in lanes; tests
+/// compare the two bit for bit).
+pub fn masked_softmax_reference(
+    scores: &mut [f32],
+    keys: usize,
+    t: usize,
+    per_batch: usize,
+    mask: &[u8],
+    scale: f32,
+) {
+    assert_eq!(scores.len() % keys, 0, "rows of keys");
+    for (r, row) in scores.chunks_mut(keys).enumerate() {
+        let (batch, query) = (r / per_batch, r % t);
+        let hidden = &mask[(batch * t + query) * keys..][..keys];
+        let mut max = f32::NEG_INFINITY;
+        for (v, h) in row.iter_mut().zip(hidden) {
+            *v *= scale;
+            if *h == 0 && *v > max {
+                max = *v;
+            }
+        }
+        if max == f32::NEG_INFINITY {
+            row.fill(0.0);
+            continue;
+        }
+        let mut sum = 0.0f32;
+        for (v, h) in row.iter_mut().zip(hidden) {
+            let e = if *h == 0 { exp(*v - max) } else { 0.0 };
+            *v = e;
+            sum += e;
+        }
+        let inv = 1.0 / sum;
+        for v in row.iter_mut() {
+            *v *= inv;
+        }
+    }
 }
 
 /// The gradient of [`masked_softmax`] from its output `y` (the weights) and the gradient `g` of
