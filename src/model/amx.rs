@@ -5,7 +5,7 @@
 
 pub use rla_amx::{
     Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, masked_softmax_backward,
-    silu_mul, transpose,
+    silu_mul, swap_middle, transpose,
 };
 
 use burn::tensor::backend::Backend;

@@ -350,6 +350,29 @@ pub fn masked_softmax_backward(g: &mut [f32], y: &[f32], keys: usize, scale: f32
         });
 }
 
+/// `x [b, a, c, d]` (row-major) with its middle axes swapped: `[b, c, a, d]`, as copies of
+/// `d`-long runs (the attention's heads moved before or after the positions: `d` is the head
+/// size). Pure data movement: every value is the input's, bit for bit.
+pub fn swap_middle(x: &[f32], b: usize, a: usize, c: usize, d: usize) -> Vec<f32> {
+    assert_eq!(x.len(), b * a * c * d, "shape");
+    let mut out = vec![0f32; x.len()];
+    if out.is_empty() {
+        return out;
+    }
+    // One task per output row `[bi, j]`: `a` runs of `d` values, read `c · d` apart.
+    out.par_chunks_mut(a * d)
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(row, o)| {
+            let (bi, j) = (row / c, row % c);
+            let src = &x[bi * a * c * d..][..a * c * d];
+            for (i, run) in o.chunks_exact_mut(d).enumerate() {
+                run.copy_from_slice(&src[(i * c + j) * d..][..d]);
+            }
+        });
+    out
+}
+
 /// The transpose of a row-major `[k, n]` matrix: `[n, k]`, in 64 × 64 blocks.
 pub fn transpose(w: &[f32], k: usize, n: usize) -> Vec<f32> {
     assert_eq!(w.len(), k * n, "matrix shape");

@@ -500,7 +500,7 @@ impl<B: Backend> CausalLm<B> {
             let att = &layer.self_attn;
             let normed = layer.input_layernorm.forward(x.clone());
             // `[b, t, n·hd]` → `[b, n, t, hd]`, normed and rotated (RoPE) while still
-            // `[b, t, n, hd]`: the same values, element by element, in contiguous memory.
+            // `[b, t, n, hd]`, then moved in one copy ([`super::heads`]).
             let split = |y: Tensor<B, 3>, n: usize, norm: &Option<RmsNorm<B>>, rotate: bool| {
                 let y = y.reshape([b, t, n, hd]);
                 let y = match norm {
@@ -512,7 +512,7 @@ impl<B: Backend> CausalLm<B> {
                     true => rope(y, &rope_k.0, &rope_k.1),
                     false => y,
                 };
-                y.swap_dims(1, 2)
+                super::heads::swap_middle(y)
             };
             let packed = self.packed.as_ref().map(|p| &p.layers[l]);
             let frozen = self.frozen.as_ref().map(|f| &f.layers[l]);
@@ -560,10 +560,7 @@ impl<B: Backend> CausalLm<B> {
                 }
                 (None, None) => unreachable!("a bias or a mask"),
             };
-            let out = weights
-                .matmul(v)
-                .reshape([b, h, t, hd])
-                .swap_dims(1, 2)
+            let out = super::heads::swap_middle(weights.matmul(v).reshape([b, h, t, hd]))
                 .reshape([b, t, h * hd]);
             x = x + p(out, &att.o_proj, "o_proj");
             let normed = layer.post_attention_layernorm.forward(x.clone());

@@ -16,6 +16,7 @@ pub mod arch;
 pub mod config;
 pub mod frozen;
 pub mod generate;
+pub mod heads;
 pub mod lora;
 pub mod prompt;
 pub mod softmax;
