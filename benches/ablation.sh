@@ -4,9 +4,10 @@
 # the same iteration budget, every run warm-started by `pretrain` (the two smaller settings are
 # branches of the full loop from iteration 0: what their overrides do not reach is shared
 # with it, not executed again); plus, per seed, the
-# pretrained models alone (`pre-s<seed>`: one iteration whose update takes no step, so its
-# evaluation and RM accuracy are those of the warm start). Then the tables: per setting with
-# bootstrap 95% intervals over the seeds and the settings paired per seed
+# pretrained models alone (`pre-s<seed>`: a branch of the full loop's iteration 0 whose
+# update takes no step, so its evaluation and RM accuracy are those of the warm start). Then
+# the tables: per setting with bootstrap 95% intervals over the seeds and the settings paired
+# per seed
 # (pipelines/sql/ablation.sql → benches/ablation.py), the per-iteration curves, the reports (all
 # runs; seed 0 of each setting, also as SVG figures), and the fingerprint of the first
 # iteration (pipelines/sql/ablation_fingerprint.sql → REPORT_DIR/fingerprint.csv, with the
@@ -16,6 +17,9 @@
 # Also the learning curve (pipelines/sql/learning_curve.sql → benches/learning_curve.py): per
 # setting and iteration held-out and OOD success with intervals over the seeds, after the warm
 # start first, and the RL gain (last iteration minus the warm start, paired per seed).
+#
+# Also the learning curve's figure (REPORT_DIR/learning_curve.svg: held-out success per
+# iteration and setting, with the intervals as a band).
 #
 #   [SEEDS=5] [ABL_SEEDS=SEEDS] [SETS="k=v ..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
@@ -48,7 +52,8 @@ rla_bin
 # store) — skip the seeds DIR already holds, and compute the tables from DIR. DIR can be
 # committed, so a grid longer than one machine's lifetime goes on elsewhere: a seed is the unit
 # (its settings branch from its full loop and must finish on one machine).
-# DIR/provenance.csv says which commit, binary and CPU made each run.
+# DIR/provenance.csv says which commit and CPU made each run. Every kept run of a setting must
+# be the same loop but for the seed (its resolved config, checked before a seed is kept).
 keep=${KEEP:-}
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates Cargo.lock || echo '+changes')
@@ -63,8 +68,38 @@ seed_kept() {
     finished "$keep" "abl-$setting-s$seed" "$iters" || return 1
   done
 }
+# `same_loop RUN`: RUN's resolved config equals that of every run of its setting in $keep
+# but for the seed (and the run's name): a grid is one loop over seeds. Commits may differ
+# between seeds (provenance.csv), as CPUs do: the kernels round differently; the loop must not.
+same_loop() {
+  local setting=${1%-s*}
+  for other in "$keep"/"$setting"-s*/run.json; do
+    [ -f "$other" ] || continue
+    python3 - "$store/$1/run.json" "$other" <<'PY' || return 1
+import json, sys
+def loop(path):
+    c = json.load(open(path))["config"]
+    c["run"] = {k: v for k, v in c["run"].items() if k not in ("seed", "name", "store", "iterations")}
+    return c
+a, b = loop(sys.argv[1]), loop(sys.argv[2])
+diffs = [f"{s}.{k}: {b.get(s, {}).get(k)!r} kept, {a.get(s, {}).get(k)!r} now"
+         for s in sorted(set(a) | set(b)) for k in sorted(set(a.get(s, {})) | set(b.get(s, {})))
+         if a.get(s, {}).get(k) != b.get(s, {}).get(k)]
+if diffs:
+    print(f"error: {sys.argv[1]} is not the loop of the kept {sys.argv[2]} (other than the seed):", file=sys.stderr)
+    print("\n".join("  " + d for d in diffs), file=sys.stderr)
+    sys.exit(1)
+PY
+  done
+}
 # `keep_runs RUN...`: copy the runs' tables and manifests from the store into $keep.
 keep_runs() {
+  for r in "$@"; do
+    same_loop "$r" || {
+      echo "error: not kept: seed $seed's runs would mix two loops in $keep (move it away to start over)" >&2
+      exit 1
+    }
+  done
   mkdir -p "$keep"
   [ -f "$keep/provenance.csv" ] || echo "run_id,commit,cpu,kept" >"$keep/provenance.csv"
   for r in "$@"; do
@@ -91,9 +126,6 @@ for ((seed = 0; seed < seeds; seed++)); do
     echo "== seed $seed: kept in $keep ($(grep "^abl-rmadapt-s$seed," "$keep/provenance.csv" | cut -d, -f2-3))" >&2
     continue
   fi
-  echo "== pre-s$seed" >&2
-  "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
-    --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
   for setting in "${settings[@]}"; do
     case "$setting" in
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
@@ -118,6 +150,19 @@ for ((seed = 0; seed < seeds; seed++)); do
         "${sets[@]}"
     fi
   done
+  # The warm start alone: a branch of the full loop at iteration 0 whose update takes no step
+  # (the pool, rollout and RM scoring shared; the warm start reads the update's settings, so
+  # it runs again, to the same bits; the evaluation is the warm-started models'). A `pre-s<seed>`
+  # an earlier version of this script ran on its own is resumed.
+  echo "== pre-s$seed" >&2
+  if "$bin" show --store "$store" "pre-s$seed" >/dev/null 2>&1 \
+    && ! "$bin" show --store "$store" "pre-s$seed" 2>/dev/null | grep -q "branch of"; then
+    "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
+      --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
+  else
+    "$bin" replay --store "$store" --run "abl-rmadapt-s$seed" --from 0 --into "pre-s$seed" \
+      --iterations 1 --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
+  fi
   if [ -n "$keep" ]; then
     kept=("pre-s$seed")
     for setting in "${settings[@]}"; do kept+=("abl-$setting-s$seed"); done

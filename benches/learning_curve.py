@@ -162,7 +162,7 @@ def main():
                  if num(seeds[s][last][k]) is not None and num(warm[s][k]) is not None]
             cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
         print(f"| {name} | {len(common)} | " + " | ".join(cells) + " |")
-    if out_svg:
+    if out_svg and any(curves.values()):
         n = max(seeds_of.values(), default=0)
         with open(out_svg, "w") as f:
             f.write(svg(curves, seeds_of, f"Learning curve: held-out success, {n} seeds"))
