@@ -52,7 +52,8 @@ rla_bin
 # store) — skip the seeds DIR already holds, and compute the tables from DIR. DIR can be
 # committed, so a grid longer than one machine's lifetime goes on elsewhere: a seed is the unit
 # (its settings branch from its full loop and must finish on one machine).
-# DIR/provenance.csv says which commit and CPU made each run. Every kept run of a setting must
+# DIR/provenance.csv says which commit and CPU made each run (the checkout's commit: an
+# RLA_PIPE_BIN given with KEEP must be built from this checkout). Every kept run of a setting must
 # be the same loop but for the seed (its resolved config, checked before a seed is kept).
 keep=${KEEP:-}
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
