@@ -172,7 +172,7 @@ mod tests {
             // Every kernel this CPU has (AMX and AVX512-BF16 on a Xeon with both), each
             // against the reference and against each other.
             let mut products = Vec::new();
-            for kernel in rla_amx::supported() {
+            for &kernel in rla_amx::supported() {
                 let got = p.matmul_on(kernel, &rla_amx::Rounded::new(&x, m, k));
                 for (g, r) in got.iter().zip(&reference) {
                     assert!(

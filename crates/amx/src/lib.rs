@@ -43,33 +43,35 @@ impl Kernel {
     }
 }
 
-/// The bf16 kernel of this CPU, if it has one (asked once): AMX where the CPU has it and the
-/// kernel lets this process use the tiles, else AVX512-BF16. `RLA_AMX_KERNEL=avx512` picks
-/// AVX512-BF16 on a CPU that has both (to compare them).
+/// The bf16 kernel of this CPU, if it has one: AMX where the CPU has it and the kernel lets
+/// this process use the tiles, else AVX512-BF16. `RLA_AMX_KERNEL=avx512` picks AVX512-BF16 on
+/// a CPU that has both (to compare them).
 pub fn kernel() -> Option<Kernel> {
     static K: OnceLock<Option<Kernel>> = OnceLock::new();
     *K.get_or_init(|| {
         let want_avx = std::env::var("RLA_AMX_KERNEL").is_ok_and(|v| v == "avx512");
-        if !want_avx && amx() {
-            return Some(Kernel::Amx);
+        let all = supported();
+        match want_avx {
+            true => all.iter().copied().find(|k| *k == Kernel::Avx512Bf16),
+            false => all.first().copied(),
         }
-        if avx512_bf16() {
-            return Some(Kernel::Avx512Bf16);
-        }
-        None
     })
 }
 
-/// Every bf16 kernel this CPU can run (tests compare them where a CPU has both).
-pub fn supported() -> Vec<Kernel> {
-    let mut all = Vec::new();
-    if amx() {
-        all.push(Kernel::Amx);
-    }
-    if avx512_bf16() {
-        all.push(Kernel::Avx512Bf16);
-    }
-    all
+/// Every bf16 kernel this CPU can run, AMX first (asked once: the tiles' permission is a
+/// system call; tests compare the kernels where a CPU has both).
+pub fn supported() -> &'static [Kernel] {
+    static ALL: OnceLock<Vec<Kernel>> = OnceLock::new();
+    ALL.get_or_init(|| {
+        let mut all = Vec::new();
+        if amx() {
+            all.push(Kernel::Amx);
+        }
+        if avx512_bf16() {
+            all.push(Kernel::Avx512Bf16);
+        }
+        all
+    })
 }
 
 /// Whether this CPU has a bf16 product kernel ([`kernel`]).
