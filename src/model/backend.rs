@@ -23,6 +23,29 @@ pub type Gpu = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
 
+/// `x` through the function of its backend: `train` on the CPU training backend, `plain` on the
+/// CPU backend, `other` on any other (the fused CPU operations of `model::hf`: the frozen
+/// base's products, the masked softmax, the heads' move).
+pub fn on_cpu<B: burn::tensor::backend::Backend, const D: usize>(
+    x: burn::tensor::Tensor<B, D>,
+    train: impl FnOnce(burn::tensor::Tensor<CpuTrain, D>) -> burn::tensor::Tensor<CpuTrain, D>,
+    plain: impl FnOnce(burn::tensor::Tensor<Cpu, D>) -> burn::tensor::Tensor<Cpu, D>,
+    other: impl FnOnce(burn::tensor::Tensor<B, D>) -> burn::tensor::Tensor<B, D>,
+) -> burn::tensor::Tensor<B, D> {
+    use burn::tensor::Tensor;
+    use std::any::Any;
+    let x: Box<dyn Any> = Box::new(x);
+    let y: Box<dyn Any> = match x.downcast::<Tensor<CpuTrain, D>>() {
+        Ok(x) => Box::new(train(*x)),
+        Err(x) => match x.downcast::<Tensor<Cpu, D>>() {
+            Ok(x) => Box::new(plain(*x)),
+            Err(x) => Box::new(other(*x.downcast::<Tensor<B, D>>().expect("a tensor of B"))),
+        },
+    };
+    *y.downcast::<Tensor<B, D>>()
+        .expect("the result has the input's backend")
+}
+
 /// Whether `B` computes on the GPU (burn-cuda, with or without autodiff: both use its device).
 pub fn is_cuda<B: burn::tensor::backend::Backend>() -> bool {
     #[cfg(feature = "cuda")]

@@ -10,7 +10,6 @@
 //! where the update's snapshot pass runs: both call the same kernel, so the snapshot's
 //! log-probabilities equal the first step's to the bit and PPO's ratio still starts at 1.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -21,7 +20,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
 use crate::model::amx;
-use crate::model::backend::{Cpu, CpuTrain};
+use crate::model::backend::{Cpu, CpuTrain, on_cpu};
 
 /// One frozen matrix `[k, n]`, packed both ways.
 #[derive(Debug)]
@@ -86,16 +85,12 @@ fn tracked(x: Tensor<CpuTrain, 2>, w: &Arc<Frozen>) -> Tensor<CpuTrain, 2> {
 /// the CPU backend. Other backends have no AMX path (refused where the key is read:
 /// [`crate::model::ModelSpec::trainable_model`]).
 pub fn frozen_matmul<B: Backend>(x: Tensor<B, 2>, w: &Arc<Frozen>) -> Tensor<B, 2> {
-    let x: Box<dyn Any> = Box::new(x);
-    let y: Box<dyn Any> = match x.downcast::<Tensor<CpuTrain, 2>>() {
-        Ok(x) => Box::new(tracked(*x, w)),
-        Err(x) => match x.downcast::<Tensor<Cpu, 2>>() {
-            Ok(x) => Box::new(product(*x, &w.w)),
-            Err(_) => panic!("bf16 training products run on the CPU backends only"),
-        },
-    };
-    *y.downcast::<Tensor<B, 2>>()
-        .expect("the product has its input's backend")
+    on_cpu(
+        x,
+        |x| tracked(x, w),
+        |x| product(x, &w.w),
+        |_| panic!("bf16 training products run on the CPU backends only"),
+    )
 }
 
 #[cfg(test)]

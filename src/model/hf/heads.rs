@@ -5,8 +5,6 @@
 //! backend (the gradient moves back the same way); the values are the input's, bit for bit, so
 //! every result is what `swap_dims(1, 2)` gives. Other backends (GPU) keep `swap_dims`.
 
-use std::any::Any;
-
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
@@ -15,7 +13,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::model::amx;
-use crate::model::backend::{Cpu, CpuTrain};
+use crate::model::backend::{Cpu, CpuTrain, on_cpu};
 
 /// `[b, a, c, d]` → `[b, c, a, d]`, contiguous, on the CPU backend.
 fn swap(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
@@ -40,37 +38,25 @@ impl Backward<Cpu, 1> for SwapMiddle {
     }
 }
 
+/// The swap on the CPU training backend: the values moved, the gradient moved back.
+fn tracked(x: Tensor<CpuTrain, 4>) -> Tensor<CpuTrain, 4> {
+    let x = x.into_primitive().tensor();
+    let inner = Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
+    let y = swap(inner).into_primitive().tensor();
+    let out = match SwapMiddle
+        .prepare::<BalancedCheckpointing>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
+    };
+    Tensor::from_primitive(TensorPrimitive::Float(out))
+}
+
 /// `x [b, a, c, d]` as `[b, c, a, d]` in contiguous memory: `x.swap_dims(1, 2)`'s values.
 pub fn swap_middle<B: Backend>(x: Tensor<B, 4>) -> Tensor<B, 4> {
-    let x: Box<dyn Any> = Box::new(x);
-    let y: Box<dyn Any> = match x.downcast::<Tensor<CpuTrain, 4>>() {
-        Ok(x) => {
-            let x = x.into_primitive().tensor();
-            let inner =
-                Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
-            let y = swap(inner).into_primitive().tensor();
-            let out = match SwapMiddle
-                .prepare::<BalancedCheckpointing>([x.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            };
-            Box::new(Tensor::<CpuTrain, 4>::from_primitive(
-                TensorPrimitive::Float(out),
-            ))
-        }
-        Err(x) => match x.downcast::<Tensor<Cpu, 4>>() {
-            Ok(x) => Box::new(swap(*x)),
-            Err(x) => match x.downcast::<Tensor<B, 4>>() {
-                Ok(x) => Box::new(x.swap_dims(1, 2)),
-                Err(_) => unreachable!("a tensor of B"),
-            },
-        },
-    };
-    *y.downcast::<Tensor<B, 4>>()
-        .expect("the swapped tensor has the input's backend")
+    on_cpu(x, tracked, swap, |x| x.swap_dims(1, 2))
 }
 
 #[cfg(test)]

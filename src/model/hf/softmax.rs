@@ -6,7 +6,6 @@
 //! operation of its own on the CPU training backend, and the snapshot pass (no autodiff) calls
 //! the same forward, so both compute the same bits.
 
-use std::any::Any;
 use std::sync::Arc;
 
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -17,7 +16,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::model::amx;
-use crate::model::backend::{Cpu, CpuTrain};
+use crate::model::backend::{Cpu, CpuTrain, on_cpu};
 
 /// A tensor's values as f32.
 fn values<const D: usize>(x: Tensor<Cpu, D>) -> Vec<f32> {
@@ -72,34 +71,30 @@ pub fn masked_softmax<B: Backend>(
     t: usize,
     scale: f32,
 ) -> Tensor<B, 4> {
-    let x: Box<dyn Any> = Box::new(scores);
-    let y: Box<dyn Any> = match x.downcast::<Tensor<CpuTrain, 4>>() {
-        Ok(x) => {
-            let keys = x.dims()[3];
-            let x = x.into_primitive().tensor();
-            let inner =
-                Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
-            let (y, w) = forward(inner, mask, t, scale);
-            let y = y.into_primitive().tensor();
-            let out = match MaskedSoftmax
-                .prepare::<BalancedCheckpointing>([x.node.clone()])
-                .compute_bound()
-                .stateful()
-            {
-                OpsKind::Tracked(prep) => prep.finish((Arc::new(w), keys, scale), y),
-                OpsKind::UnTracked(prep) => prep.finish(y),
-            };
-            Box::new(Tensor::<CpuTrain, 4>::from_primitive(
-                TensorPrimitive::Float(out),
-            ))
-        }
-        Err(x) => match x.downcast::<Tensor<Cpu, 4>>() {
-            Ok(x) => Box::new(forward(*x, mask, t, scale).0),
-            Err(_) => panic!("the fused masked softmax runs on the CPU backends only"),
-        },
+    on_cpu(
+        scores,
+        |x| tracked(x, mask, t, scale),
+        |x| forward(x, mask, t, scale).0,
+        |_| panic!("the fused masked softmax runs on the CPU backends only"),
+    )
+}
+
+/// The weights on the CPU training backend: the forward, its backward from the weights kept.
+fn tracked(x: Tensor<CpuTrain, 4>, mask: &[u8], t: usize, scale: f32) -> Tensor<CpuTrain, 4> {
+    let keys = x.dims()[3];
+    let x = x.into_primitive().tensor();
+    let inner = Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
+    let (y, w) = forward(inner, mask, t, scale);
+    let y = y.into_primitive().tensor();
+    let out = match MaskedSoftmax
+        .prepare::<BalancedCheckpointing>([x.node.clone()])
+        .compute_bound()
+        .stateful()
+    {
+        OpsKind::Tracked(prep) => prep.finish((Arc::new(w), keys, scale), y),
+        OpsKind::UnTracked(prep) => prep.finish(y),
     };
-    *y.downcast::<Tensor<B, 4>>()
-        .expect("the weights have the scores' backend")
+    Tensor::from_primitive(TensorPrimitive::Float(out))
 }
 
 #[cfg(test)]
