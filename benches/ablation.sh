@@ -21,7 +21,7 @@
 # Also the learning curve's figure (REPORT_DIR/learning_curve.svg: held-out success per
 # iteration and setting, with the intervals as a band).
 #
-#   [SEEDS=5] [ABL_SEEDS=SEEDS] [SETS="k=v ..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 # ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
@@ -56,6 +56,10 @@ rla_bin
 # RLA_PIPE_BIN given with KEEP must be built from this checkout). Every kept run of a setting must
 # be the same loop but for the seed (its resolved config, checked before a seed is kept).
 keep=${KEEP:-}
+# ONLY_SEEDS="1 3": run only these of the grid's seeds now (e.g. a full-loop-only seed that
+# fits what is left of a machine's lifetime before a seed of three settings that does not);
+# the tables still cover every seed KEEP holds.
+only=" ${ONLY_SEEDS:-} "
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
 commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates Cargo.lock || echo '+changes')
 # `finished DIR RUN ITERS`: RUN's last iteration committed in DIR.
@@ -127,6 +131,10 @@ for ((seed = 0; seed < seeds; seed++)); do
     echo "== seed $seed: kept in $keep ($(grep "^abl-rmadapt-s$seed," "$keep/provenance.csv" | cut -d, -f2-3))" >&2
     continue
   fi
+  if [ -n "${ONLY_SEEDS:-}" ] && [[ "$only" != *" $seed "* ]]; then
+    echo "== seed $seed: not run now (ONLY_SEEDS=\"$ONLY_SEEDS\")" >&2
+    continue
+  fi
   for setting in "${settings[@]}"; do
     case "$setting" in
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
@@ -188,7 +196,8 @@ mkdir -p "$out"
 python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
 if [ -n "$keep" ]; then
-  echo "measured with $iters iterations and $seeds seeds; each run's commit and CPU: $keep/provenance.csv" >"$out/measured.txt"
+  held=$(cd "$keep" && for r in abl-*-s*; do [ -d "$r" ] && echo "$r"; done | tr '\n' ' ')
+  echo "measured with $iters iterations; the runs kept: ${held% }; each run's commit and CPU: $keep/provenance.csv" >"$out/measured.txt"
 else
   echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
 fi
