@@ -200,6 +200,29 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
             "{entropy} vs {sampled}"
         );
     }
+    // What the RM's update teaches it: the included samples by outcome add up, and the share
+    // pushing "good" equals the same count made from the samples' scores and advantages.
+    let signal = diagnostics(crate::RM_SIGNAL);
+    assert_eq!(signal.len(), 3, "{signal:?}");
+    for (i, row) in signal.iter().enumerate() {
+        let one = |q: &str| -> f64 { at(q, i).parse().unwrap() };
+        let num = |name: &str| -> f64 { row[name].parse().unwrap() };
+        let included = one("SELECT count(*) FROM rm_advantages WHERE iter = {i} AND included");
+        assert_eq!(num("samples"), included, "{row:?}");
+        assert_eq!(num("from_won") + num("from_lost"), included, "{row:?}");
+        let good = one(
+            "SELECT count(*) FROM rm_advantages WHERE iter = {i} AND included AND score <> 0 \
+             AND ((advantage > 0 AND score = 1) OR (advantage < 0 AND score = -1))",
+        );
+        let verdicts =
+            one("SELECT count(*) FROM rm_advantages WHERE iter = {i} AND included AND score <> 0");
+        assert!(
+            (num("push_good") - good / verdicts).abs() <= 5e-4,
+            "{row:?}: {good}/{verdicts}"
+        );
+        let agrees: f64 = num("push_agrees_oracle");
+        assert!((0.0..=1.0).contains(&agrees), "{row:?}");
+    }
     // The loop diagnostics: one row per iteration; the repeat share (A, B, A) equals the same
     // count made with a self-join instead of window functions.
     let loops = diagnostics(crate::STEP_LOOPS);

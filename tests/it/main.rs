@@ -37,6 +37,9 @@ pub const LEARNING_SIGNAL: &str = concat!(
     "/pipelines/sql/learning_signal.sql"
 );
 
+/// What the reward model's update teaches it (one row per run and iteration).
+pub const RM_SIGNAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/rm_signal.sql");
+
 /// The loop diagnostics (one row per run and iteration).
 pub const STEP_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/step_loops.sql");
 pub const EVAL_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/eval_loops.sql");
