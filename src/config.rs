@@ -227,6 +227,33 @@ impl AdvantageMode {
     }
 }
 
+/// How the reward model's included samples are weighted in its update.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RmBalance {
+    /// As the reference: every included sample counts the same.
+    #[default]
+    None,
+    /// Won and lost trajectories' samples carry equal total weight (each sample's advantage
+    /// times N / (2 · N_O)); not in the reference (docs/src/rm-question.md).
+    Outcome,
+}
+
+impl RmBalance {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RmBalance::None => "none",
+            RmBalance::Outcome => "outcome",
+        }
+    }
+
+    /// The reference's choice, which a config does not write: runs made before the key existed
+    /// keep their resolved config and their stages' config hashes.
+    pub fn is_none(&self) -> bool {
+        *self == RmBalance::None
+    }
+}
+
 /// `[reward]`: reward integration, advantages, filters and the PPO clip.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -242,6 +269,10 @@ pub struct RewardConfig {
     /// Only tasks with rm_acc_min ≤ acc ≤ rm_acc_max train the RM.
     pub rm_acc_min: f64,
     pub rm_acc_max: f64,
+    /// `none` (the reference) or `outcome`: the RM update's samples of won and lost
+    /// trajectories weighted to equal totals. Not written when `none` (see [`RmBalance::is_none`]).
+    #[serde(skip_serializing_if = "RmBalance::is_none")]
+    pub rm_balance: RmBalance,
     /// Consistency reward of an unparsable verdict.
     pub unparsable_reward: f64,
     /// PPO clip ε.
@@ -259,6 +290,7 @@ impl Default for RewardConfig {
             policy_acc_max: 0.875,
             rm_acc_min: 0.2,
             rm_acc_max: 0.8,
+            rm_balance: RmBalance::None,
             unparsable_reward: -2.0,
             clip_eps: 0.2,
             kl_beta: 0.01,
@@ -715,6 +747,26 @@ mod tests {
                 "template lacks {key}"
             );
         }
+    }
+
+    /// `reward.rm_balance` at its default (the reference's) is not written: a run made before
+    /// the key existed keeps its config hash, so its stages still resume and branches share;
+    /// `outcome` is written, survives a branch's round trip, and changes the hash.
+    #[test]
+    fn rm_balance_at_its_default_keeps_the_config_hash() {
+        let c = Config::from_toml(MIN, "t.toml").unwrap();
+        assert!(!c.hashed_keys().contains_key("reward.rm_balance"));
+        let b = c
+            .with_sets("t", &["reward.rm_balance=\"outcome\"".into()])
+            .unwrap();
+        assert_eq!(b.reward.rm_balance, RmBalance::Outcome);
+        assert_eq!(
+            b.hashed_keys().get("reward.rm_balance").map(String::as_str),
+            Some("\"outcome\"")
+        );
+        assert_ne!(b.section_hash(&["reward"]), c.section_hash(&["reward"]));
+        let again = b.with_sets("t", &[]).unwrap();
+        assert_eq!(again.reward.rm_balance, RmBalance::Outcome);
     }
 
     #[test]

@@ -8,6 +8,8 @@ use crate::stage::{Stage, StageContext, StageRun, TableOutput};
 
 const POLICY_SQL: &str = include_str!("policy_advantages.sql");
 const RM_SQL: &str = include_str!("rm_advantages.sql");
+/// `reward.rm_balance = "outcome"`: the tail of [`RM_SQL`] that weights the included samples.
+const RM_OUTCOME_SQL: &str = include_str!("rm_advantages_outcome.sql");
 const TRAINED_SQL: &str = include_str!("advantage_trained.sql");
 
 /// Groups whose standard deviation is at most this are "zero variance".
@@ -77,6 +79,15 @@ impl Stage for Advantage {
                     ("acc_min", f64_lit(r.rm_acc_min)),
                     ("acc_max", f64_lit(r.rm_acc_max)),
                     ("trained", TRAINED_SQL.to_string()),
+                    (
+                        "balance",
+                        match r.rm_balance {
+                            crate::config::RmBalance::None => {
+                                "SELECT * FROM standardized".to_string()
+                            }
+                            crate::config::RmBalance::Outcome => format!(",\n{RM_OUTCOME_SQL}"),
+                        },
+                    ),
                 ],
             )?;
             Ok(vec![
@@ -125,6 +136,45 @@ mod tests {
         );
     }
 
+    /// `step_rewards` rows (task, traj, step, outcome, R, verdict counts [+1, −1, unparsable]).
+    type StepRow<'a> = (&'a str, &'a str, u32, i8, f64, [u32; 3]);
+
+    fn register_steps(c: &crate::stage::StageContext, rows: &[StepRow]) {
+        let count = |k: usize| u(&rows.iter().map(|r| r.5[k]).collect::<Vec<_>>());
+        register(
+            c,
+            "step_rewards",
+            vec![
+                s(&rows.iter().map(|r| r.0).collect::<Vec<_>>()),
+                s(&rows.iter().map(|r| r.1).collect::<Vec<_>>()),
+                u(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
+                i8s(&rows.iter().map(|r| r.3).collect::<Vec<_>>()),
+                Arc::new(Float64Array::from(vec![None; rows.len()])),
+                u(&rows.iter().map(|r| r.5.iter().sum()).collect::<Vec<_>>()),
+                count(0),
+                count(1),
+                count(2),
+                f(&rows.iter().map(|r| r.4).collect::<Vec<_>>()),
+            ],
+        );
+    }
+
+    /// `rm_samples` of step 0 (task, traj, sample, verdict).
+    fn register_samples(c: &crate::stage::StageContext, samples: &[(&str, &str, u32, i8)]) {
+        register(
+            c,
+            "rm_samples",
+            vec![
+                s(&samples.iter().map(|r| r.0).collect::<Vec<_>>()),
+                s(&samples.iter().map(|r| r.1).collect::<Vec<_>>()),
+                u(&vec![0; samples.len()]),
+                u(&samples.iter().map(|r| r.2).collect::<Vec<_>>()),
+                s(&vec!["r"; samples.len()]),
+                i8s(&samples.iter().map(|r| r.3).collect::<Vec<_>>()),
+            ],
+        );
+    }
+
     /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
     /// step_rewards as in the comments; rm_samples for the RM golden table.
     fn golden_ctx(sets: &[&str]) -> crate::stage::StageContext {
@@ -146,7 +196,7 @@ mod tests {
         // A step 1: only A-0 (group of one); A step 2: A-0, A-1 both 1.0 (zero variance);
         // B step 0: 1.0, 1.5. Then the step's verdict counts (+1, −1, unparsable) of the
         // rm_samples below.
-        let rows: &[(&str, &str, u32, i8, f64, [u32; 3])] = &[
+        let rows: &[StepRow] = &[
             ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
             ("A", "A-0", 1, 1, 1.0, [0, 0, 0]),
             ("A", "A-0", 2, 1, 1.0, [0, 0, 0]),
@@ -157,23 +207,7 @@ mod tests {
             ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
             ("B", "B-1", 0, 1, 1.5, [0, 0, 0]),
         ];
-        let count = |k: usize| u(&rows.iter().map(|r| r.5[k]).collect::<Vec<_>>());
-        register(
-            &c,
-            "step_rewards",
-            vec![
-                s(&rows.iter().map(|r| r.0).collect::<Vec<_>>()),
-                s(&rows.iter().map(|r| r.1).collect::<Vec<_>>()),
-                u(&rows.iter().map(|r| r.2).collect::<Vec<_>>()),
-                i8s(&rows.iter().map(|r| r.3).collect::<Vec<_>>()),
-                Arc::new(Float64Array::from(vec![None; rows.len()])),
-                u(&rows.iter().map(|r| r.5.iter().sum()).collect::<Vec<_>>()),
-                count(0),
-                count(1),
-                count(2),
-                f(&rows.iter().map(|r| r.4).collect::<Vec<_>>()),
-            ],
-        );
+        register_steps(&c, rows);
         // rm_samples: A-0/0 (R 1.5): +1 +1 -1; A-1/0 (R 1.0): +1 0 -1; A-2/0 (R -1): -1 -1 -1;
         // B-0/0 (R 1.0): +1 -1 +1.
         let samples: &[(&str, &str, u32, i8)] = &[
@@ -190,18 +224,7 @@ mod tests {
             ("B", "B-0", 1, -1),
             ("B", "B-0", 2, 1),
         ];
-        register(
-            &c,
-            "rm_samples",
-            vec![
-                s(&samples.iter().map(|r| r.0).collect::<Vec<_>>()),
-                s(&samples.iter().map(|r| r.1).collect::<Vec<_>>()),
-                u(&vec![0; samples.len()]),
-                u(&samples.iter().map(|r| r.2).collect::<Vec<_>>()),
-                s(&vec!["r"; samples.len()]),
-                i8s(&samples.iter().map(|r| r.3).collect::<Vec<_>>()),
-            ],
-        );
+        register_samples(&c, samples);
         c
     }
 
@@ -329,6 +352,79 @@ mod tests {
                 true, true, true, true, true, true, false, false, false, false, false, false
             ]
         );
+    }
+
+    /// `reward.rm_balance = "outcome"`: A-2/0 (a lost trajectory, R = −1) given mixed verdicts
+    /// −1 +1 −1 (R_S = 1, −1, 1: mean 1/3, pop std √8/3, every advantage nonzero), so 6 included
+    /// samples come from won trajectories (A-0/0, A-1/0) and 3 from a lost one: the won ones'
+    /// advantages × 9/12 = 0.75, the lost ones' × 9/6 = 1.5; rows not included keep theirs.
+    /// With one outcome only (the golden inputs: A-2/0 all −1, zero variance) nothing changes.
+    #[tokio::test]
+    async fn rm_balance_outcome_weights_won_and_lost_equally() {
+        let mixed = |sets: &[&str]| {
+            let c = golden_ctx(sets);
+            let rows: &[StepRow] = &[
+                ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
+                ("A", "A-1", 0, 1, 1.0, [1, 1, 1]),
+                ("A", "A-2", 0, -1, -1.0, [1, 2, 0]),
+                ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
+            ];
+            register_steps(&c, rows);
+            let samples: &[(&str, &str, u32, i8)] = &[
+                ("A", "A-0", 0, 1),
+                ("A", "A-0", 1, 1),
+                ("A", "A-0", 2, -1),
+                ("A", "A-1", 0, 1),
+                ("A", "A-1", 1, 0),
+                ("A", "A-1", 2, -1),
+                ("A", "A-2", 0, -1),
+                ("A", "A-2", 1, 1),
+                ("A", "A-2", 2, -1),
+                ("B", "B-0", 0, 1),
+                ("B", "B-0", 1, -1),
+                ("B", "B-0", 2, 1),
+            ];
+            register_samples(&c, samples);
+            c
+        };
+        let plain = output(&ADV, &mixed(&[]), "rm_advantages").await;
+        let balanced = output(
+            &ADV,
+            &mixed(&["reward.rm_balance=\"outcome\""]),
+            "rm_advantages",
+        )
+        .await;
+        let inc = bools(&plain, "included");
+        assert_eq!(inc, bools(&balanced, "included"));
+        assert_eq!(inc.iter().filter(|x| **x).count(), 9, "{inc:?}");
+        let (p, b) = (floats(&plain, "advantage"), floats(&balanced, "advantage"));
+        let s8 = 8f64.sqrt() / 3.0;
+        let lost = [
+            (1.0 - 1.0 / 3.0) / s8,
+            (-1.0 - 1.0 / 3.0) / s8,
+            (1.0 - 1.0 / 3.0) / s8,
+        ];
+        for (k, w) in lost.iter().enumerate() {
+            assert!((p[6 + k] - w).abs() < 1e-9, "{p:?}");
+        }
+        let weights = [
+            0.75, 0.75, 0.75, 0.75, 0.75, 0.75, 1.5, 1.5, 1.5, 1.0, 1.0, 1.0,
+        ];
+        for i in 0..p.len() {
+            assert!(
+                (b[i] - p[i] * weights[i]).abs() < 1e-12,
+                "row {i}: {b:?} vs {p:?}"
+            );
+        }
+        // One outcome among the included samples: the weights are all 1.
+        let golden = output(&ADV, &golden_ctx(&[]), "rm_advantages").await;
+        let one = output(
+            &ADV,
+            &golden_ctx(&["reward.rm_balance=\"outcome\""]),
+            "rm_advantages",
+        )
+        .await;
+        assert_eq!(floats(&golden, "advantage"), floats(&one, "advantage"));
     }
 
     /// Judge before training: task A is a pending candidate. Rejected, none of its rows is

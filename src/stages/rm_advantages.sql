@@ -49,16 +49,22 @@ scored AS (
     FROM stats g
     JOIN rm_samples s
       ON s.traj_id = g.traj_id AND s.step_idx = g.step_idx
+),
+standardized AS (
+    SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_reward,
+           rm_count AS group_size,
+           std AS group_std,
+           task_acc,
+           advantage,
+           (trained AND std > ${min_std} AND task_acc >= ${acc_min} AND task_acc <= ${acc_max}
+            AND (${mode} = 'verl' OR advantage <> 0)) AS included
+    FROM (
+        SELECT *,
+               CASE WHEN std <= ${min_std} THEN CAST(0 AS DOUBLE) ELSE (consistency_reward - mean) / std END AS advantage
+        FROM scored
+    ) s
 )
-SELECT run_id, iter, task_id, traj_id, step_idx, sample_idx, score, consistency_reward,
-       rm_count AS group_size,
-       std AS group_std,
-       task_acc,
-       advantage,
-       (trained AND std > ${min_std} AND task_acc >= ${acc_min} AND task_acc <= ${acc_max}
-        AND (${mode} = 'verl' OR advantage <> 0)) AS included
-FROM (
-    SELECT *,
-           CASE WHEN std <= ${min_std} THEN CAST(0 AS DOUBLE) ELSE (consistency_reward - mean) / std END AS advantage
-    FROM scored
-) s
+-- reward.rm_balance: "none" (the reference) takes the rows as they are; "outcome" weights the
+-- included samples so that won and lost trajectories carry equal weight in the update
+-- (rm_advantages_outcome.sql).
+${balance}

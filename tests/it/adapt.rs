@@ -220,6 +220,15 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
             (num("push_good") - good / verdicts).abs() <= 5e-4,
             "{row:?}: {good}/{verdicts}"
         );
+        let weighted = one(
+            "SELECT sum(CASE WHEN (advantage > 0 AND score = 1) OR (advantage < 0 AND score = -1) \
+             THEN abs(advantage) ELSE 0.0 END) / sum(abs(advantage)) FROM rm_advantages \
+             WHERE iter = {i} AND included AND score <> 0",
+        );
+        assert!(
+            (num("push_good_weighted") - weighted).abs() <= 5e-4,
+            "{row:?}: {weighted}"
+        );
         let agrees: f64 = num("push_agrees_oracle");
         assert!((0.0..=1.0).contains(&agrees), "{row:?}");
     }
