@@ -175,6 +175,39 @@ mod tests {
         );
     }
 
+    /// The golden `step_rewards` (task, traj, step, R): A step 0: 1.5, 1.0, -1.0, -0.5 (mean
+    /// 0.25, pop var 1.0625); A step 1: only A-0 (group of one); A step 2: both 1.0
+    /// (zero variance); B step 0: 1.0, 1.5. Then the step's verdict counts (+1, −1,
+    /// unparsable) of [`GOLDEN_SAMPLES`].
+    const GOLDEN_STEPS: &[StepRow] = &[
+        ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
+        ("A", "A-0", 1, 1, 1.0, [0, 0, 0]),
+        ("A", "A-0", 2, 1, 1.0, [0, 0, 0]),
+        ("A", "A-1", 0, 1, 1.0, [1, 1, 1]),
+        ("A", "A-1", 2, 1, 1.0, [0, 0, 0]),
+        ("A", "A-2", 0, -1, -1.0, [0, 3, 0]),
+        ("A", "A-3", 0, -1, -0.5, [0, 0, 0]),
+        ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
+        ("B", "B-1", 0, 1, 1.5, [0, 0, 0]),
+    ];
+
+    /// The golden `rm_samples`: A-0/0 (R 1.5): +1 +1 -1; A-1/0 (R 1.0): +1 0 -1; A-2/0 (R -1):
+    /// -1 -1 -1; B-0/0 (R 1.0): +1 -1 +1.
+    const GOLDEN_SAMPLES: &[(&str, &str, u32, i8)] = &[
+        ("A", "A-0", 0, 1),
+        ("A", "A-0", 1, 1),
+        ("A", "A-0", 2, -1),
+        ("A", "A-1", 0, 1),
+        ("A", "A-1", 1, 0),
+        ("A", "A-1", 2, -1),
+        ("A", "A-2", 0, -1),
+        ("A", "A-2", 1, -1),
+        ("A", "A-2", 2, -1),
+        ("B", "B-0", 0, 1),
+        ("B", "B-0", 1, -1),
+        ("B", "B-0", 2, 1),
+    ];
+
     /// Inputs: task A (acc 0.5) with 4 trajectories; task B (acc 1.0, outside both filters).
     /// step_rewards as in the comments; rm_samples for the RM golden table.
     fn golden_ctx(sets: &[&str]) -> crate::stage::StageContext {
@@ -192,39 +225,8 @@ mod tests {
                 u(&[3, 3, 1, 1, 1, 1]),
             ],
         );
-        // (task, traj, step, R): A step 0: 1.5, 1.0, -1.0, -0.5 (mean 0.25, pop var 1.0625);
-        // A step 1: only A-0 (group of one); A step 2: both 1.0 (zero variance);
-        // B step 0: 1.0, 1.5. Then the step's verdict counts (+1, −1, unparsable) of the
-        // rm_samples below.
-        let rows: &[StepRow] = &[
-            ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
-            ("A", "A-0", 1, 1, 1.0, [0, 0, 0]),
-            ("A", "A-0", 2, 1, 1.0, [0, 0, 0]),
-            ("A", "A-1", 0, 1, 1.0, [1, 1, 1]),
-            ("A", "A-1", 2, 1, 1.0, [0, 0, 0]),
-            ("A", "A-2", 0, -1, -1.0, [0, 3, 0]),
-            ("A", "A-3", 0, -1, -0.5, [0, 0, 0]),
-            ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
-            ("B", "B-1", 0, 1, 1.5, [0, 0, 0]),
-        ];
-        register_steps(&c, rows);
-        // rm_samples: A-0/0 (R 1.5): +1 +1 -1; A-1/0 (R 1.0): +1 0 -1; A-2/0 (R -1): -1 -1 -1;
-        // B-0/0 (R 1.0): +1 -1 +1.
-        let samples: &[(&str, &str, u32, i8)] = &[
-            ("A", "A-0", 0, 1),
-            ("A", "A-0", 1, 1),
-            ("A", "A-0", 2, -1),
-            ("A", "A-1", 0, 1),
-            ("A", "A-1", 1, 0),
-            ("A", "A-1", 2, -1),
-            ("A", "A-2", 0, -1),
-            ("A", "A-2", 1, -1),
-            ("A", "A-2", 2, -1),
-            ("B", "B-0", 0, 1),
-            ("B", "B-0", 1, -1),
-            ("B", "B-0", 2, 1),
-        ];
-        register_samples(&c, samples);
+        register_steps(&c, GOLDEN_STEPS);
+        register_samples(&c, GOLDEN_SAMPLES);
         c
     }
 
@@ -363,28 +365,16 @@ mod tests {
     async fn rm_balance_outcome_weights_won_and_lost_equally() {
         let mixed = |sets: &[&str]| {
             let c = golden_ctx(sets);
-            let rows: &[StepRow] = &[
-                ("A", "A-0", 0, 1, 1.5, [2, 1, 0]),
-                ("A", "A-1", 0, 1, 1.0, [1, 1, 1]),
-                ("A", "A-2", 0, -1, -1.0, [1, 2, 0]),
-                ("B", "B-0", 0, 1, 1.0, [2, 1, 0]),
-            ];
-            register_steps(&c, rows);
-            let samples: &[(&str, &str, u32, i8)] = &[
-                ("A", "A-0", 0, 1),
-                ("A", "A-0", 1, 1),
-                ("A", "A-0", 2, -1),
-                ("A", "A-1", 0, 1),
-                ("A", "A-1", 1, 0),
-                ("A", "A-1", 2, -1),
-                ("A", "A-2", 0, -1),
-                ("A", "A-2", 1, 1),
-                ("A", "A-2", 2, -1),
-                ("B", "B-0", 0, 1),
-                ("B", "B-0", 1, -1),
-                ("B", "B-0", 2, 1),
-            ];
-            register_samples(&c, samples);
+            let mut rows = GOLDEN_STEPS.to_vec();
+            let mut samples = GOLDEN_SAMPLES.to_vec();
+            for r in rows.iter_mut().filter(|r| r.1 == "A-2" && r.2 == 0) {
+                r.5 = [1, 2, 0];
+            }
+            for v in samples.iter_mut().filter(|v| v.1 == "A-2" && v.2 == 1) {
+                v.3 = 1;
+            }
+            register_steps(&c, &rows);
+            register_samples(&c, &samples);
             c
         };
         let plain = output(&ADV, &mixed(&[]), "rm_advantages").await;
