@@ -8,7 +8,10 @@
 -- mean episode length of the sampled rollouts; the share of steps that repeat the action of two
 -- steps before but not the previous one (A, B, A: a loop) in the sampled rollouts, in the
 -- held-out evaluation episodes sampled and greedy (`eval_steps`; pipelines/sql/step_loops.sql
--- and eval_loops.sql have more). NULL where a run has none (pipelines/sql/learning_signal.sql has more).
+-- and eval_loops.sql have more); the share of the update's samples whose advantage's sign the
+-- reward model's verdicts decide (an outcome-pure group, or against their trajectory's outcome;
+-- `rm_decided` in pipelines/sql/learning_signal.sql). NULL where a run has none
+-- (pipelines/sql/learning_signal.sql has more).
 WITH episodes AS (
     SELECT run_id, iter, AVG(CAST(num_steps AS DOUBLE)) AS episode_length
     FROM trajectories
@@ -29,6 +32,22 @@ advantages AS (
              / CAST(NULLIF(COUNT(DISTINCT task_id), 0) AS DOUBLE) AS trained_task_share
     FROM policy_advantages
     WHERE run_id IN (${runs})
+    GROUP BY run_id, iter
+),
+decided AS (
+    SELECT run_id, iter,
+           AVG(CASE WHEN (group_won = group_size OR group_won = 0) AND group_size > 1 THEN 1.0
+                    WHEN (advantage > 0) <> (outcome > 0) THEN 1.0 ELSE 0.0 END) AS rm_decided
+    FROM (
+        SELECT p.run_id, p.iter, p.included, p.advantage, t.outcome,
+               COUNT(*) OVER w AS group_size,
+               SUM(CASE WHEN t.outcome > 0 THEN 1 ELSE 0 END) OVER w AS group_won
+        FROM policy_advantages p
+        JOIN trajectories t ON p.run_id = t.run_id AND p.iter = t.iter AND p.traj_id = t.traj_id
+        WHERE p.run_id IN (${runs})
+        WINDOW w AS (PARTITION BY p.run_id, p.iter, p.task_id, p.step_idx)
+    ) g
+    WHERE included AND advantage <> 0
     GROUP BY run_id, iter
 ),
 verdicts AS (
@@ -70,11 +89,12 @@ replies AS (
     GROUP BY run_id, iter
 )
 SELECT e.run_id, e.iter, r.mean_reward, a.advantage_std, a.trained_share, a.trained_task_share,
-       v.rm_verdict_rate, p.reply_error_rate, p.policy_entropy, e.episode_length,
+       v.rm_verdict_rate, d.rm_decided, p.reply_error_rate, p.policy_entropy, e.episode_length,
        l.repeat_share, el.eval_repeat_share, el.greedy_repeat_share
 FROM episodes e
 LEFT JOIN rewards r ON r.run_id = e.run_id AND r.iter = e.iter
 LEFT JOIN advantages a ON a.run_id = e.run_id AND a.iter = e.iter
+LEFT JOIN decided d ON d.run_id = e.run_id AND d.iter = e.iter
 LEFT JOIN verdicts v ON v.run_id = e.run_id AND v.iter = e.iter
 LEFT JOIN replies p ON p.run_id = e.run_id AND p.iter = e.iter
 LEFT JOIN rollout_loops l ON l.run_id = e.run_id AND l.iter = e.iter

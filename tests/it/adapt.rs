@@ -193,6 +193,28 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         assert!((rate - verdicts / samples).abs() <= 5e-4, "{rate}");
         let kl = num("policy_kl");
         assert!(kl >= 0.0, "the k3 estimate is never negative: {kl}");
+        // The signs the RM decides, counted with a grouped join instead of window functions.
+        let decided = count(
+            "SELECT count(*) FROM policy_advantages p \
+             JOIN trajectories t ON p.iter = t.iter AND p.traj_id = t.traj_id \
+             JOIN (SELECT p2.task_id, p2.step_idx, count(*) AS n, \
+                          sum(CASE WHEN t2.outcome > 0 THEN 1 ELSE 0 END) AS won \
+                   FROM policy_advantages p2 \
+                   JOIN trajectories t2 ON p2.iter = t2.iter AND p2.traj_id = t2.traj_id \
+                   WHERE p2.iter = {i} GROUP BY p2.task_id, p2.step_idx) g \
+               ON g.task_id = p.task_id AND g.step_idx = p.step_idx \
+             WHERE p.iter = {i} AND p.included AND p.advantage <> 0 \
+               AND ((g.n > 1 AND (g.won = 0 OR g.won = g.n)) \
+                    OR ((p.advantage > 0) <> (t.outcome > 0)))",
+        );
+        let moved = count(
+            "SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included AND advantage <> 0",
+        );
+        let rm_decided = num("rm_decided");
+        assert!(
+            (rm_decided - decided / moved).abs() <= 5e-4,
+            "{rm_decided} vs {decided}/{moved}"
+        );
         let entropy = num("policy_entropy");
         let sampled = count("SELECT avg(-action_logprob) FROM steps WHERE iter = {i}");
         assert!(

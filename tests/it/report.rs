@@ -257,7 +257,7 @@ fn report_has_every_section_and_the_right_numbers() {
             };
             let training = row(&html, "training", run, &i);
             assert_eq!(
-                training[10..12],
+                training[11..13],
                 [
                     repeats("steps", "traj_id", ""),
                     repeats(
@@ -365,10 +365,32 @@ fn report_has_every_section_and_the_right_numbers() {
         "SELECT avg(-action_logprob) FROM steps WHERE run_id = 'full' AND iter = 1",
     );
     assert!(entropy > 0.0);
+    // ... and the share of the update's samples whose sign the RM's verdicts decide (an
+    // outcome-pure group, or against their trajectory's outcome), with a grouped join.
+    let decided = num(
+        &f,
+        "SELECT avg(CASE WHEN (g.n > 1 AND (g.won = 0 OR g.won = g.n)) \
+                      OR ((p.advantage > 0) <> (t.outcome > 0)) THEN 1.0 ELSE 0.0 END) \
+         FROM policy_advantages p \
+         JOIN trajectories t ON p.run_id = t.run_id AND p.iter = t.iter AND p.traj_id = t.traj_id \
+         JOIN (SELECT p2.task_id, p2.step_idx, count(*) AS n, \
+                      sum(CASE WHEN t2.outcome > 0 THEN 1 ELSE 0 END) AS won \
+               FROM policy_advantages p2 JOIN trajectories t2 \
+                 ON p2.run_id = t2.run_id AND p2.iter = t2.iter AND p2.traj_id = t2.traj_id \
+               WHERE p2.run_id = 'full' AND p2.iter = 1 GROUP BY p2.task_id, p2.step_idx) g \
+           ON g.task_id = p.task_id AND g.step_idx = p.step_idx \
+         WHERE p.run_id = 'full' AND p.iter = 1 AND p.included AND p.advantage <> 0",
+    );
     let training = row(&html, "training", "full", "1");
     assert_eq!(
-        training[5..9],
-        [fmt(tasks), fmt(verdicts), fmt(0.0), fmt(entropy)]
+        training[5..10],
+        [
+            fmt(tasks),
+            fmt(verdicts),
+            fmt(decided),
+            fmt(0.0),
+            fmt(entropy)
+        ]
     );
     // The learning rate of each model's update, at each iteration it trained.
     let lr = std::fs::read_to_string(svgs.join("update_lr.svg")).unwrap();
@@ -380,6 +402,11 @@ fn report_has_every_section_and_the_right_numbers() {
         std::fs::read_to_string(svgs.join("signal.svg"))
             .unwrap()
             .contains("RM verdict rate")
+    );
+    assert!(
+        std::fs::read_to_string(svgs.join("signal.svg"))
+            .unwrap()
+            .contains("signs the RM decides")
     );
 
     // A branch: its header names the parent, branch point and override; its shared iterations
