@@ -517,6 +517,7 @@ impl Engine {
         let started_at = manifest::now_rfc3339();
         let t0 = Instant::now();
         let cpu0 = process_cpu_seconds();
+        let peak_reset = reset_peak_rss();
         let inputs = self.inputs_of(iter, stage.as_ref(), done).await?;
         let seed = stage_seed(&self.config, iter, stage.name());
         let (mut ctx, mut input_refs) = build_context(
@@ -605,6 +606,7 @@ impl Engine {
             seconds: t0.elapsed().as_secs_f64(),
             store_seconds: Some(store_seconds),
             cpu_seconds: process_cpu_seconds().zip(cpu0).map(|(a, b)| a - b),
+            peak_rss_bytes: peak_reset.then(peak_rss_bytes).flatten(),
             tokens: *ctx.tokens.lock().expect("token counts"),
             status: "committed".into(),
             shared: None,
@@ -965,6 +967,29 @@ pub(crate) fn process_cpu_seconds() -> Option<f64> {
     {
         None
     }
+}
+
+/// Resets this process's resident-memory high-water mark (Linux: `5` into
+/// `/proc/self/clear_refs`), so that [`peak_rss_bytes`] measures from now; false where it
+/// cannot (another platform, a kernel that refuses), and the stage then records no peak.
+pub(crate) fn reset_peak_rss() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+/// This process's resident-memory high-water mark (`VmHWM` of `/proc/self/status`) in bytes,
+/// since the process started or the last [`reset_peak_rss`]; `None` where the platform does not
+/// say.
+pub(crate) fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: u64 = line
+        .trim_start_matches("VmHWM:")
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
 }
 
 /// A crash hook for the soak (`benches/soak.sh`): with `RLA_PIPE_CRASH_AT=<point>:<n>` the

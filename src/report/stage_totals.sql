@@ -1,14 +1,16 @@
 -- Wall time per stage over a run's own iterations (a branch's shared iterations were spent by
--- its parent: `${own}` leaves them out): iterations, total and mean seconds, and the stage's
--- share of the run's time.
+-- its parent: `${own}` leaves them out): iterations, total and mean seconds, the stage's share
+-- of the run's time, and the process's largest peak resident memory over those iterations (GiB;
+-- NULL where the manifests did not record it).
 WITH own AS (
-    SELECT run_id, iter, stage, seconds
+    SELECT run_id, iter, stage, seconds, peak_rss_bytes
     FROM stage_runs
     WHERE run_id IN (${runs}) AND ${own}
 )
 SELECT run_id, stage, COUNT(*) AS iterations, SUM(seconds) AS total_seconds,
        AVG(seconds) AS mean_seconds,
-       SUM(seconds) / SUM(SUM(seconds)) OVER (PARTITION BY run_id) AS share
+       SUM(seconds) / SUM(SUM(seconds)) OVER (PARTITION BY run_id) AS share,
+       CAST(MAX(peak_rss_bytes) AS DOUBLE) / 1073741824.0 AS peak_rss_gib
 FROM own
 GROUP BY run_id, stage
 ORDER BY run_id, total_seconds DESC, stage

@@ -115,6 +115,11 @@ pub struct StageManifest {
     /// `seconds`, how many cores it kept busy. Absent before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// The process's peak resident memory during the stage (bytes, Linux: its high-water mark
+    /// reset when the stage starts). Absent where the platform cannot reset it, and before it
+    /// was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_rss_bytes: Option<u64>,
     /// Model stages: tokens the models computed, and tokens a shared prefix (a prompt computed
     /// once for its continuations, samples packed into prefix trees) saved them. Absent for
     /// stages without a model and before it was recorded.
@@ -285,7 +290,7 @@ mod tests {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),
                     bytes: n.len() as u64, digest: digest(n.as_bytes()),
                 }).collect(),
-                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), cpu_seconds: det.then_some(secs * 1.5),
+                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), cpu_seconds: det.then_some(secs * 1.5), peak_rss_bytes: det.then_some(seed / 7),
                 tokens: det.then_some(TokenCounts { computed: seed % 1000, reused: iter as u64 }), status: "committed".into(),
                 shared: None,
             };

@@ -340,6 +340,21 @@ fn report_has_every_section_and_the_right_numbers() {
         )),
         "update seconds {secs}"
     );
+    // ... and its largest peak resident memory (GiB), recorded by every manifest of this build.
+    let peak = num(
+        &f,
+        "SELECT max(peak_rss_bytes) / 1073741824.0 FROM stage_runs \
+         WHERE run_id = 'full' AND stage = 'update' AND status <> 'shared'",
+    );
+    assert!(peak > 0.0, "update peak RSS {peak}");
+    let update_row = html[times_start..]
+        .split("<tr>")
+        .find(|r| r.starts_with("<td>full</td><td>update</td>"))
+        .unwrap();
+    assert!(
+        update_row.contains(&format!("<td>{}</td></tr>", fmt(peak))),
+        "{update_row} vs {peak}"
+    );
     // The training signal: the mean step reward per iteration.
     let reward = num(
         &f,
