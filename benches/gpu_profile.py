@@ -44,7 +44,7 @@ src/model/tree.rs): each call launches the same kernels whatever its size.
 Each step has its own time limit; a failed step is reported and the rest still run. The summary
 table is printed last and written, with every log, to --out.
 """
-import argparse, collections, json, os, re, shutil, subprocess, sys, tempfile, threading, time
+import argparse, collections, csv, io, json, os, re, shutil, subprocess, sys, tempfile, threading, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SETS = ["run.iterations=1", "env.initial_tasks=4", "rollout.slots_per_iter=2", "eval.tasks=2",
@@ -154,9 +154,18 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
     if mem:
         mem.stop = True
     logf.close()
+    # What the stages' models reserved at their peak, as the run recorded it
+    # (`stage_runs.peak_device_bytes`: cubecl's pages, not the whole device as NVML counts it).
+    reserved = {}
+    q = subprocess.run([bin_, "sql", "--store", store, "--format", "csv", "-q",
+                        "SELECT iter, stage, peak_device_bytes FROM stage_runs"],
+                       capture_output=True, text=True)
+    for row in csv.DictReader(io.StringIO(q.stdout)) if q.returncode == 0 else []:
+        if row.get("peak_device_bytes"):
+            reserved[key(row["iter"], row["stage"])] = int(row["peak_device_bytes"]) / 2**20
     shutil.rmtree(store, ignore_errors=True)
     res = {"wall": wall, "stages": stages, "order": order, "failed": rc != 0,
-           "peak": dict(mem.peak) if mem else {}, "kernels": kernels,
+           "peak": dict(mem.peak) if mem else {}, "reserved": reserved, "kernels": kernels,
            "calls": {k: v for k, v in calls.items()}}
     if rc != 0:
         log(f"{name}: exit {rc} after {wall:.1f} s (log: {name}.log); what it measured until then is kept")
@@ -341,13 +350,14 @@ def main():
     if prof:
         log(kernel_table(prof, out))
     names = [n for n, _ in variants]
-    log("\n| stage | cuda, compiling (s) | cuda (s) | peak device MiB | cuda, profiled (s) | kernels' device s | "
+    log("\n| stage | cuda, compiling (s) | cuda (s) | peak device MiB | reserved by its models MiB | cuda, profiled (s) | kernels' device s | "
         "cpu (s) | cpu / cuda | " + " | ".join(f"cuda {n} (s) | {n} peak MiB" for n in names) + " |")
-    log("|---|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(names))
+    log("|---|---:|---:|---:|---:|---:|---:|---:|---:|" + "---:|---:|" * len(names))
     for stage in (cuda or prof or cpu or {"order": []})["order"]:
         c0 = (cold or {}).get("stages", {}).get(stage)
         c = (cuda or {}).get("stages", {}).get(stage)
         pk = (cuda or {}).get("peak", {}).get(stage)
+        rv = (cuda or {}).get("reserved", {}).get(stage)
         ps = (prof or {}).get("stages", {}).get(stage)
         ks = (prof or {}).get("kernels", {}).get(stage)
         kd = sum(v[1] for v in ks.values()) if ks else None
@@ -356,11 +366,11 @@ def main():
         ratio = f"{cp / c:.2f}×" if c and cp else ""
         vs = " | ".join(f"{f((var.get(n) or {}).get('stages', {}).get(stage))} | "
                         f"{f((var.get(n) or {}).get('peak', {}).get(stage), '{:,.0f}')}" for n in names)
-        log(f"| {stage} | {f(c0)} | {f(c)} | {f(pk, '{:,.0f}')} | {f(ps)} | {f(kd)} | {f(cp)} | {ratio} | {vs} |")
+        log(f"| {stage} | {f(c0)} | {f(c)} | {f(pk, '{:,.0f}')} | {f(rv, '{:,.0f}')} | {f(ps)} | {f(kd)} | {f(cp)} | {ratio} | {vs} |")
     w = lambda r: f"{r['wall']:.1f}" if r else "failed"  # noqa: E731
     it = lambda r: sum(r["stages"].values()) if r else 0  # noqa: E731
     log(f"| **stages, sum** | {it(cold):.1f} | {it(cuda):.1f} | {(cuda or {}).get('peak', {}).get('(run)', 0):,.0f} "
-        f"| {it(prof):.1f} | | {it(cpu):.1f} | "
+        f"| {max((cuda or {}).get('reserved', {}).values(), default=0):,.0f} | {it(prof):.1f} | | {it(cpu):.1f} | "
         + (f"{it(cpu) / it(cuda):.2f}×" if cuda and cpu and it(cuda) else "") + " | "
         + " | ".join(f"{it(var.get(n)):.1f} | {(var.get(n) or {}).get('peak', {}).get('(run)', 0):,.0f}" for n in names) + " |")
     log(f"process wall: cuda compiling {w(cold)} s, cuda {w(cuda)} s, profiled {w(prof)} s, cpu {w(cpu)} s, "

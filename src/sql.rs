@@ -145,6 +145,7 @@ fn stage_runs_batch(runs: &[RunState]) -> Result<RecordBatch> {
                     .push_opt_f64(m.store_seconds)
                     .push_opt_f64(m.cpu_seconds)
                     .push_opt_u64(m.peak_rss_bytes)
+                    .push_opt_u64(m.peak_device_bytes)
                     .push_opt_u64(m.tokens.map(|t| t.computed))
                     .push_opt_u64(m.tokens.map(|t| t.reused))
                     .push_str(&c.digest)

@@ -407,6 +407,7 @@ pub fn all_tables() -> Vec<TableDef> {
                 f("store_seconds", Float64, true),
                 f("cpu_seconds", Float64, true),
                 f("peak_rss_bytes", UInt64, true),
+                f("peak_device_bytes", UInt64, true),
                 f("tokens_computed", UInt64, true),
                 f("tokens_reused", UInt64, true),
                 f("digest", Utf8, false),

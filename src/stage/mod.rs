@@ -42,6 +42,9 @@ pub struct StageContext {
     /// Tokens the stage's models computed and reused, as [`StageContext::add_tokens`] reports
     /// them (`stage_runs.tokens_computed`, `tokens_reused`).
     pub tokens: std::sync::Mutex<Option<crate::store::manifest::TokenCounts>>,
+    /// The largest device memory the stage's models reserved, in bytes, as
+    /// [`StageContext::note_device_peak`] reports it (`stage_runs.peak_device_bytes`; GPU only).
+    pub device_peak: std::sync::Mutex<Option<u64>>,
     /// The environment assets the run has committed ([`Stage::assets_in`]; `None` otherwise).
     pub assets: Option<Arc<Assets>>,
 }
@@ -135,8 +138,16 @@ impl StageContext {
             checkpoints: Default::default(),
             artifacts: Default::default(),
             tokens: Default::default(),
+            device_peak: Default::default(),
             assets: None,
         }
+    }
+
+    /// Report the device memory a part of the stage's model work reserved at its peak (the
+    /// stage keeps the largest).
+    pub fn note_device_peak(&self, bytes: u64) {
+        let mut p = self.device_peak.lock().expect("device peak");
+        *p = Some(p.map_or(bytes, |q| q.max(bytes)));
     }
 
     /// Report model work: `computed` tokens fed to a model, `reused` tokens a shared prefix

@@ -120,6 +120,11 @@ pub struct StageManifest {
     /// was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub peak_rss_bytes: Option<u64>,
+    /// On a GPU, the largest device memory the stage's models reserved (bytes: cubecl's pages
+    /// in use or kept in its pools, noted before each model call and optimizer step hands the
+    /// unused ones back). Absent on the CPU and before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peak_device_bytes: Option<u64>,
     /// Model stages: tokens the models computed, and tokens a shared prefix (a prompt computed
     /// once for its continuations, samples packed into prefix trees) saved them. Absent for
     /// stages without a model and before it was recorded.
@@ -290,7 +295,7 @@ mod tests {
                     name: n.clone(), path: format!("r/artifacts/iter=000000/{n}.{}.ckpt", digest(n.as_bytes())),
                     bytes: n.len() as u64, digest: digest(n.as_bytes()),
                 }).collect(),
-                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), cpu_seconds: det.then_some(secs * 1.5), peak_rss_bytes: det.then_some(seed / 7),
+                started_at: now_rfc3339(), seconds: secs, store_seconds: det.then_some(secs / 2.0), cpu_seconds: det.then_some(secs * 1.5), peak_rss_bytes: det.then_some(seed / 7), peak_device_bytes: det.then_some(seed / 3),
                 tokens: det.then_some(TokenCounts { computed: seed % 1000, reused: iter as u64 }), status: "committed".into(),
                 shared: None,
             };

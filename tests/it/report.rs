@@ -340,7 +340,8 @@ fn report_has_every_section_and_the_right_numbers() {
         )),
         "update seconds {secs}"
     );
-    // ... and its largest peak resident memory (GiB), recorded by every manifest of this build.
+    // ... and its largest peak resident memory (GiB), recorded by every manifest of this build
+    // (and no device memory: a CPU run).
     let peak = num(
         &f,
         "SELECT max(peak_rss_bytes) / 1073741824.0 FROM stage_runs \
@@ -352,7 +353,7 @@ fn report_has_every_section_and_the_right_numbers() {
         .find(|r| r.starts_with("<td>full</td><td>update</td>"))
         .unwrap();
     assert!(
-        update_row.contains(&format!("<td>{}</td></tr>", fmt(peak))),
+        update_row.contains(&format!("<td>{}</td><td>–</td></tr>", fmt(peak))),
         "{update_row} vs {peak}"
     );
     // The training signal: the mean step reward per iteration.
