@@ -681,6 +681,12 @@ mod tests {
             "textworld-smollm2.toml",
             "web.toml",
             "web-smollm2.toml",
+            "ablation/gridnav.toml",
+            "ablation/household.toml",
+            "ablation/household-smollm2.toml",
+            "ablation/textworld.toml",
+            "ablation/textworld-smollm2.toml",
+            "ablation/web.toml",
         ] {
             let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("pipelines")
