@@ -172,6 +172,7 @@ pub fn release_gpu_memory() {
 static DEVICE_PEAK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Fold `bytes` into [`DEVICE_PEAK`].
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 fn note_device_peak(bytes: u64) {
     DEVICE_PEAK.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
 }
