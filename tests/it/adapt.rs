@@ -168,6 +168,12 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     // figure computed another way from the rows it summarises.
     let rows = diagnostics(crate::LEARNING_SIGNAL);
     assert_eq!(rows.len(), 3, "{rows:?}");
+    let policy_signal = diagnostics(crate::POLICY_SIGNAL);
+    assert_eq!(policy_signal.len(), 3, "{policy_signal:?}");
+    assert!(
+        policy_signal.iter().any(|r| r["rm_signs"] != "0"),
+        "the reward model sets some signs: {policy_signal:?}"
+    );
     for (i, row) in rows.iter().enumerate() {
         let one = |q: &str| at(q, i);
         assert_eq!(row["iter"], i.to_string());
@@ -193,10 +199,11 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
         assert!((rate - verdicts / samples).abs() <= 5e-4, "{rate}");
         let kl = num("policy_kl");
         assert!(kl >= 0.0, "the k3 estimate is never negative: {kl}");
-        // The signs the RM decides, counted with a grouped join instead of window functions.
-        let decided = count(
-            "SELECT count(*) FROM policy_advantages p \
+        // The signs the RM decides, counted with a grouped join instead of window functions,
+        // and those that agree with the step oracle (pipelines/sql/policy_signal.sql).
+        let rm_signs = "FROM policy_advantages p \
              JOIN trajectories t ON p.iter = t.iter AND p.traj_id = t.traj_id \
+             JOIN steps s ON s.iter = p.iter AND s.traj_id = p.traj_id AND s.step_idx = p.step_idx \
              JOIN (SELECT p2.task_id, p2.step_idx, count(*) AS n, \
                           sum(CASE WHEN t2.outcome > 0 THEN 1 ELSE 0 END) AS won \
                    FROM policy_advantages p2 \
@@ -205,8 +212,8 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
                ON g.task_id = p.task_id AND g.step_idx = p.step_idx \
              WHERE p.iter = {i} AND p.included AND p.advantage <> 0 \
                AND ((g.n > 1 AND (g.won = 0 OR g.won = g.n)) \
-                    OR ((p.advantage > 0) <> (t.outcome > 0)))",
-        );
+                    OR ((p.advantage > 0) <> (t.outcome > 0)))";
+        let decided = count(&format!("SELECT count(*) {rm_signs}"));
         let moved = count(
             "SELECT count(*) FROM policy_advantages WHERE iter = {i} AND included AND advantage <> 0",
         );
@@ -215,6 +222,19 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
             (rm_decided - decided / moved).abs() <= 5e-4,
             "{rm_decided} vs {decided}/{moved}"
         );
+        let policy = &policy_signal[i];
+        assert_eq!(policy["samples"], moved.to_string(), "{policy:?}");
+        assert_eq!(policy["rm_signs"], decided.to_string(), "{policy:?}");
+        if decided > 0.0 {
+            let agree = count(&format!(
+                "SELECT count(*) {rm_signs} AND (p.advantage > 0) = (s.oracle_progress > 0)"
+            ));
+            let share: f64 = policy["rm_signs_agree_oracle"].parse().unwrap();
+            assert!(
+                (share - agree / decided).abs() <= 5e-4,
+                "{share} vs {agree}/{decided}"
+            );
+        }
         let entropy = num("policy_entropy");
         let sampled = count("SELECT avg(-action_logprob) FROM steps WHERE iter = {i}");
         assert!(

@@ -40,6 +40,12 @@ pub const LEARNING_SIGNAL: &str = concat!(
 /// What the reward model's update teaches it (one row per run and iteration).
 pub const RM_SIGNAL: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/rm_signal.sql");
 
+/// Who sets the policy update's signs, and whether they teach progress (per run and iteration).
+pub const POLICY_SIGNAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/policy_signal.sql"
+);
+
 /// The loop diagnostics (one row per run and iteration).
 pub const STEP_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/step_loops.sql");
 pub const EVAL_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/eval_loops.sql");
