@@ -161,65 +161,8 @@ pub fn cuda_ready() -> Result<(), Error> {
 #[cfg(feature = "cuda")]
 pub fn release_gpu_memory() {
     use burn::tensor::backend::Backend;
-    note_device_reserved();
+    super::device_memory::note_gpu_reserved::<Gpu>();
     Gpu::memory_cleanup(&Default::default());
-}
-
-/// The largest device memory reserved (bytes) at the end of a model call or optimizer step
-/// since the last [`take_device_peak`]: the pages a call reserved stay reserved until
-/// [`release_gpu_memory`] hands them back, so the reservation just before that is the call's
-/// peak. 0 = none seen (the CPU backends).
-static DEVICE_PEAK: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// Fold `bytes` into [`DEVICE_PEAK`].
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn note_device_peak(bytes: u64) {
-    DEVICE_PEAK.fetch_max(bytes, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// Note the GPU's reserved memory now (cubecl's memory usage: in use, padding and pool pages
-/// kept for later allocations).
-#[cfg(feature = "cuda")]
-fn note_device_reserved() {
-    use burn::cubecl::cuda::CudaRuntime;
-    use cubecl_runtime::runtime::Runtime;
-    let device = burn::backend::cuda::CudaDevice::default();
-    if let Ok(usage) = CudaRuntime::client(&device).memory_usage() {
-        note_device_peak(usage.bytes_reserved);
-    }
-}
-
-/// [`note_device_reserved`] when `B` is the GPU backend (before a generic caller hands its
-/// pages back); nothing on the CPU.
-pub fn note_gpu_reserved<B: burn::tensor::backend::Backend>() {
-    #[cfg(feature = "cuda")]
-    if is_cuda::<B>() {
-        note_device_reserved();
-    }
-}
-
-/// The peak device memory noted since the last call (`None` when no device call was), and
-/// start counting afresh: a stage's `stage_runs.peak_device_bytes`.
-pub fn take_device_peak() -> Option<u64> {
-    match DEVICE_PEAK.swap(0, std::sync::atomic::Ordering::Relaxed) {
-        0 => None,
-        bytes => Some(bytes),
-    }
-}
-
-#[cfg(test)]
-mod device_peak_tests {
-    /// The peak is the largest noted since the last take, and a take starts afresh.
-    #[test]
-    fn the_peak_is_the_largest_since_the_last_take() {
-        super::take_device_peak();
-        assert_eq!(super::take_device_peak(), None);
-        for bytes in [3, 9, 4] {
-            super::note_device_peak(bytes);
-        }
-        assert_eq!(super::take_device_peak(), Some(9));
-        assert_eq!(super::take_device_peak(), None);
-    }
 }
 
 /// Where compiled GPU kernels are kept between runs: `RLA_PIPE_KERNEL_CACHE` (a directory, or

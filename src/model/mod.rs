@@ -20,6 +20,7 @@ pub mod backend;
 pub mod checkpoint;
 pub mod config;
 pub mod count;
+pub mod device_memory;
 pub mod hf;
 pub mod lm;
 pub mod policy;

@@ -285,7 +285,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         // micro-batches' shapes all differ: hand back the pages no tensor uses any more (a
         // no-op on the CPU).
         if let Some(d) = model.devices().first() {
-            super::backend::note_gpu_reserved::<B>();
+            super::device_memory::note_gpu_reserved::<B>();
             B::memory_cleanup(d);
         }
         metrics.push(StepMetrics {

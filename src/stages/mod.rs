@@ -102,12 +102,12 @@ pub(crate) fn emit_assets<'a>(
 /// (`stage_runs.tokens_computed`, `tokens_reused`; nothing when no model ran) and, on a GPU,
 /// the device memory it reserved at its peak (`stage_runs.peak_device_bytes`).
 pub(crate) fn counted<R>(ctx: &crate::stage::StageContext, work: impl FnOnce() -> R) -> R {
-    crate::model::backend::take_device_peak();
+    crate::model::device_memory::take_device_peak();
     let (r, t) = crate::model::count::counting(work);
     if t.computed > 0 {
         ctx.add_tokens(t.computed, t.reused);
     }
-    if let Some(bytes) = crate::model::backend::take_device_peak() {
+    if let Some(bytes) = crate::model::device_memory::take_device_peak() {
         ctx.note_device_peak(bytes);
     }
     r
