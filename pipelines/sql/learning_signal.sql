@@ -4,14 +4,10 @@
 -- the pre-update snapshot, clipped share, gradient norm), how often the reward model gives a
 -- verdict at all and how often the policy's reply names no admissible action (`generate` mode;
 -- 0 in `score` mode), and how much the policy still explores (its entropy over the admissible
--- actions, estimated as the mean -log pi(a|s) of the actions it sampled; `score` mode), and
--- who decides the sign of what the policy trains on: `rm_decided` is the share of the update's
--- samples (non-zero advantage) whose sign the reward model's verdicts set rather than the
--- outcome — in a group (task, step) where every trajectory has the same outcome, so that the
--- outcome alone would give 0, or against their own trajectory's outcome. 0 without a reward
--- model (λ = 0 or no samples); with one that judges steps well it is where process rewards
--- teach what outcomes cannot, with a blind one it is noise the update trains on.
--- One row per (run, iteration); NULL where a table has no rows for it.
+-- actions, estimated as the mean -log pi(a|s) of the actions it sampled; `score` mode). Who
+-- sets the sign of what the policy trains on, the outcome or the reward model's verdicts, is
+-- pipelines/sql/policy_signal.sql. One row per (run, iteration); NULL where a table has no rows
+-- for it.
 -- rla-pipe sql --run gridnav --file pipelines/sql/learning_signal.sql
 WITH acc AS (
     SELECT run_id, iter, count(*) AS tasks, avg(acc) AS mean_task_acc,
@@ -25,20 +21,6 @@ WITH acc AS (
            stddev_pop(CASE WHEN included THEN advantage END) AS advantage_std,
            avg(CASE WHEN included THEN abs(advantage) END) AS advantage_abs_mean
     FROM policy_advantages GROUP BY run_id, iter
-), decided AS (
-    SELECT run_id, iter,
-           avg(CASE WHEN (group_won = group_size OR group_won = 0) AND group_size > 1 THEN 1.0
-                    WHEN (advantage > 0) <> (outcome > 0) THEN 1.0 ELSE 0.0 END) AS rm_decided
-    FROM (
-        SELECT p.run_id, p.iter, p.included, p.advantage, t.outcome,
-               count(*) OVER w AS group_size,
-               sum(CASE WHEN t.outcome > 0 THEN 1 ELSE 0 END) OVER w AS group_won
-        FROM policy_advantages p
-        JOIN trajectories t ON p.run_id = t.run_id AND p.iter = t.iter AND p.traj_id = t.traj_id
-        WINDOW w AS (PARTITION BY p.run_id, p.iter, p.task_id, p.step_idx)
-    ) g
-    WHERE included AND advantage <> 0
-    GROUP BY run_id, iter
 ), upd AS (
     SELECT run_id, iter,
            avg(CASE WHEN model = 'policy' THEN kl END) AS policy_kl,
@@ -64,7 +46,6 @@ SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task
        adv.tasks_used, round(adv.steps_used, 3) AS steps_used,
        round(adv.advantage_std, 3) AS advantage_std,
        round(adv.advantage_abs_mean, 3) AS advantage_abs_mean,
-       round(decided.rm_decided, 3) AS rm_decided,
        round(upd.policy_kl, 5) AS policy_kl, round(upd.policy_clip_frac, 3) AS policy_clip_frac,
        round(upd.policy_grad_norm, 3) AS policy_grad_norm,
        round(upd.rm_kl, 5) AS rm_kl, round(upd.rm_grad_norm, 3) AS rm_grad_norm,
@@ -73,7 +54,6 @@ SELECT acc.run_id, acc.iter, acc.tasks, round(acc.mean_task_acc, 3) AS mean_task
        round(replies.policy_entropy, 3) AS policy_entropy
 FROM acc
 LEFT JOIN adv ON adv.run_id = acc.run_id AND adv.iter = acc.iter
-LEFT JOIN decided ON decided.run_id = acc.run_id AND decided.iter = acc.iter
 LEFT JOIN upd ON upd.run_id = acc.run_id AND upd.iter = acc.iter
 LEFT JOIN rm ON rm.run_id = acc.run_id AND rm.iter = acc.iter
 LEFT JOIN replies ON replies.run_id = acc.run_id AND replies.iter = acc.iter

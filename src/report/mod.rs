@@ -32,6 +32,8 @@ const STAGE_TIMES: &str = include_str!("stage_times.sql");
 const UPDATE_METRICS: &str = include_str!("update_metrics.sql");
 const UNIT_TESTS: &str = include_str!("unit_tests.sql");
 const TRAINING: &str = include_str!("training.sql");
+/// Who sets the policy's signs (`pipelines/sql/policy_signal.sql`), bound into [`TRAINING`].
+const POLICY_SIGNAL: &str = include_str!("../../pipelines/sql/policy_signal.sql");
 const STAGE_TOTALS: &str = include_str!("stage_totals.sql");
 const SUMMARY: &str = include_str!("summary.sql");
 
@@ -561,7 +563,14 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         .sort_by_key(|r| runs.iter().position(|n| n == r[run_col].text()));
     let success = table(&ctx, &success_sql).await?.without(&shown_elsewhere);
     let rm = table(&ctx, &rm_sql).await?.without(&shown_elsewhere);
-    let training = table(&ctx, &q(TRAINING)?).await?.without(&shown_elsewhere);
+    let training_sql = render(
+        TRAINING,
+        &[
+            ("runs", list.clone()),
+            ("policy_signal", POLICY_SIGNAL.to_string()),
+        ],
+    )?;
+    let training = table(&ctx, &training_sql).await?.without(&shown_elsewhere);
     let adaptation = table(&ctx, &adapt_sql).await?.without(&shown_elsewhere);
     let fit_sql = render(GROWTH_FIT, &[("adaptation", adapt_sql.clone())])?;
     let fit = table(&ctx, &fit_sql).await?;

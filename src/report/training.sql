@@ -9,8 +9,8 @@
 -- steps before but not the previous one (A, B, A: a loop) in the sampled rollouts, in the
 -- held-out evaluation episodes sampled and greedy (`eval_steps`; pipelines/sql/step_loops.sql
 -- and eval_loops.sql have more); the share of the update's samples whose advantage's sign the
--- reward model's verdicts decide (an outcome-pure group, or against their trajectory's outcome;
--- `rm_decided` in pipelines/sql/learning_signal.sql). NULL where a run has none
+-- reward model's verdicts decide (an outcome-pure group, or against their trajectory's outcome:
+-- `rm_signs` of pipelines/sql/policy_signal.sql, which is bound here). NULL where a run has none
 -- (pipelines/sql/learning_signal.sql has more).
 WITH episodes AS (
     SELECT run_id, iter, AVG(CAST(num_steps AS DOUBLE)) AS episode_length
@@ -35,20 +35,9 @@ advantages AS (
     GROUP BY run_id, iter
 ),
 decided AS (
-    SELECT run_id, iter,
-           AVG(CASE WHEN (group_won = group_size OR group_won = 0) AND group_size > 1 THEN 1.0
-                    WHEN (advantage > 0) <> (outcome > 0) THEN 1.0 ELSE 0.0 END) AS rm_decided
-    FROM (
-        SELECT p.run_id, p.iter, p.included, p.advantage, t.outcome,
-               COUNT(*) OVER w AS group_size,
-               SUM(CASE WHEN t.outcome > 0 THEN 1 ELSE 0 END) OVER w AS group_won
-        FROM policy_advantages p
-        JOIN trajectories t ON p.run_id = t.run_id AND p.iter = t.iter AND p.traj_id = t.traj_id
-        WHERE p.run_id IN (${runs})
-        WINDOW w AS (PARTITION BY p.run_id, p.iter, p.task_id, p.step_idx)
-    ) g
-    WHERE included AND advantage <> 0
-    GROUP BY run_id, iter
+    SELECT run_id, iter, CAST(rm_signs AS DOUBLE) / CAST(samples AS DOUBLE) AS rm_decided
+    FROM (${policy_signal}) s
+    WHERE run_id IN (${runs})
 ),
 verdicts AS (
     SELECT run_id, iter, AVG(CASE WHEN score <> 0 THEN 1.0 ELSE 0.0 END) AS rm_verdict_rate
