@@ -218,11 +218,23 @@ impl Spec {
 /// The gridnav environment with its difficulty distribution.
 pub struct GridNav {
     cfg: GridNavConfig,
+    /// The rollout's step cap (`env.max_steps`): an episode ends after `min(budget, cap)` steps.
+    step_cap: u32,
 }
 
 impl GridNav {
     pub fn new(cfg: GridNavConfig) -> GridNav {
-        GridNav { cfg }
+        GridNav {
+            cfg,
+            step_cap: u32::MAX,
+        }
+    }
+
+    /// The environment under a rollout step cap (`env.max_steps`): mutations judge a budget by
+    /// what the cap leaves of it, and a rewrite the cap makes invisible is not a candidate.
+    pub fn with_step_cap(mut self, cap: u32) -> GridNav {
+        self.step_cap = cap;
+        self
     }
 
     /// One random solvable task from the configured distribution.
@@ -443,7 +455,16 @@ impl Environment for GridNav {
                 }
                 (Direction::Easier, _) => s.budget += 1 + s.budget / 4,
             }
-            if s != base && s.shortest_path().is_some_and(|d| d <= s.budget) && !out.contains(&s) {
+            // What an episode sees: the budget as far as the step cap lets it run.
+            let cap = self.step_cap;
+            let seen = |x: &Spec| Spec {
+                budget: x.budget.min(cap),
+                ..x.clone()
+            };
+            if seen(&s) != seen(&base)
+                && s.shortest_path().is_some_and(|d| d <= s.budget.min(cap))
+                && !out.contains(&s)
+            {
                 out.push(s);
             }
         }
@@ -693,6 +714,47 @@ mod tests {
             easier < 0,
             "easier mutations should shorten paths or add slack: {easier}"
         );
+    }
+
+    /// Under a step cap a candidate changes what an episode sees — not a budget past the cap —
+    /// and its path fits within the cap; without the cap the budget past it is offered.
+    #[test]
+    fn a_budget_the_step_cap_hides_is_not_a_candidate() {
+        let cap = 12;
+        let seen = |v: &Value| {
+            let s = Spec::parse(v).unwrap();
+            Spec {
+                budget: s.budget.min(cap),
+                ..s
+            }
+        };
+        let (free, capped) = (env(), env().with_step_cap(cap));
+        let (mut at_cap, mut hidden_offered, mut n) = (0, 0, 0);
+        for (i, v) in free.generate(5, 40).unwrap().iter().enumerate() {
+            at_cap += usize::from(Spec::parse(v).unwrap().budget >= cap);
+            for dir in [Direction::Harder, Direction::Easier] {
+                for c in free
+                    .mutate(v, dir, &CriticSummary::default(), i as u64)
+                    .unwrap()
+                {
+                    hidden_offered += usize::from(seen(&c) == seen(v));
+                }
+                for c in capped
+                    .mutate(v, dir, &CriticSummary::default(), i as u64)
+                    .unwrap()
+                {
+                    assert_ne!(seen(&c), seen(v), "{v} → {c}: the same task under the cap");
+                    let d = Spec::parse(&c).unwrap().shortest_path().unwrap();
+                    assert!(d <= cap, "{v} → {c}: unwinnable under the cap");
+                    n += 1;
+                }
+            }
+        }
+        assert!(
+            at_cap >= 5 && hidden_offered >= 5,
+            "{at_cap} {hidden_offered}"
+        );
+        assert!(n > 0);
     }
 
     /// The out-of-distribution level generates tasks on every grid size, with paths as long as

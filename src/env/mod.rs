@@ -171,8 +171,12 @@ impl EnvConfig {
 /// The environment a config names.
 pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
     match cfg.name {
-        EnvKind::Gridnav => Ok(Box::new(gridnav::GridNav::new(cfg.gridnav.clone()))),
-        EnvKind::Household => Ok(Box::new(household::Household::new(cfg.household.clone()))),
+        EnvKind::Gridnav => Ok(Box::new(
+            gridnav::GridNav::new(cfg.gridnav.clone()).with_step_cap(cfg.max_steps),
+        )),
+        EnvKind::Household => Ok(Box::new(
+            household::Household::new(cfg.household.clone()).with_step_cap(cfg.max_steps),
+        )),
         EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
         EnvKind::Textworld => Ok(Box::new(textworld::TextWorld::new(cfg.textworld.clone()))),
         EnvKind::Coding => Ok(Box::new(coding::Coding::new(&cfg.coding.problems))),
@@ -212,18 +216,24 @@ pub fn at_level(cfg: &EnvConfig, level: i32) -> Result<Option<Box<dyn Environmen
         return from_config(cfg).map(Some);
     }
     Ok(match cfg.name {
-        EnvKind::Gridnav => Some(Box::new(gridnav::GridNav::new(shift(
-            &cfg.gridnav,
-            level,
-            gridnav::GridNavConfig::harder,
-            gridnav::GridNavConfig::easier,
-        )))),
-        EnvKind::Household => Some(Box::new(household::Household::new(shift(
-            &cfg.household,
-            level,
-            household::HouseholdConfig::harder,
-            household::HouseholdConfig::easier,
-        )))),
+        EnvKind::Gridnav => Some(Box::new(
+            gridnav::GridNav::new(shift(
+                &cfg.gridnav,
+                level,
+                gridnav::GridNavConfig::harder,
+                gridnav::GridNavConfig::easier,
+            ))
+            .with_step_cap(cfg.max_steps),
+        )),
+        EnvKind::Household => Some(Box::new(
+            household::Household::new(shift(
+                &cfg.household,
+                level,
+                household::HouseholdConfig::harder,
+                household::HouseholdConfig::easier,
+            ))
+            .with_step_cap(cfg.max_steps),
+        )),
         EnvKind::Textworld => Some(Box::new(textworld::TextWorld::new(shift(
             &cfg.textworld,
             level,

@@ -60,11 +60,25 @@ use world::err;
 /// The household environment with its difficulty distribution.
 pub struct Household {
     cfg: HouseholdConfig,
+    /// The rollout's step cap (`env.max_steps`): an episode ends after `min(budget, cap)` steps,
+    /// so mutations judge a budget by what the cap leaves of it.
+    step_cap: u32,
 }
 
 impl Household {
     pub fn new(cfg: HouseholdConfig) -> Household {
-        Household { cfg }
+        Household {
+            cfg,
+            step_cap: u32::MAX,
+        }
+    }
+
+    /// The environment under a rollout step cap (`env.max_steps`): a mutation that only moves
+    /// the budget where the cap hides it (a budget of 13 → 17 under a cap of 12) is the same
+    /// task to the policy, and is not offered as a candidate.
+    pub fn with_step_cap(mut self, cap: u32) -> Household {
+        self.step_cap = cap;
+        self
     }
 
     /// Start an episode (the concrete type; `reset` boxes it).

@@ -27,7 +27,10 @@ impl Household {
         let base = Task::parse(spec)?;
         let plan0 = base.plan_length(&base.init).expect("parse checks solvable");
         let slack0 = base.spec.budget - plan0;
-        let key0 = difficulty_key(&base, plan0, base.spec.budget);
+        // An episode runs `min(budget, step cap)` steps: the difficulty a budget gives is what
+        // the cap leaves of it.
+        let cap = self.step_cap;
+        let key0 = difficulty_key(&base, plan0, base.spec.budget.min(cap));
         let mut rng = Rng::new(derive_seed(seed, &["household", "mutate"]));
         let preferred = preferred_ops(critic, direction, plan0);
         let mut out: Vec<Spec> = Vec::new();
@@ -53,10 +56,10 @@ impl Household {
             if keep_slack {
                 s.budget = plan + slack0;
             }
-            if s.budget < plan || s == base.spec || out.contains(&s) {
+            if s.budget.min(cap) < plan || s == base.spec || out.contains(&s) {
                 continue;
             }
-            let key = difficulty_key(&t, plan, s.budget);
+            let key = difficulty_key(&t, plan, s.budget.min(cap));
             let moved = match direction {
                 Direction::Harder => key > key0,
                 Direction::Easier => key < key0,
@@ -361,7 +364,8 @@ fn difficulty_key(t: &Task, plan: u32, budget: u32) -> (i64, usize) {
 mod tests {
     use super::*;
     use crate::env::Environment;
-    use crate::env::household::tests::{env, levels};
+    use crate::env::household::HouseholdConfig;
+    use crate::env::household::tests::{env, levels, plan_of};
 
     /// Late high-risk steps and critique of wasted moves: "easier" first loosens the budget.
     #[test]
@@ -445,6 +449,72 @@ mod tests {
         );
         assert!(n[0] >= 80 && n[1] >= 80, "{n:?}");
         assert!(harder > 0 && easier < 0);
+    }
+
+    /// Under a step cap (`env.max_steps`) a budget the cap hides is no easier: the household
+    /// SmolLM2 grid's pool (two receptacles, no distractor, `pick_and_place` only, budget factor
+    /// 2.5, cap 12) had nothing else to make easier, and 15 of its 36 candidates were a budget
+    /// of 13 or more raised further — the same task under the cap, judged on luck. With the cap
+    /// every candidate moves what an episode sees, and none needs more steps than the cap
+    /// allows; without it (`u32::MAX`) the budget operator is offered as before.
+    #[test]
+    fn a_budget_the_step_cap_hides_is_not_a_candidate() {
+        let cfg = HouseholdConfig {
+            receptacles: 2,
+            distractors: 0,
+            closed_fraction: 0.0,
+            goal_types: vec!["pick_and_place".into()],
+            hidden_prob: 0.0,
+            budget_factor: 2.5,
+        };
+        let cap = 12;
+        let capped = Household::new(cfg.clone()).with_step_cap(cap);
+        let free = Household::new(cfg);
+        let late = CriticSummary {
+            high_risk_steps: vec![9, 10, 11],
+            critique_words: vec![("wasted".into(), 9)],
+            ..Default::default()
+        };
+        let (mut hidden_offered, mut tasks_at_cap, mut easier_under_cap) = (0, 0, 0);
+        for (i, v) in free.generate(3, 60).unwrap().iter().enumerate() {
+            let t = Task::parse(v).unwrap();
+            let at_cap = t.spec.budget >= cap;
+            tasks_at_cap += usize::from(at_cap);
+            for dir in [Direction::Easier, Direction::Harder] {
+                let seen = |c: &Value| {
+                    let s = Task::parse(c).unwrap().spec;
+                    Spec {
+                        budget: s.budget.min(cap),
+                        ..s
+                    }
+                };
+                let base = seen(v);
+                for c in free.mutate(v, dir, &late, i as u64).unwrap() {
+                    hidden_offered += usize::from(seen(&c) == base);
+                }
+                for c in capped.mutate(v, dir, &late, i as u64).unwrap() {
+                    assert_ne!(seen(&c), base, "{v} → {c}: the same task under the cap");
+                    assert!(plan_of(&c) <= cap, "{v} → {c}: unwinnable under the cap");
+                    easier_under_cap += usize::from(at_cap && dir == Direction::Easier);
+                }
+            }
+        }
+        println!(
+            "{tasks_at_cap} of 60 tasks at the cap; without it {hidden_offered} candidates \
+             the cap hides; {easier_under_cap} easier candidates of tasks at the cap"
+        );
+        assert!(
+            tasks_at_cap >= 10,
+            "the draw reaches the cap: {tasks_at_cap}"
+        );
+        assert!(
+            hidden_offered >= 10,
+            "without the cap they are offered: {hidden_offered}"
+        );
+        assert_eq!(
+            easier_under_cap, 0,
+            "nothing left to make easier at the cap"
+        );
     }
 
     /// Harder mutations lower the uniform policy's success, easier ones raise it (on average).
