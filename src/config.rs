@@ -775,6 +775,26 @@ mod tests {
         assert_eq!(again.reward.rm_balance, RmBalance::Outcome);
     }
 
+    /// `update.target_kl` at its default (off) is not written either: older runs keep their
+    /// hash; a target is written, changes the update's section hash and survives a branch.
+    #[test]
+    fn target_kl_at_its_default_keeps_the_config_hash() {
+        let c = Config::from_toml(MIN, "t.toml").unwrap();
+        assert!(!c.hashed_keys().contains_key("update.target_kl"));
+        let b = c.with_sets("t", &["update.target_kl=0.05".into()]).unwrap();
+        assert_eq!(
+            b.hashed_keys().get("update.target_kl").map(String::as_str),
+            Some("0.05")
+        );
+        assert_ne!(b.section_hash(&["update"]), c.section_hash(&["update"]));
+        assert_eq!(b.with_sets("t", &[]).unwrap().update.target_kl, 0.05);
+        let e = c
+            .with_sets("t", &["update.target_kl=-1".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("update.target_kl"), "{e}");
+    }
+
     #[test]
     fn unknown_key_names_file_line_and_key() {
         let text = "[run]\nname = \"t\"\n\n[reward]\nlamda = 2.0\n";

@@ -535,6 +535,19 @@ pub struct UpdateConfig {
     /// so a run stays replayable, but updates smaller than bf16's resolution, ~0.4% of a
     /// weight, are lost at every checkpoint). Adapters (`*.lora`) are always f32.
     pub checkpoint_dtype: CheckpointDtype,
+    /// Early stop of each model's update: it ends before an optimizer step whose minibatch's
+    /// KL to the pre-update snapshot exceeds 1.5 × this (Stable-Baselines3's `target_kl`
+    /// rule; the KL is the k3 estimate `update_metrics.kl` reports, measured by the step's own
+    /// forward before it moves anything). Bounds how far a few samples reused by several
+    /// `fixed` steps can move the policy in one iteration. 0: off (every planned step). Not
+    /// written when 0, so runs made before the key existed keep their config hash.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub target_kl: f64,
+}
+
+/// `update.target_kl` at its default (off).
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 /// `update.checkpoint_dtype`.
@@ -582,6 +595,7 @@ impl Default for UpdateConfig {
             base_dtype: InferenceDtype::F32,
             threads: 1,
             checkpoint_dtype: CheckpointDtype::F32,
+            target_kl: 0.0,
         }
     }
 }
@@ -633,6 +647,11 @@ impl UpdateConfig {
             (0.0..1.0).contains(&self.weight_decay),
             "update.weight_decay",
             "must be in [0, 1)",
+        );
+        c.check(
+            self.target_kl >= 0.0 && self.target_kl.is_finite(),
+            "update.target_kl",
+            "must be a non-negative number (0: off)",
         );
     }
 }

@@ -41,6 +41,10 @@ pub struct PpoSettings {
     /// values), and the gradients are summed in micro-batch order, so the result is the same
     /// to the last bit as one at a time; memory holds that many autodiff graphs.
     pub threads: usize,
+    /// Early stop (`update.target_kl`): the update ends before a step whose minibatch's KL to
+    /// the pre-update snapshot (measured by that step's forward, before it moves anything)
+    /// exceeds 1.5 × this — Stable-Baselines3's rule. 0: every planned step is taken.
+    pub target_kl: f64,
 }
 
 /// How the optimizer steps cover the samples (`update.schedule`).
@@ -268,6 +272,11 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
                 })
             }
         }
+        // The policy has moved far enough from the snapshot on these samples: stop before
+        // stepping on them (the step's forward already measured its KL).
+        if s.target_kl > 0.0 && kl_v > 1.5 * s.target_kl {
+            break;
+        }
         let mut norm = SquaredNorm {
             grads: &summed,
             sq: 0.0,
@@ -458,6 +467,7 @@ mod tests {
             schedule: Schedule::Fixed,
             micro_tokens: 0,
             threads: 1,
+            target_kl: 0.0,
         }
     }
 
@@ -568,6 +578,61 @@ mod tests {
         );
         assert_eq!(run(2), one);
         assert_eq!(run(3), one);
+    }
+
+    /// `target_kl`: the update takes the planned steps up to the first whose minibatch has
+    /// drifted more than 1.5 × target_kl from the snapshot, and not that one — the steps it
+    /// takes are the unconstrained update's first ones, to the bit.
+    #[test]
+    fn target_kl_stops_before_the_step_that_drifts_too_far() {
+        use burn::nn::Linear;
+        let dev = Default::default();
+        let all: Vec<usize> = (0..10).collect();
+        let snapshot: Vec<f32> = tiny_logprobs(&tiny_linear(), &all)
+            .into_data()
+            .into_vec::<f32>()
+            .unwrap();
+        let run = |target_kl: f64| {
+            let mut s = settings();
+            s.steps = 10;
+            s.minibatch = 10;
+            s.lr = 0.05;
+            s.target_kl = target_kl;
+            let (lin, m) = train(
+                tiny_linear(),
+                &[1; 10],
+                &s,
+                7,
+                |m: &Linear<CpuTrain>, idx| {
+                    let b = idx.len();
+                    let lp = tiny_logprobs(m, idx);
+                    let old: Vec<f32> = idx.iter().map(|i| snapshot[*i]).collect();
+                    let old = float_tensor::<CpuTrain, 2>(old, [b, 1], &dev);
+                    let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
+                    let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
+                    let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
+                    let (l, k, c) = ppo_loss(lp, old.clone(), old, adv, valid, &s);
+                    (l, k, c, b as u64)
+                },
+            );
+            let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
+            (w, m)
+        };
+        let (free_w, free) = run(0.0);
+        assert_eq!(free.len(), 10, "no target: every planned step");
+        assert_eq!(free[0].kl, 0.0, "the first step is at the snapshot");
+        // KL 0, 0.011, 0.048, 0.075, 0.095, 0.099, then the clip holds it back.
+        assert!(
+            free[..6].windows(2).all(|p| p[1].kl > p[0].kl),
+            "the policy drifts"
+        );
+        let target = free[4].kl / 1.5 * 0.999;
+        let (w, stopped) = run(target);
+        assert_eq!(stopped.len(), 4, "stops before step 4 (KL {})", free[4].kl);
+        assert_eq!(stopped[..], free[..4]);
+        assert!(stopped.iter().all(|m| m.kl <= 1.5 * target));
+        assert_ne!(w, free_w);
+        assert_eq!(run(1e9).0, free_w, "a target never reached changes nothing");
     }
 
     /// Old log-probabilities taken from step 0's forward pass give the update a pass before

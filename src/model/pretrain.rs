@@ -88,6 +88,7 @@ mod tests {
             threads: 1,
             minibatch: 8,
             schedule: Schedule::Fixed,
+            target_kl: 0.0,
         }
     }
 

@@ -155,7 +155,8 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
         threads: match cfg.run.device {
             crate::model::Device::Cuda => 1,
             _ => cfg.update.threads,
-        },
+        }, // Behaviour cloning: no snapshot to stay near.
+        target_kl: 0.0,
     }
 }
 

@@ -95,6 +95,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
             crate::model::Device::Cuda => 1,
             _ => cfg.update.threads,
         },
+        target_kl: cfg.update.target_kl,
     }
 }
 
