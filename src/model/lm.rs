@@ -17,6 +17,16 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
+    /// Room for `extra` more keys per layer, so that the next tokens' keys and values are
+    /// written in place instead of copying the whole cache every token ([`super::kv`]; the CPU
+    /// backend — elsewhere nothing changes). The cached values and shapes stay as they are.
+    pub fn reserve(&mut self, extra: usize) {
+        for (k, v) in &mut self.layers {
+            *k = super::kv::with_room(k.clone(), extra);
+            *v = super::kv::with_room(v.clone(), extra);
+        }
+    }
+
     /// The cache with its batch rows reordered / repeated: row r of the result is row
     /// `rows[r]` of this cache.
     pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {

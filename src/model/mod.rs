@@ -22,6 +22,7 @@ pub mod config;
 pub mod count;
 pub mod device_memory;
 pub mod hf;
+pub mod kv;
 pub mod lm;
 pub mod policy;
 pub mod ppo;

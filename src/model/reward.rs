@@ -326,6 +326,8 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let n = rows.len();
     let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
     let mut cache = cache.select_rows(&rows, device);
+    // Room for the tokens to come, written in place ([`super::kv`]).
+    cache.reserve(max_tokens);
     let row_idx = int_tensor::<B, 1>(rows.iter().map(|r| *r as i64).collect(), [n], device);
     let mut logits = last.select(0, row_idx);
     let mut draws = Draws::new(verdicts, model.vocab(), seeds, m, temperature);
@@ -386,6 +388,8 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
     if max_tokens == 0 {
         return draws.finish();
     }
+    // Room for the m tokens of each step to come, written in place ([`super::kv`]).
+    cache.reserve(m * max_tokens);
     // Step 0 reads each prompt's own next-token logits, once for its m samples.
     let first = to_host(last);
     let mut fed = draws.step(|r| &first[r / m]);

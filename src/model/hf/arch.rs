@@ -448,7 +448,7 @@ impl<B: Backend> CausalLm<B> {
         tokens: Tensor<B, 2, Int>,
         positions: Tensor<B, 2, Int>,
         mask: Tensor<B, 3, Bool>,
-        cache: Option<&mut KvCache<B>>,
+        mut cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
         let a = &self.arch;
         let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
@@ -490,10 +490,12 @@ impl<B: Backend> CausalLm<B> {
             }
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        let old: Option<Vec<(Tensor<B, 4>, Tensor<B, 4>)>> = cache
-            .as_ref()
+        // The cached keys and values are taken (not cloned), so that a cache with room
+        // ([`KvCache::reserve`]) owns its buffers and takes the new ones in place.
+        let mut old = cache
+            .as_mut()
             .filter(|c| !c.layers.is_empty())
-            .map(|c| c.layers.clone());
+            .map(|c| std::mem::take(&mut c.layers).into_iter());
         let mut fresh = Vec::with_capacity(a.layers);
         let scale_lora = self.lora.as_ref().map_or(0.0, LoraSpec::scale);
         for (l, layer) in self.model.layers.iter().enumerate() {
@@ -544,10 +546,10 @@ impl<B: Backend> CausalLm<B> {
                 true,
             );
             let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
-            if let Some(layers) = &old {
-                let (ck, cv) = &layers[l];
-                k = Tensor::cat(vec![ck.clone(), k], 2);
-                v = Tensor::cat(vec![cv.clone(), v], 2);
+            if let Some(layers) = &mut old {
+                let (ck, cv) = layers.next().expect("a cached layer per layer");
+                k = crate::model::kv::append(ck, k);
+                v = crate::model::kv::append(cv, v);
             }
             fresh.push((k.clone(), v.clone()));
             // Query head j·g + i reads key/value head j: fold the g heads into the rows.

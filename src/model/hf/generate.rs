@@ -252,6 +252,9 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
         }
     };
     let t0 = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    // Room for every token this call may append: each is then written in place, not the
+    // whole cache copied per token ([`crate::model::kv`]).
+    cache.reserve(s.max_tokens);
     let logits: Vec<f32> = last
         .into_data()
         .to_vec()
@@ -276,6 +279,7 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
         }
         if keep.len() != live.len() {
             cache = cache.select_rows(&keep, device);
+            cache.reserve(s.max_tokens - step);
             live = keep.iter().map(|&slot| live[slot]).collect();
         }
         // Row r's new token sits at position len_r + step and sees its prompt (keys < len_r)
