@@ -246,6 +246,56 @@ fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {
     }
 }
 
+/// CPU inference computes the attention in batch chunks when its scores would be large
+/// (`arch::set_attention_chunk_bytes`): one row at a time, three at a time and all at once give
+/// the same logits to the bit, with the additive mask (f32) and with the fused masked softmax
+/// (bf16 tiles, where the CPU has them), and through a decode with the KV cache.
+#[test]
+fn attention_in_batch_chunks_equals_one_call() {
+    use rla_pipe::model::hf::arch::set_attention_chunk_bytes;
+    let f = Fixture::new();
+    let seqs: Vec<Vec<u32>> = (0..7u32)
+        .map(|r| {
+            (0..5 + 3 * r as usize)
+                .map(|i| (i as u32 * 7 + r) % 60 + 1)
+                .collect()
+        })
+        .collect();
+    let sampling = Sampling {
+        temperature: 0.9,
+        top_p: 0.95,
+        max_tokens: 6,
+        seed: 0,
+    };
+    let seeds: Vec<u64> = (0..7).collect();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let mut models = vec![("f32", load(&dir))];
+        if rla_pipe::model::amx::available() {
+            models.push(("bf16", load(&dir).pack_bf16()));
+        }
+        for (dtype, model) in &models {
+            let run = |bytes: usize| {
+                set_attention_chunk_bytes(bytes);
+                let l = logits(model, &seqs);
+                let g =
+                    hf::generate::sample(model, &seqs, &seeds, &[], &sampling, &Default::default())
+                        .unwrap();
+                set_attention_chunk_bytes(16 << 20);
+                (l.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), g)
+            };
+            let whole = run(usize::MAX);
+            assert_eq!(run(1), whole, "{arch} {dtype}: one row at a time");
+            // Three rows of the padded batch: kv · g · t · keys · 4 bytes a row.
+            let a = HfArch::from_dir(&dir).unwrap();
+            let t = seqs.iter().map(Vec::len).max().unwrap();
+            let row = a.heads * t * t * 4;
+            assert_eq!(run(3 * row), whole, "{arch} {dtype}: three rows at a time");
+        }
+    }
+}
+
 #[test]
 fn kv_cache_generation_equals_full_recomputation() {
     let f = Fixture::new();

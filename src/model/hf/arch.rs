@@ -84,6 +84,18 @@ pub struct CausalLm<B: Backend> {
     pub frozen: Option<std::sync::Arc<FrozenWeights>>,
 }
 
+/// The most bytes of attention scores one call of CPU inference computes at once (its batch is
+/// split into chunks under it: [`CausalLm::hidden`]). Below glibc's 32 MiB mmap threshold.
+static ATTENTION_CHUNK_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(16 << 20);
+
+/// Set the bound of [`ATTENTION_CHUNK_BYTES`] (tests: chunked and whole attention give the
+/// same values; `usize::MAX`: one call per layer).
+#[doc(hidden)]
+pub fn set_attention_chunk_bytes(bytes: usize) {
+    ATTENTION_CHUNK_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
+}
+
 /// A model's frozen projections (per layer, in [`crate::model::config::LORA_TARGETS`] order)
 /// and output head, packed for training ([`super::frozen`]).
 #[derive(Debug)]
@@ -454,6 +466,7 @@ impl<B: Backend> CausalLm<B> {
         let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
         let g = h / kv;
         let [b, t] = tokens.dims();
+        let tokens_device = tokens.device();
         let keys = mask.dims()[2];
         let mut x = self
             .model
@@ -490,6 +503,15 @@ impl<B: Backend> CausalLm<B> {
             }
         };
         let scale = 1.0 / (hd as f64).sqrt();
+        // Inference on the CPU: the attention in batch chunks whose scores (`[rows, kv, g·t,
+        // keys]` f32, and the weights beside them) stay under glibc's mmap threshold (32 MiB,
+        // `main.rs`), so their buffers are reused from the heap instead of arriving as fresh
+        // zeroed pages from the kernel every layer (long prompts: a third of the encoding's
+        // CPU time was page faults). Each batch row's products are the same calls on the same
+        // operands either way, so the values are too. Training (autodiff) and GPUs keep one call.
+        let most = ATTENTION_CHUNK_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+        let chunk = (!B::ad_enabled(&tokens_device) && !crate::model::backend::is_cuda::<B>())
+            .then(|| (most / (kv * g * t * keys * 4).max(1)).max(1));
         // The cached keys and values are taken (not cloned), so that a cache with room
         // ([`KvCache::reserve`]) owns its buffers and takes the new ones in place.
         let mut old = cache
@@ -554,16 +576,50 @@ impl<B: Backend> CausalLm<B> {
             fresh.push((k.clone(), v.clone()));
             // Query head j·g + i reads key/value head j: fold the g heads into the rows.
             let q = q.reshape([b, kv, g * t, hd]);
-            let scores = q.matmul(k.swap_dims(2, 3));
-            let weights = match (&bias, &hidden_keys) {
-                (Some(bias), _) => softmax(scores.mul_scalar(scale) + bias.clone(), 3),
-                (None, Some(hidden)) => {
-                    super::softmax::masked_softmax(scores, hidden.as_bytes(), t, scale as f32)
+            // The attention of batch rows `r0..r1`: `[r1 − r0, kv, g·t, hd]`, before the heads
+            // move back.
+            let attend =
+                |q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, r0: usize, r1: usize| {
+                    let scores = q.matmul(k.swap_dims(2, 3));
+                    let weights = match (&bias, &hidden_keys) {
+                        (Some(bias), _) if r1 - r0 == b => {
+                            softmax(scores.mul_scalar(scale) + bias.clone(), 3)
+                        }
+                        (Some(bias), _) => softmax(
+                            scores.mul_scalar(scale) + bias.clone().narrow(0, r0, r1 - r0),
+                            3,
+                        ),
+                        (None, Some(hidden)) => super::softmax::masked_softmax(
+                            scores,
+                            &hidden.as_bytes()[r0 * t * keys..r1 * t * keys],
+                            t,
+                            scale as f32,
+                        ),
+                        (None, None) => unreachable!("a bias or a mask"),
+                    };
+                    weights.matmul(v)
+                };
+            let weights = match chunk {
+                Some(rows) if rows < b => {
+                    let parts: Vec<Tensor<B, 4>> = (0..b)
+                        .step_by(rows)
+                        .map(|r0| {
+                            let n = rows.min(b - r0);
+                            attend(
+                                q.clone().narrow(0, r0, n),
+                                k.clone().narrow(0, r0, n),
+                                v.clone().narrow(0, r0, n),
+                                r0,
+                                r0 + n,
+                            )
+                        })
+                        .collect();
+                    Tensor::cat(parts, 0)
                 }
-                (None, None) => unreachable!("a bias or a mask"),
+                _ => attend(q, k, v, 0, b),
             };
-            let out = super::heads::swap_middle(weights.matmul(v).reshape([b, h, t, hd]))
-                .reshape([b, t, h * hd]);
+            let out =
+                super::heads::swap_middle(weights.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
             x = x + p(out, &att.o_proj, "o_proj");
             let normed = layer.post_attention_layernorm.forward(x.clone());
             let mlp = &layer.mlp;
