@@ -599,7 +599,7 @@ impl<B: Backend> CausalLm<B> {
                     };
                     weights.matmul(v)
                 };
-            let weights = match chunk {
+            let attended = match chunk {
                 Some(rows) if rows < b => {
                     let parts: Vec<Tensor<B, 4>> = (0..b)
                         .step_by(rows)
@@ -619,7 +619,7 @@ impl<B: Backend> CausalLm<B> {
                 _ => attend(q, k, v, 0, b),
             };
             let out =
-                super::heads::swap_middle(weights.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
+                super::heads::swap_middle(attended.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
             x = x + p(out, &att.o_proj, "o_proj");
             let normed = layer.post_attention_layernorm.forward(x.clone());
             let mlp = &layer.mlp;
