@@ -8,7 +8,7 @@ use crate::Fixture;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
-fn check(env: &str) {
+fn check(env: &str, iterations: u32) {
     let f = Fixture::new();
     let pipeline = format!("{ROOT}/pipelines/ablation/{env}.toml");
     // The same command as benches/ablation.sh's `abl-rmadapt-s0`, one iteration.
@@ -27,7 +27,7 @@ fn check(env: &str) {
         got == want,
         "the {env} ablation tables in the README are stale: the first iteration of \
          abl-rmadapt-s0 no longer computes what they were measured with ({}).\n\
-         Re-measure them: `benches/ablation.sh 8 ./runs-ablation/{env} docs/src/ablation/{env} {env}` \
+         Re-measure them: `benches/ablation.sh {iterations} ./runs-ablation/{env} docs/src/ablation/{env} {env}` \
          (rewrites {path}), then update the README's tables.\n--- {path}\n{want}--- now\n{got}",
         measured.trim()
     );
@@ -35,10 +35,18 @@ fn check(env: &str) {
 
 #[test]
 fn ablation_tables_are_current_gridnav() {
-    check("gridnav");
+    check("gridnav", 8);
 }
 
 #[test]
 fn ablation_tables_are_current_household() {
-    check("household");
+    check("household", 8);
+}
+
+/// The GUI setting's ablation (docs/src/web.md, "The ablation"): its first iteration drives
+/// headless Chromium (installed with apt when missing, as the web tests do).
+#[test]
+fn ablation_tables_are_current_web() {
+    crate::report::chromium();
+    check("web", 6);
 }
