@@ -536,12 +536,35 @@ mod tests {
         burn::tensor::activation::log_softmax(m.forward(x), 1).narrow(1, 0, 1)
     }
 
+    /// The update tests' micro-batch loss: PPO on class 0's log-probability of rows `idx`, with
+    /// advantages `i − 4.5`, against the old log-probabilities `old(lp)` makes.
+    #[allow(clippy::type_complexity)]
+    fn tiny_loss(
+        m: &burn::nn::Linear<CpuTrain>,
+        idx: &[usize],
+        s: &PpoSettings,
+        old: impl FnOnce(Tensor<CpuTrain, 2>) -> Tensor<CpuTrain, 2>,
+    ) -> (
+        Tensor<CpuTrain, 1>,
+        Tensor<CpuTrain, 1>,
+        Tensor<CpuTrain, 1>,
+        u64,
+    ) {
+        let b = idx.len();
+        let lp = tiny_logprobs(m, idx);
+        let old = old(lp.clone());
+        let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
+        let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &Default::default());
+        let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &Default::default());
+        let (l, k, c) = ppo_loss(lp, old.clone(), old, adv, valid, s);
+        (l, k, c, b as u64)
+    }
+
     /// Micro-batches differentiated on several threads give the same parameters and metrics,
     /// to the last bit, as one at a time (gradients summed in micro-batch order).
     #[test]
     fn threads_change_nothing() {
         use burn::nn::Linear;
-        let dev = Default::default();
         let run = |threads: usize| {
             let lin = tiny_linear();
             let mut s = settings();
@@ -551,14 +574,7 @@ mod tests {
             s.threads = threads;
             let sizes = vec![1; 10];
             let (lin, m) = train(lin, &sizes, &s, 7, |m: &Linear<CpuTrain>, idx| {
-                let b = idx.len();
-                let lp = tiny_logprobs(m, idx);
-                let old = lp.clone().detach().add_scalar(0.1);
-                let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
-                let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
-                let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
-                let (l, k, c) = ppo_loss(lp, old.clone(), old, adv, valid, &s);
-                (l, k, c, b as u64)
+                tiny_loss(m, idx, &s, |lp| lp.detach().add_scalar(0.1))
             });
             let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
             let bits: Vec<u32> = w.iter().map(|v| v.to_bits()).collect();
@@ -604,15 +620,10 @@ mod tests {
                 &s,
                 7,
                 |m: &Linear<CpuTrain>, idx| {
-                    let b = idx.len();
-                    let lp = tiny_logprobs(m, idx);
-                    let old: Vec<f32> = idx.iter().map(|i| snapshot[*i]).collect();
-                    let old = float_tensor::<CpuTrain, 2>(old, [b, 1], &dev);
-                    let adv: Vec<f32> = idx.iter().map(|i| *i as f32 - 4.5).collect();
-                    let adv = float_tensor::<CpuTrain, 2>(adv, [b, 1], &dev);
-                    let valid = float_tensor::<CpuTrain, 2>(vec![1.0; b], [b, 1], &dev);
-                    let (l, k, c) = ppo_loss(lp, old.clone(), old, adv, valid, &s);
-                    (l, k, c, b as u64)
+                    tiny_loss(m, idx, &s, |_| {
+                        let old: Vec<f32> = idx.iter().map(|i| snapshot[*i]).collect();
+                        float_tensor::<CpuTrain, 2>(old, [idx.len(), 1], &dev)
+                    })
                 },
             );
             let w = lin.weight.val().into_data().into_vec::<f32>().unwrap();
