@@ -91,6 +91,8 @@ fn main() -> anyhow::Result<()> {
         schedule: Schedule::Fixed,
         micro_tokens: 0,
         threads: 1,
+        // Behaviour cloning, as the warm start: no snapshot to stay near.
+        target_kl: 0.0,
     };
     let dev = Default::default();
     let (trained, metrics) =
