@@ -168,22 +168,18 @@ impl EnvConfig {
     }
 }
 
-/// The environment a config names.
+/// The environment a config names (one with difficulty knobs: [`at_level`] 0, where each is
+/// built).
 pub fn from_config(cfg: &EnvConfig) -> Result<Box<dyn Environment>> {
     match cfg.name {
-        EnvKind::Gridnav => Ok(Box::new(
-            gridnav::GridNav::new(cfg.gridnav.clone()).with_step_cap(cfg.max_steps),
-        )),
-        EnvKind::Household => Ok(Box::new(
-            household::Household::new(cfg.household.clone()).with_step_cap(cfg.max_steps),
-        )),
         EnvKind::External => Ok(Box::new(external::External::new(cfg.external.clone()))),
-        EnvKind::Textworld => Ok(Box::new(textworld::TextWorld::new(cfg.textworld.clone()))),
         EnvKind::Coding => Ok(Box::new(coding::Coding::new(&cfg.coding.problems))),
-        EnvKind::Web => Ok(Box::new(web::Web::new(cfg.web.clone()))),
         EnvKind::Synthetic => Err(Error::config(
             "key `env.name`: the synthetic environment has no episodes (it generates rollouts in the `synthetic` stage)",
         )),
+        EnvKind::Gridnav | EnvKind::Household | EnvKind::Textworld | EnvKind::Web => {
+            Ok(at_level(cfg, 0)?.expect("an environment with difficulty knobs"))
+        }
     }
 }
 
@@ -211,9 +207,6 @@ pub fn at_level(cfg: &EnvConfig, level: i32) -> Result<Option<Box<dyn Environmen
     fn shift<C: Clone>(c: &C, level: i32, harder: fn(&C) -> C, easier: fn(&C) -> C) -> C {
         let step = if level > 0 { harder } else { easier };
         (0..level.unsigned_abs()).fold(c.clone(), |c, _| step(&c))
-    }
-    if level == 0 {
-        return from_config(cfg).map(Some);
     }
     Ok(match cfg.name {
         EnvKind::Gridnav => Some(Box::new(
@@ -246,6 +239,9 @@ pub fn at_level(cfg: &EnvConfig, level: i32) -> Result<Option<Box<dyn Environmen
             web::WebConfig::harder,
             web::WebConfig::easier,
         )))),
+        EnvKind::External | EnvKind::Synthetic | EnvKind::Coding if level == 0 => {
+            Some(from_config(cfg)?)
+        }
         EnvKind::External | EnvKind::Synthetic | EnvKind::Coding => None,
     })
 }
