@@ -23,6 +23,21 @@ pub type Gpu = burn::backend::Cuda;
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
 
+/// `x` as a `U`, when `T` is `U`; else `x` back (how the CPU backends' fused operations find
+/// their backend's path in generic code: [`on_cpu`], [`super::kv`]).
+pub fn cast<T: 'static, U: 'static>(x: T) -> Result<U, T> {
+    let x: Box<dyn std::any::Any> = Box::new(x);
+    match x.downcast::<U>() {
+        Ok(u) => Ok(*u),
+        Err(x) => Err(*x.downcast::<T>().expect("the value is a T")),
+    }
+}
+
+/// `y`, which is a `U` because the value it came from was one ([`cast`] the other way).
+pub fn cast_back<T: 'static, U: 'static>(y: T) -> U {
+    cast(y).unwrap_or_else(|_| unreachable!("the result has the input's type"))
+}
+
 /// `x` through the function of its backend: `train` on the CPU training backend, `plain` on the
 /// CPU backend, `other` on any other (the fused CPU operations of `model::hf`: the frozen
 /// base's products, the masked softmax, the heads' move).
@@ -32,18 +47,13 @@ pub fn on_cpu<B: burn::tensor::backend::Backend, const D: usize>(
     plain: impl FnOnce(burn::tensor::Tensor<Cpu, D>) -> burn::tensor::Tensor<Cpu, D>,
     other: impl FnOnce(burn::tensor::Tensor<B, D>) -> burn::tensor::Tensor<B, D>,
 ) -> burn::tensor::Tensor<B, D> {
-    use burn::tensor::Tensor;
-    use std::any::Any;
-    let x: Box<dyn Any> = Box::new(x);
-    let y: Box<dyn Any> = match x.downcast::<Tensor<CpuTrain, D>>() {
-        Ok(x) => Box::new(train(*x)),
-        Err(x) => match x.downcast::<Tensor<Cpu, D>>() {
-            Ok(x) => Box::new(plain(*x)),
-            Err(x) => Box::new(other(*x.downcast::<Tensor<B, D>>().expect("a tensor of B"))),
+    match cast(x) {
+        Ok(x) => cast_back(train(x)),
+        Err(x) => match cast(x) {
+            Ok(x) => cast_back(plain(x)),
+            Err(x) => other(x),
         },
-    };
-    *y.downcast::<Tensor<B, D>>()
-        .expect("the result has the input's backend")
+    }
 }
 
 /// Whether `B` computes on the GPU (burn-cuda, with or without autodiff: both use its device).

@@ -14,21 +14,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
 use burn_flex::{FlexTensor, Layout};
 
-use crate::model::backend::Cpu;
-
-/// Two tensors of `B` as the CPU backend's, or back.
-fn as_cpu<B: Backend>(x: Tensor<B, 4>) -> Result<Tensor<Cpu, 4>, Tensor<B, 4>> {
-    let x: Box<dyn std::any::Any> = Box::new(x);
-    match x.downcast::<Tensor<Cpu, 4>>() {
-        Ok(x) => Ok(*x),
-        Err(x) => Err(*x.downcast::<Tensor<B, 4>>().expect("a tensor of B")),
-    }
-}
-
-fn from_cpu<B: Backend>(x: Tensor<Cpu, 4>) -> Tensor<B, 4> {
-    let x: Box<dyn std::any::Any> = Box::new(x);
-    *x.downcast::<Tensor<B, 4>>().expect("B is the CPU backend")
-}
+use crate::model::backend::{Cpu, cast, cast_back};
 
 fn flex(x: Tensor<Cpu, 4>) -> FlexTensor {
     x.into_primitive().tensor()
@@ -46,14 +32,14 @@ fn strides(h: usize, cap: usize, d: usize) -> Vec<isize> {
 /// `x [b, h, n, d]` with room for `extra` more keys after its `n` (on the CPU backend, f32):
 /// the same values and shape, laid out in a buffer of `n + extra` keys per head. Elsewhere `x`.
 pub fn with_room<B: Backend>(x: Tensor<B, 4>, extra: usize) -> Tensor<B, 4> {
-    let x = match as_cpu(x) {
+    let x: Tensor<Cpu, 4> = match cast(x) {
         Ok(x) => x,
         Err(x) => return x,
     };
     let [b, h, n, d] = x.dims();
     let x = flex(x);
     if x.dtype() != DType::F32 || extra == 0 {
-        return from_cpu(tensor(x));
+        return cast_back(tensor(x));
     }
     let cap = n + extra;
     let src = x.to_contiguous();
@@ -69,7 +55,7 @@ pub fn with_room<B: Backend>(x: Tensor<B, 4>, extra: usize) -> Tensor<B, 4> {
         strides(h, cap, d),
         0,
     ));
-    from_cpu(tensor(view))
+    cast_back(tensor(view))
 }
 
 /// `Tensor::cat(vec![cached, new], 2)`'s values: `cached [b, h, n, d]` followed by `new [b, h, t,
@@ -77,14 +63,13 @@ pub fn with_room<B: Backend>(x: Tensor<B, 4>, extra: usize) -> Tensor<B, 4> {
 /// [`with_room`] made (or an earlier `append` widened) with room for `t` more and the only owner
 /// of its buffer; the result is then the same buffer's view of `n + t` keys.
 pub fn append<B: Backend>(cached: Tensor<B, 4>, new: Tensor<B, 4>) -> Tensor<B, 4> {
-    let (cached, new) = match (as_cpu(cached), as_cpu(new)) {
+    let (cached, new): (Tensor<Cpu, 4>, Tensor<Cpu, 4>) = match (cast(cached), cast(new)) {
         (Ok(c), Ok(x)) => (c, x),
-        (c, x) => {
-            let back = |r: Result<Tensor<Cpu, 4>, Tensor<B, 4>>| r.map_or_else(|x| x, from_cpu);
-            return Tensor::cat(vec![back(c), back(x)], 2);
-        }
+        // Both tensors are of B: either both are the CPU backend's or neither is.
+        (Err(c), Err(x)) => return Tensor::cat(vec![c, x], 2),
+        _ => unreachable!("both tensors are of one backend"),
     };
-    from_cpu(match in_place(flex(cached), new) {
+    cast_back(match in_place(flex(cached), new) {
         Ok(grown) => tensor(grown),
         Err((cached, new)) => Tensor::cat(vec![tensor(cached), new], 2),
     })
