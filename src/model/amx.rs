@@ -4,8 +4,8 @@
 //! builds unoptimised.
 
 pub use rla_amx::{
-    Packed, Rounded, add_bias, available, bf16, exp, f32s, masked_softmax, masked_softmax_backward,
-    silu_mul, swap_middle, transpose,
+    Heads, Packed, Rounded, Shape, add_bias, attention, available, bf16, exp, f32s, masked_softmax,
+    masked_softmax_backward, silu_mul, swap_middle, transpose,
 };
 
 use burn::tensor::backend::Backend;

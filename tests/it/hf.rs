@@ -249,10 +249,13 @@ fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {
 /// CPU inference computes the attention in batch chunks when its scores would be large
 /// (`arch::set_attention_chunk_bytes`): one row at a time, three at a time and all at once give
 /// the same logits to the bit, with the additive mask (f32) and with the fused masked softmax
-/// (bf16 tiles, where the CPU has them), and through a decode with the KV cache.
+/// (bf16 tiles, where the CPU has them), and through a decode with the KV cache. (Chunks are
+/// burn's attention's: the fused one, which keeps no scores in memory, is off on this thread
+/// for the prompts; the decoding steps run burn's either way.)
 #[test]
 fn attention_in_batch_chunks_equals_one_call() {
     use rla_pipe::model::hf::arch::set_attention_chunk_bytes;
+    rla_pipe::model::hf::attention::set_fused_attention(false);
     let f = Fixture::new();
     let seqs: Vec<Vec<u32>> = (0..7u32)
         .map(|r| {
@@ -292,6 +295,67 @@ fn attention_in_batch_chunks_equals_one_call() {
             let t = seqs.iter().map(Vec::len).max().unwrap();
             let row = a.heads * t * t * 4;
             assert_eq!(run(3 * row), whole, "{arch} {dtype}: three rows at a time");
+        }
+    }
+}
+
+/// CPU inference's fused attention (`hf::attention`) against burn's products and softmax:
+/// logits within 1e-5 (relative to the largest, f32 sums in other orders), on f32 and bf16
+/// weights, and the same greedy tokens with log-probabilities within 1e-5 relative.
+#[test]
+fn fused_attention_follows_burns() {
+    use rla_pipe::model::hf::attention::set_fused_attention;
+    let f = Fixture::new();
+    let seqs: Vec<Vec<u32>> = (0..5u32)
+        .map(|r| {
+            (0..4 + 9 * r as usize)
+                .map(|i| (i as u32 * 11 + r) % 60 + 1)
+                .collect()
+        })
+        .collect();
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        max_tokens: 6,
+        seed: 0,
+    };
+    let seeds: Vec<u64> = (0..5).collect();
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let mut models = vec![("f32", load(&dir))];
+        if rla_pipe::model::amx::available() {
+            models.push(("bf16", load(&dir).pack_bf16()));
+        }
+        for (dtype, model) in &models {
+            let run = |on: bool| {
+                set_fused_attention(on);
+                let l = logits(model, &seqs);
+                let g =
+                    hf::generate::sample(model, &seqs, &seeds, &[], &greedy, &Default::default())
+                        .unwrap();
+                set_fused_attention(true);
+                (l, g)
+            };
+            let (fused, g_fused) = run(true);
+            let (burn, g_burn) = run(false);
+            let top = burn.iter().fold(0f32, |m, v| m.max(v.abs())).max(1.0);
+            let worst = fused
+                .iter()
+                .zip(&burn)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                worst <= 1e-5 * top,
+                "{arch} {dtype}: logits differ by {worst}"
+            );
+            for ((ids, lp), (ids_b, lp_b)) in g_fused.iter().zip(&g_burn) {
+                assert_eq!(ids, ids_b, "{arch} {dtype}: greedy tokens");
+                assert!(
+                    (lp - lp_b).abs() <= 1e-5 * lp_b.abs().max(1.0),
+                    "{arch} {dtype}: {lp} vs {lp_b}"
+                );
+            }
         }
     }
 }

@@ -21,6 +21,42 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
+/// `wide! { fn name(args) { body } }`: a kernel compiled twice, as is and for AVX-512, and run
+/// in the AVX-512 copy where the CPU has it ([`avx512`]): the same arithmetic in wider
+/// registers, so the same results to the bit (Rust never fuses a multiply and an add on its
+/// own). The body is a function of its own, always inlined into the copy that carries the
+/// target features: a closure handed to such a function (this crate's first way) is compiled
+/// without them unless the optimiser chooses to inline it, which it did not for the larger
+/// kernels.
+macro_rules! wide {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        #[inline]
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name($($a: $t),*) {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn body($($a: $t),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn on_avx512($($a: $t),*) {
+                    body($($a),*)
+                }
+                if $crate::avx512() {
+                    // SAFETY: the CPU has the features (checked once, [`avx512`]).
+                    return unsafe { on_avx512($($a),*) };
+                }
+            }
+            body($($a),*)
+        }
+    };
+}
+
+mod attention;
+pub use attention::{Heads, Shape, attention};
+
 const TILE_K: usize = 32; // bf16 values per tile row (64 bytes)
 const BLOCK: usize = 32; // rows and columns of a task's output block
 
@@ -171,39 +207,32 @@ pub fn exp(x: f32) -> f32 {
 /// element.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "gate and up");
-    #[inline(always)]
-    fn run(g: &mut [f32], u: &[f32]) {
-        for (g, u) in g.iter_mut().zip(u) {
-            *g = *g * *u / (1.0 + exp(-*g));
+    wide! {
+        fn run(g: &mut [f32], u: &[f32]) {
+            for (g, u) in g.iter_mut().zip(u) {
+                *g = *g * *u / (1.0 + exp(-*g));
+            }
         }
     }
     gate.par_chunks_mut(1 << 14)
         .zip(up.par_chunks(1 << 14))
-        .for_each(|(g, u)| wide(|| run(g, u)));
+        .for_each(|(g, u)| run(g, u));
 }
 
-/// Run `f` compiled for AVX-512 where the CPU has it (every CPU with AMX does): the same
-/// arithmetic in wider registers, so the same results to the bit (Rust never fuses a multiply
-/// and an add on its own).
-#[inline]
-fn wide(f: impl FnOnce()) {
+/// Whether the CPU runs the AVX-512 copies of the kernels ([`wide!`]; every CPU with AMX
+/// has AVX-512).
+pub(crate) fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma")]
-        unsafe fn on_avx512(f: impl FnOnce()) {
-            f()
-        }
         static AVX512: OnceLock<bool> = OnceLock::new();
-        if *AVX512.get_or_init(|| {
+        *AVX512.get_or_init(|| {
             std::arch::is_x86_feature_detected!("avx512f")
                 && std::arch::is_x86_feature_detected!("avx512bw")
                 && std::arch::is_x86_feature_detected!("avx512vl")
-        }) {
-            // SAFETY: the CPU has the features just checked.
-            return unsafe { on_avx512(f) };
-        }
+        })
     }
-    f()
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Attention weights in place: each row of `scores` (`keys` values) becomes
@@ -231,12 +260,35 @@ pub fn masked_softmax(
         .for_each(|(r, row)| {
             let (batch, query) = (r / per_batch, r % t);
             let hidden = &mask[(batch * t + query) * keys..][..keys];
-            wide(|| softmax_row(row, hidden, scale))
+            softmax_row_wide(row, hidden, scale)
         });
+}
+
+wide! {
+    fn softmax_row_wide(row: &mut [f32], hidden: &[u8], scale: f32) {
+        softmax_row(row, hidden, scale)
+    }
 }
 
 #[inline(always)]
 fn softmax_row(row: &mut [f32], hidden: &[u8], scale: f32) {
+    if !softmax_exps(row, hidden, scale) {
+        return;
+    }
+    // In key order, one add at a time: the reference's sum. A hidden key adds 0, exactly, so
+    // the sum stops at the last visible key (half the row of a causal mask, on average).
+    let last = hidden.iter().rposition(|h| *h == 0).map_or(0, |i| i + 1);
+    let mut sum = 0.0f32;
+    for v in &row[..last] {
+        sum += *v;
+    }
+    softmax_scale(row, sum);
+}
+
+/// [`softmax_row`]'s first part: the row scaled, its visible keys' `exp(x − max)`, 0 on the
+/// hidden ones; false (the row all 0) when no key is visible.
+#[inline(always)]
+pub(crate) fn softmax_exps(row: &mut [f32], hidden: &[u8], scale: f32) -> bool {
     const L: usize = 16;
     // The maximum over the visible keys: per lane, then over the lanes (a maximum is the same
     // in any order; NaN is never taken, as with `>`).
@@ -264,19 +316,18 @@ fn softmax_row(row: &mut [f32], hidden: &[u8], scale: f32) {
     }
     if max == f32::NEG_INFINITY {
         row.fill(0.0);
-        return;
+        return false;
     }
     for (v, h) in row.iter_mut().zip(hidden) {
         let e = exp(*v - max);
         *v = if *h == 0 { e } else { 0.0 };
     }
-    // In key order, one add at a time: the reference's sum. A hidden key adds 0, exactly, so
-    // the sum stops at the last visible key (half the row of a causal mask, on average).
-    let last = hidden.iter().rposition(|h| *h == 0).map_or(0, |i| i + 1);
-    let mut sum = 0.0f32;
-    for v in &row[..last] {
-        sum += *v;
-    }
+    true
+}
+
+/// [`softmax_row`]'s last part: the exponentials divided by their `sum`.
+#[inline(always)]
+pub(crate) fn softmax_scale(row: &mut [f32], sum: f32) {
     let inv = 1.0 / sum;
     for v in row.iter_mut() {
         *v *= inv;
@@ -331,25 +382,26 @@ pub fn masked_softmax_backward(g: &mut [f32], y: &[f32], keys: usize, scale: f32
     g.par_chunks_mut(keys)
         .zip(y.par_chunks(keys))
         .with_min_len(64)
-        .for_each(|(g, y)| {
-            wide(|| {
-                let mut lanes = [0f32; 16];
-                let (gc, gr) = g.split_at(g.len() / 16 * 16);
-                let (yc, yr) = y.split_at(gc.len());
-                for (a, b) in gc.chunks_exact(16).zip(yc.chunks_exact(16)) {
-                    for i in 0..16 {
-                        lanes[i] += a[i] * b[i];
-                    }
+        .for_each(|(g, y)| backward_row(g, y, scale));
+    wide! {
+        fn backward_row(g: &mut [f32], y: &[f32], scale: f32) {
+            let mut lanes = [0f32; 16];
+            let (gc, gr) = g.split_at(g.len() / 16 * 16);
+            let (yc, yr) = y.split_at(gc.len());
+            for (a, b) in gc.chunks_exact(16).zip(yc.chunks_exact(16)) {
+                for i in 0..16 {
+                    lanes[i] += a[i] * b[i];
                 }
-                let mut dot = lanes.iter().sum::<f32>();
-                for (a, b) in gr.iter().zip(yr) {
-                    dot += a * b;
-                }
-                for (gv, yv) in g.iter_mut().zip(y) {
-                    *gv = scale * *yv * (*gv - dot);
-                }
-            })
-        });
+            }
+            let mut dot = lanes.iter().sum::<f32>();
+            for (a, b) in gr.iter().zip(yr) {
+                dot += a * b;
+            }
+            for (gv, yv) in g.iter_mut().zip(y) {
+                *gv = scale * *yv * (*gv - dot);
+            }
+        }
+    }
 }
 
 /// `x [b, a, c, d]` (row-major) with its middle axes swapped: `[b, c, a, d]`, as copies of

@@ -84,8 +84,10 @@ pub struct CausalLm<B: Backend> {
     pub frozen: Option<std::sync::Arc<FrozenWeights>>,
 }
 
-/// The most bytes of attention scores one call of CPU inference computes at once (its batch is
-/// split into chunks under it: [`CausalLm::hidden`]). Below glibc's 32 MiB mmap threshold.
+/// The most bytes of attention scores one call of CPU inference with burn's attention (a
+/// decoding step; a prompt runs the fused attention, [`super::attention`], which keeps no
+/// scores) computes at once: its batch is split into chunks under it ([`CausalLm::hidden`]).
+/// Below glibc's 32 MiB mmap threshold.
 static ATTENTION_CHUNK_BYTES: std::sync::atomic::AtomicUsize =
     std::sync::atomic::AtomicUsize::new(16 << 20);
 
@@ -483,7 +485,10 @@ impl<B: Backend> CausalLm<B> {
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
         // With the tiles (inference or training), the mask's bytes instead: the fused masked
         // softmax reads them ([`super::softmax`]).
-        let (bias, hidden_keys) = match self.packed.is_none() && self.frozen.is_none() {
+        // CPU inference over more than one position: the fused attention, which reads the
+        // mask's bytes too ([`super::attention`]).
+        let fused = super::attention::applies::<B>(t);
+        let (bias, hidden_keys) = match self.packed.is_none() && self.frozen.is_none() && !fused {
             true => {
                 let bias = crate::model::transformer::attention_bias(mask)
                     .unsqueeze_dim::<4>(1)
@@ -503,7 +508,8 @@ impl<B: Backend> CausalLm<B> {
             }
         };
         let scale = 1.0 / (hd as f64).sqrt();
-        // Inference on the CPU: the attention in batch chunks whose scores (`[rows, kv, g·t,
+        // Inference on the CPU with burn's attention (decoding steps; prompts run the fused
+        // one): the attention in batch chunks whose scores (`[rows, kv, g·t,
         // keys]` f32, and the weights beside them) stay under glibc's mmap threshold (32 MiB,
         // `main.rs`), so their buffers are reused from the heap instead of arriving as fresh
         // zeroed pages from the kernel every layer (long prompts: a third of the encoding's
@@ -599,8 +605,11 @@ impl<B: Backend> CausalLm<B> {
                     };
                     weights.matmul(v)
                 };
-            let attended = match chunk {
-                Some(rows) if rows < b => {
+            let attended = match (&hidden_keys, chunk) {
+                (Some(hidden), _) if fused => {
+                    super::attention::attend(q, k, v, hidden.as_bytes(), t, scale as f32)
+                }
+                (_, Some(rows)) if rows < b => {
                     let parts: Vec<Tensor<B, 4>> = (0..b)
                         .step_by(rows)
                         .map(|r0| {

@@ -13,6 +13,7 @@
 
 pub mod adapter;
 pub mod arch;
+pub mod attention;
 pub mod config;
 pub mod frozen;
 pub mod generate;
