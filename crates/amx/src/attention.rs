@@ -9,8 +9,9 @@
 //! A hidden key contributes nothing (its weight is 0 and its term is skipped or adds 0), so a
 //! row's values depend only on the keys it sees and on their order — not on the block sizes,
 //! the threads, nor on other rows' keys packed between them (a prefix tree's branches give
-//! the same bits as separate rows). Plain multiplies and adds (no fused multiply-add), as in
-//! the rest of the crate: the same bits with or without AVX-512.
+//! the same bits as separate rows). The products' terms are fused multiply-adds
+//! (`f32::mul_add`, one rounding each: the same bits on every CPU, one instruction where the
+//! CPU has FMA — `wide!`'s copies — and a library call where it has not).
 
 use rayon::prelude::*;
 
@@ -215,7 +216,7 @@ wide! {
 }
 
 /// `acc[x][c] = Σ_p a[x][p] · b[p · ldb + c]` over the `p` of `runs` (`[p0, p1)` each), in
-/// order (one multiply and one add a term). `b` must hold COLS columns from each row it is
+/// order (one fused multiply-add a term). `b` must hold COLS columns from each row it is
 /// read at.
 #[inline(always)]
 fn tile(a: &[&[f32]; ROWS], b: &[f32], ldb: usize, runs: &[(usize, usize)]) -> [[f32; COLS]; ROWS] {
@@ -228,7 +229,7 @@ fn tile(a: &[&[f32]; ROWS], b: &[f32], ldb: usize, runs: &[(usize, usize)]) -> [
             for x in 0..ROWS {
                 let ax = a[x][p];
                 for c in 0..COLS {
-                    acc[x][c] += ax * bp[c];
+                    acc[x][c] = ax.mul_add(bp[c], acc[x][c]);
                 }
             }
         }
@@ -253,7 +254,7 @@ mod tests {
     }
 
     /// One row at a time: the scores key by key, [`crate::masked_softmax_reference`], the
-    /// values key by key.
+    /// values key by key (fused multiply-adds, as the kernel).
     fn reference(q: &[f32], k: &[f32], v: &[f32], mask: &[u8], s: Shape, scale: f32) -> Vec<f32> {
         let Shape {
             b,
@@ -273,7 +274,8 @@ mod tests {
                     for j in 0..keys {
                         let mut acc = 0f32;
                         for c in 0..d {
-                            acc += q[(bh * rows + r) * d + c] * k[(bh * keys + j) * d + c];
+                            acc =
+                                q[(bh * rows + r) * d + c].mul_add(k[(bh * keys + j) * d + c], acc);
                         }
                         w[r * keys + j] = acc;
                     }
@@ -290,7 +292,7 @@ mod tests {
                     for c in 0..d {
                         let mut acc = 0f32;
                         for j in 0..keys {
-                            acc += w[r * keys + j] * v[(bh * keys + j) * d + c];
+                            acc = w[r * keys + j].mul_add(v[(bh * keys + j) * d + c], acc);
                         }
                         out[(bh * rows + r) * d + c] = acc;
                     }
