@@ -201,4 +201,122 @@ mod tests {
             assert_eq!(got, p.matmul(&x, m), "the same bits again");
         }
     }
+
+    /// One row at a time: the scores key by key, [`rla_amx::masked_softmax_reference`], the
+    /// values key by key (fused multiply-adds, as the kernel).
+    fn reference(q: &[f32], k: &[f32], v: &[f32], mask: &[u8], s: Shape, scale: f32) -> Vec<f32> {
+        let Shape {
+            b,
+            kv,
+            g,
+            t,
+            keys,
+            d,
+        } = s;
+        let rows = g * t;
+        let mut out = vec![0f32; b * kv * rows * d];
+        for i in 0..b {
+            for h in 0..kv {
+                let bh = i * kv + h;
+                let mut w = vec![0f32; rows * keys];
+                for r in 0..rows {
+                    for j in 0..keys {
+                        let mut acc = 0f32;
+                        for c in 0..d {
+                            acc =
+                                q[(bh * rows + r) * d + c].mul_add(k[(bh * keys + j) * d + c], acc);
+                        }
+                        w[r * keys + j] = acc;
+                    }
+                }
+                rla_amx::masked_softmax_reference(
+                    &mut w,
+                    keys,
+                    t,
+                    rows,
+                    &mask[i * t * keys..][..t * keys],
+                    scale,
+                );
+                for r in 0..rows {
+                    for c in 0..d {
+                        let mut acc = 0f32;
+                        for j in 0..keys {
+                            acc = w[r * keys + j].mul_add(v[(bh * keys + j) * d + c], acc);
+                        }
+                        out[(bh * rows + r) * d + c] = acc;
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The fused attention equals the row-by-row reference to the bit (the same sums in the
+    /// same order), over shapes with partial blocks, padded dimensions, keys hidden in runs
+    /// and rows that see nothing; and a key/value layout with room between the heads.
+    #[test]
+    fn fused_attention_equals_the_reference_to_the_bit() {
+        for (b, kv, g, t, keys, d) in [
+            (1, 1, 1, 2, 2, 4),
+            (2, 3, 3, 7, 7, 64),
+            (3, 2, 2, 5, 13, 8),
+            (1, 2, 1, 40, 70, 64),
+            (2, 1, 4, 9, 33, 48),
+        ] {
+            let s = Shape {
+                b,
+                kv,
+                g,
+                t,
+                keys,
+                d,
+            };
+            let q = data(b * kv * g * t * d, 1);
+            let k = data(b * kv * keys * d, 2);
+            let v = data(b * kv * keys * d, 3);
+            // Causal over the last t keys, a hidden run in the middle, and the last query
+            // of batch row 0 seeing nothing.
+            let mut mask = vec![0u8; b * t * keys];
+            for i in 0..b {
+                for x in 0..t {
+                    for j in 0..keys {
+                        let causal = j > keys - t + x;
+                        let run = (3..6).contains(&j) && x % 2 == 1;
+                        let none = i == 0 && x == t - 1 && t > 1;
+                        mask[(i * t + x) * keys + j] = u8::from(causal || run || none);
+                    }
+                }
+            }
+            let scale = 1.0 / (d as f32).sqrt();
+            let want = reference(&q, &k, &v, &mask, s, scale);
+            // Keys and values with `room` rows per head (the first `keys` of each used).
+            let run = |k: &[f32], v: &[f32], room: usize| {
+                let heads = |data| Heads {
+                    data,
+                    batch: kv * room * d,
+                    head: room * d,
+                };
+                attention(&q, heads(k), heads(v), &mask, s, scale)
+            };
+            let got = run(&k, &v, keys);
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{b}x{kv}x{g}x{t}x{keys}x{d}");
+            // The same keys and values in a buffer with room for 5 more keys per head.
+            let room = keys + 5;
+            let spread = |x: &[f32]| {
+                let mut y = vec![f32::NAN; b * kv * room * d];
+                for bh in 0..b * kv {
+                    y[bh * room * d..][..keys * d].copy_from_slice(&x[bh * keys * d..][..keys * d]);
+                }
+                y
+            };
+            let (ks, vs) = (spread(&k), spread(&v));
+            let roomy = run(&ks, &vs, room);
+            assert_eq!(
+                bits(&roomy),
+                bits(&want),
+                "{b}x{kv}x{g}x{t}x{keys}x{d}: with room"
+            );
+        }
+    }
 }

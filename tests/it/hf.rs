@@ -246,6 +246,26 @@ fn logits_match_an_independent_numpy_forward_on_all_three_architectures() {
     }
 }
 
+/// `n` token sequences of `base + step · r` tokens (row `r`), ids in 1..=60.
+fn rows_of_tokens(n: u32, base: usize, step: usize, mul: u32) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|r| {
+            (0..base + step * r as usize)
+                .map(|i| (i as u32 * mul + r) % 60 + 1)
+                .collect()
+        })
+        .collect()
+}
+
+/// The model of `dir` in f32 and, where the CPU multiplies in bf16, packed for it.
+fn f32_and_bf16(dir: &Path) -> Vec<(&'static str, CausalLm<Cpu>)> {
+    let mut models = vec![("f32", load(dir))];
+    if rla_pipe::model::amx::available() {
+        models.push(("bf16", load(dir).pack_bf16()));
+    }
+    models
+}
+
 /// CPU inference computes the attention in batch chunks when its scores would be large
 /// (`arch::set_attention_chunk_bytes`): one row at a time, three at a time and all at once give
 /// the same logits to the bit, with the additive mask (f32) and with the fused masked softmax
@@ -257,13 +277,7 @@ fn attention_in_batch_chunks_equals_one_call() {
     use rla_pipe::model::hf::arch::set_attention_chunk_bytes;
     rla_pipe::model::hf::attention::set_fused_attention(false);
     let f = Fixture::new();
-    let seqs: Vec<Vec<u32>> = (0..7u32)
-        .map(|r| {
-            (0..5 + 3 * r as usize)
-                .map(|i| (i as u32 * 7 + r) % 60 + 1)
-                .collect()
-        })
-        .collect();
+    let seqs = rows_of_tokens(7, 5, 3, 7);
     let sampling = Sampling {
         temperature: 0.9,
         top_p: 0.95,
@@ -274,11 +288,7 @@ fn attention_in_batch_chunks_equals_one_call() {
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
-        let mut models = vec![("f32", load(&dir))];
-        if rla_pipe::model::amx::available() {
-            models.push(("bf16", load(&dir).pack_bf16()));
-        }
-        for (dtype, model) in &models {
+        for (dtype, model) in &f32_and_bf16(&dir) {
             let run = |bytes: usize| {
                 set_attention_chunk_bytes(bytes);
                 let l = logits(model, &seqs);
@@ -306,13 +316,7 @@ fn attention_in_batch_chunks_equals_one_call() {
 fn fused_attention_follows_burns() {
     use rla_pipe::model::hf::attention::set_fused_attention;
     let f = Fixture::new();
-    let seqs: Vec<Vec<u32>> = (0..5u32)
-        .map(|r| {
-            (0..4 + 9 * r as usize)
-                .map(|i| (i as u32 * 11 + r) % 60 + 1)
-                .collect()
-        })
-        .collect();
+    let seqs = rows_of_tokens(5, 4, 9, 11);
     let greedy = Sampling {
         temperature: 0.0,
         top_p: 1.0,
@@ -323,11 +327,7 @@ fn fused_attention_follows_burns() {
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
-        let mut models = vec![("f32", load(&dir))];
-        if rla_pipe::model::amx::available() {
-            models.push(("bf16", load(&dir).pack_bf16()));
-        }
-        for (dtype, model) in &models {
+        for (dtype, model) in &f32_and_bf16(&dir) {
             let run = |on: bool| {
                 set_fused_attention(on);
                 let l = logits(model, &seqs);
