@@ -52,7 +52,8 @@ pub struct Shape {
 /// `softmax(scale · q kᵀ, masked) · v` per key/value head: `q` is `[b, kv, g·t, d]`
 /// (contiguous; row `r` is query position `r mod t`), `k` and `v` hold `keys` rows of `d` per
 /// head, and `mask` is a boolean `[b, t, keys]` tensor's bytes (non-zero: the key is hidden
-/// from that query). Returns `[b, kv, g·t, d]`. A row that sees no key is 0.
+/// from that query). Returns `[b, kv, g·t, d]`. A row that sees no key (or with no keys at
+/// all) is 0.
 pub fn attention(
     q: &[f32],
     k: Heads<'_>,
@@ -73,7 +74,7 @@ pub fn attention(
     assert_eq!(q.len(), b * kv * rows * d, "queries [b, kv, g·t, d]");
     assert_eq!(mask.len(), b * t * keys, "mask [b, t, keys]");
     let mut out = vec![0f32; b * kv * rows * d];
-    if rows == 0 || d == 0 {
+    if rows == 0 || d == 0 || keys == 0 {
         return out;
     }
     // Where each query sees its last key (0: none), once per call.

@@ -50,7 +50,7 @@ fn heads(x: FlexTensor) -> (FlexTensor, usize, usize, usize) {
         let (b, h, off) = (s[0] as usize, s[1] as usize, l.start_offset());
         return (x, b, h, off);
     }
-    let [_, h, n, _] = [l.shape()[0], l.shape()[1], l.shape()[2], d];
+    let (h, n) = (l.shape()[1], l.shape()[2]);
     let x = FlexTensor::from_data(amx::values(Tensor::<Cpu, 4>::from_primitive(
         TensorPrimitive::Float(x),
     )));
