@@ -21,13 +21,13 @@ use std::sync::OnceLock;
 
 use rayon::prelude::*;
 
-/// `wide! { fn name(args) { body } }`: a kernel compiled twice, as is and for AVX-512, and run
-/// in the AVX-512 copy where the CPU has it ([`avx512`]): the same arithmetic in wider
-/// registers, so the same results to the bit (Rust never fuses a multiply and an add on its
-/// own). The body is a function of its own, always inlined into the copy that carries the
-/// target features: a closure handed to such a function (this crate's first way) is compiled
-/// without them unless the optimiser chooses to inline it, which it did not for the larger
-/// kernels.
+/// `wide! { fn name(args) { body } }`: a kernel compiled three times, as is, for AVX2 with FMA
+/// and for AVX-512, and run in the widest copy the CPU has ([`avx512`], [`avx2`]): the same
+/// arithmetic in wider registers, so the same results to the bit (Rust never fuses a multiply
+/// and an add on its own; an explicit `mul_add` is one rounding on every path). The body is a
+/// function of its own, always inlined into the copies that carry the target features: a
+/// closure handed to such a function (this crate's first way) is compiled without them unless
+/// the optimiser chooses to inline it, which it did not for the larger kernels.
 macro_rules! wide {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident: $t:ty),* $(,)?) $body:block) => {
         $(#[$m])*
@@ -44,9 +44,18 @@ macro_rules! wide {
                 unsafe fn on_avx512($($a: $t),*) {
                     body($($a),*)
                 }
+                #[target_feature(enable = "avx2,fma")]
+                #[allow(clippy::too_many_arguments)]
+                unsafe fn on_avx2($($a: $t),*) {
+                    body($($a),*)
+                }
                 if $crate::avx512() {
                     // SAFETY: the CPU has the features (checked once, [`avx512`]).
                     return unsafe { on_avx512($($a),*) };
+                }
+                if $crate::avx2() {
+                    // SAFETY: the CPU has the features (checked once, [`avx2`]).
+                    return unsafe { on_avx2($($a),*) };
                 }
             }
             body($($a),*)
@@ -217,6 +226,20 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
     gate.par_chunks_mut(1 << 14)
         .zip(up.par_chunks(1 << 14))
         .for_each(|(g, u)| run(g, u));
+}
+
+/// Whether the CPU runs the AVX2 copies of the kernels ([`wide!`], where it has no AVX-512).
+pub(crate) fn avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static AVX2: OnceLock<bool> = OnceLock::new();
+        *AVX2.get_or_init(|| {
+            std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Whether the CPU runs the AVX-512 copies of the kernels ([`wide!`]; every CPU with AMX
