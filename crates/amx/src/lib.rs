@@ -228,6 +228,36 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         .for_each(|(g, u)| run(g, u));
 }
 
+/// The gradients of [`silu_mul`]'s `silu(gate) · up` from its output's gradient `g`:
+/// `(g · up · σ(gate) · (1 + gate · (1 − σ(gate))), g · silu(gate))`, element by element, with
+/// the forward's `σ` (`1 / (1 + e^−gate)`, this crate's `exp`).
+pub fn silu_mul_backward(g: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    assert_eq!(g.len(), gate.len(), "gradient and gate");
+    assert_eq!(g.len(), up.len(), "gradient and up");
+    let mut d_gate = vec![0f32; g.len()];
+    let mut d_up = vec![0f32; g.len()];
+    wide! {
+        fn run(g: &[f32], gate: &[f32], up: &[f32], d_gate: &mut [f32], d_up: &mut [f32]) {
+            for i in 0..g.len() {
+                let x = gate[i];
+                let s = 1.0 / (1.0 + exp(-x));
+                d_up[i] = g[i] * (x * s);
+                d_gate[i] = g[i] * up[i] * (s * (1.0 + x * (1.0 - s)));
+            }
+        }
+    }
+    const CHUNK: usize = 1 << 14;
+    d_gate
+        .par_chunks_mut(CHUNK)
+        .zip(d_up.par_chunks_mut(CHUNK))
+        .enumerate()
+        .for_each(|(c, (dg, du))| {
+            let (at, n) = (c * CHUNK, dg.len());
+            run(&g[at..at + n], &gate[at..at + n], &up[at..at + n], dg, du)
+        });
+    (d_gate, d_up)
+}
+
 /// Whether the CPU runs the AVX2 copies of the kernels ([`wide!`], where it has no AVX-512).
 pub(crate) fn avx2() -> bool {
     #[cfg(target_arch = "x86_64")]

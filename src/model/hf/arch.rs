@@ -25,7 +25,7 @@ pub use crate::model::lm::KvCache;
 use crate::model::lm::{Lm, bool_tensor, float_tensor, int_tensor, padded_inputs};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
-use burn::tensor::activation::{silu, softmax};
+use burn::tensor::activation::softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
@@ -636,8 +636,10 @@ impl<B: Backend> CausalLm<B> {
                 x = x + mlp_packed(normed, mlp, &packed[4..7]);
                 continue;
             }
-            let hidden = silu(p(normed.clone(), &mlp.gate_proj, "gate_proj"))
-                * p(normed, &mlp.up_proj, "up_proj");
+            let hidden = super::silu::silu_mul(
+                p(normed.clone(), &mlp.gate_proj, "gate_proj"),
+                p(normed, &mlp.up_proj, "up_proj"),
+            );
             x = x + p(hidden, &mlp.down_proj, "down_proj");
         }
         if let Some(c) = cache {
