@@ -38,6 +38,12 @@ pub fn cast_back<T: 'static, U: 'static>(y: T) -> U {
     cast(y).unwrap_or_else(|_| unreachable!("the result has the input's type"))
 }
 
+/// A CPU backend tensor's own storage (burn-flex's tensor: buffer and layout), for the fused
+/// CPU operations that read or write it in place ([`super::kv`], `hf::attention`, `hf::silu`).
+pub fn flex<const D: usize>(x: burn::tensor::Tensor<Cpu, D>) -> burn_flex::FlexTensor {
+    x.into_primitive().tensor()
+}
+
 /// `x` through the function of its backend: `train` on the CPU training backend, `plain` on the
 /// CPU backend, `other` on any other (the fused CPU operations of `model::hf`: the frozen
 /// base's products, the masked softmax, the heads' move).

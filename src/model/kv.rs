@@ -14,11 +14,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
 use burn_flex::{FlexTensor, Layout};
 
-use crate::model::backend::{Cpu, cast, cast_back};
-
-fn flex(x: Tensor<Cpu, 4>) -> FlexTensor {
-    x.into_primitive().tensor()
-}
+use crate::model::backend::{Cpu, cast, cast_back, flex};
 
 fn tensor(x: FlexTensor) -> Tensor<Cpu, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(x))

@@ -79,7 +79,7 @@ pub fn attention(
     }
     // Where each query sees its last key (0: none), once per call.
     let last: Vec<usize> = mask
-        .par_chunks(keys.max(1))
+        .par_chunks(keys)
         .map(|m| m.iter().rposition(|h| *h == 0).map_or(0, |i| i + 1))
         .collect();
     let keys_pad = keys.div_ceil(COLS) * COLS;

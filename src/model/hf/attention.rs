@@ -17,7 +17,7 @@ use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
 use burn_flex::FlexTensor;
 
 use crate::model::amx;
-use crate::model::backend::{Cpu, cast, cast_back};
+use crate::model::backend::{Cpu, cast, cast_back, flex};
 
 thread_local! {
     static OFF: Cell<bool> = const { Cell::new(false) };
@@ -33,10 +33,6 @@ pub fn set_fused_attention(on: bool) {
 /// Whether a forward of `t` positions per row on `B` (not training) runs the fused attention.
 pub fn applies<B: Backend>(t: usize) -> bool {
     t >= 2 && !OFF.with(Cell::get) && std::any::TypeId::of::<B>() == std::any::TypeId::of::<Cpu>()
-}
-
-fn flex(x: Tensor<Cpu, 4>) -> FlexTensor {
-    x.into_primitive().tensor()
 }
 
 /// A `[b, h, n, d]` tensor's f32 values where each head's `n` rows of `d` lie contiguous
