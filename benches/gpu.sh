@@ -61,6 +61,7 @@ sets=(--set run.iterations=1 --set env.initial_tasks=4 --set rollout.slots_per_i
   --set reward_model.max_tokens=16 --set reward.policy_acc_min=0 --set reward.policy_acc_max=1
   --set "policy.init=hf:$model" --set "reward_model.init=hf:$model"
   --set pretrain.enabled=false --set policy.lora.rank=0 --set reward_model.lora.rank=0
+  --set policy.inference_dtype=f32 --set reward_model.inference_dtype=f32 --set update.base_dtype=f32
   --set update.policy_lr=1e-5 --set update.rm_lr=1e-5)
 # wall seconds and the peak RSS of a command and its children (no /usr/bin/time needed)
 timed() {

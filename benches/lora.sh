@@ -30,7 +30,8 @@ sets=(--set env.initial_tasks=4 --set rollout.slots_per_iter=2 --set eval.tasks=
   --set eval.ood_tasks=2 --set env.max_steps=6 --set reward_model.max_tokens=16
   --set reward.policy_acc_min=0 --set reward.policy_acc_max=1
   --set pretrain.enabled=false --set policy.lora.rank=0 --set reward_model.lora.rank=0
-  --set update.policy_lr=1e-5 --set update.rm_lr=1e-5)
+  --set update.policy_lr=1e-5 --set update.rm_lr=1e-5
+  --set policy.inference_dtype=f32 --set reward_model.inference_dtype=f32 --set update.base_dtype=f32)
 lora=(--set policy.lora.rank=8 --set reward_model.lora.rank=8)
 tmp=$(mktemp -d /tmp/rla-lora-bench.XXXX)
 trap 'rm -rf "$tmp"' EXIT

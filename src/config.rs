@@ -459,9 +459,37 @@ fn toml_error(text: &str, origin: &str, path: &str, e: &toml::de::Error) -> Erro
 impl Config {
     /// Parse a config file's text; `origin` names it in errors.
     pub fn from_toml(text: &str, origin: &str) -> Result<Config> {
-        let cfg = deserialize_text(text, origin)?;
+        let mut cfg = deserialize_text(text, origin)?;
+        cfg.resolve_auto();
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The `"auto"` precisions (`policy.inference_dtype`, `reward_model.inference_dtype`,
+    /// `update.base_dtype`) made concrete for this machine and config: `"bf16"` for a
+    /// pretrained model (with adapters, for the base) on `run.device = "cpu"` when the CPU has
+    /// AMX-BF16 or AVX512-BF16, `"f32"` elsewhere. Done once, when the config is loaded: the
+    /// run's committed config says which one ran.
+    pub fn resolve_auto(&mut self) {
+        use crate::model::InferenceDtype;
+        let cpu = self.run.device == crate::model::Device::Cpu;
+        let rm = self.reward_model.enabled && self.reward_model.pretrained();
+        self.policy.inference_dtype = self
+            .policy
+            .inference_dtype
+            .resolve(cpu && self.policy.pretrained());
+        self.reward_model.inference_dtype = self.reward_model.inference_dtype.resolve(cpu && rm);
+        let frozen = (self.policy.pretrained() && self.policy.lora.rank > 0)
+            || (rm && self.reward_model.lora.rank > 0);
+        self.update.base_dtype = self.update.base_dtype.resolve(cpu && frozen);
+        debug_assert!(
+            ![
+                self.policy.inference_dtype,
+                self.reward_model.inference_dtype,
+                self.update.base_dtype
+            ]
+            .contains(&InferenceDtype::Auto)
+        );
     }
 
     /// Read and parse a config file, then apply `--set key=value` overrides.
@@ -474,8 +502,9 @@ impl Config {
 
     /// Parse text and apply overrides; each override is validated like a key of the file.
     pub fn from_toml_with_sets(text: &str, origin: &str, sets: &[String]) -> Result<Config> {
-        let cfg = deserialize_text(text, origin)?;
+        let mut cfg = deserialize_text(text, origin)?;
         if sets.is_empty() {
+            cfg.resolve_auto();
             cfg.validate()?;
             return Ok(cfg);
         }
@@ -484,16 +513,16 @@ impl Config {
         for set in sets {
             apply_set(&mut doc, set)?;
         }
-        let cfg = serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(doc)).map_err(
-            |e| {
+        let mut cfg = serde_path_to_error::deserialize::<_, Config>(toml::Value::Table(doc))
+            .map_err(|e| {
                 Error::Config(format!(
                     "{origin} with --set {}: key `{}`: {}",
                     sets.join(" --set "),
                     e.path(),
                     e.inner().message().trim()
                 ))
-            },
-        )?;
+            })?;
+        cfg.resolve_auto();
         cfg.validate()?;
         Ok(cfg)
     }
@@ -793,6 +822,61 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("update.target_kl"), "{e}");
+    }
+
+    /// `"auto"` is resolved when the config is loaded: `bf16` only for a pretrained model on the
+    /// CPU of a machine with a bf16 kernel (with adapters, for the base), `f32` for the small
+    /// transformer, on `cuda` and on other CPUs; never left as `auto` in a run's config.
+    #[test]
+    fn auto_dtypes_resolve_when_loaded() {
+        use crate::model::InferenceDtype::{Auto, Bf16, F32};
+        let here = if rla_amx::available() { Bf16 } else { F32 };
+        let auto = "[policy]\ninference_dtype = \"auto\"\n[reward_model]\ninference_dtype = \"auto\"\n\
+                    [update]\nbase_dtype = \"auto\"\n";
+        let small = Config::from_toml(&format!("{MIN}{auto}"), "t").unwrap();
+        assert_eq!(
+            [
+                small.policy.inference_dtype,
+                small.reward_model.inference_dtype,
+                small.update.base_dtype
+            ],
+            [F32, F32, F32]
+        );
+        let hf = format!("{MIN}{auto}[policy.lora]\nrank = 8\n[reward_model.lora]\nrank = 0\n")
+            .replace("[policy]\n", "[policy]\ninit = \"hf:m\"\n")
+            .replace("[reward_model]\n", "[reward_model]\ninit = \"hf:m\"\n");
+        let c = Config::from_toml(&hf, "t").unwrap();
+        assert_eq!(
+            [
+                c.policy.inference_dtype,
+                c.reward_model.inference_dtype,
+                c.update.base_dtype
+            ],
+            [here, here, here]
+        );
+        // Through --set too (a branch's overrides take this path), and not on a GPU.
+        let mut cuda = deserialize_text(&hf, "t").unwrap();
+        assert_eq!(cuda.policy.inference_dtype, Auto);
+        cuda.run.device = crate::model::Device::Cuda;
+        cuda.resolve_auto();
+        assert_eq!(
+            [
+                cuda.policy.inference_dtype,
+                cuda.reward_model.inference_dtype,
+                cuda.update.base_dtype
+            ],
+            [F32, F32, F32]
+        );
+        let set = Config::from_toml_with_sets(&hf, "t", &["policy.lora.rank=0".into()]).unwrap();
+        assert_eq!(set.update.base_dtype, F32, "no adapters: no frozen base");
+        assert_eq!(set.policy.inference_dtype, here);
+        assert!(!c.canonical_json().contains("auto"));
+        assert_eq!(Auto.resolve(false), F32);
+        assert_eq!(
+            Bf16.resolve(false),
+            Bf16,
+            "an explicit bf16 stays (refused later, naming the key)"
+        );
     }
 
     #[test]

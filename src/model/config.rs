@@ -50,6 +50,23 @@ pub enum InferenceDtype {
     /// engines serve models in bf16. Needs a CPU with AMX-BF16 and `run.device = "cpu"`;
     /// reproducible to the bit on the same machine type.
     Bf16,
+    /// `bf16` where it runs — a pretrained model (with adapters, for `update.base_dtype`),
+    /// `run.device = "cpu"`, a CPU with AMX-BF16 or AVX512-BF16 — and `f32` elsewhere. Resolved
+    /// when the config is loaded ([`crate::config::Config::resolve_auto`]), so a run's committed
+    /// config names the precision it ran in, and its replay elsewhere asks for the same.
+    Auto,
+}
+
+impl InferenceDtype {
+    /// `Auto` made concrete: `bf16` when `applies` (a pretrained model on the CPU backend) and
+    /// this CPU has a bf16 product kernel, else `f32`; the others unchanged.
+    pub fn resolve(self, applies: bool) -> InferenceDtype {
+        match self {
+            InferenceDtype::Auto if applies && rla_amx::available() => InferenceDtype::Bf16,
+            InferenceDtype::Auto => InferenceDtype::F32,
+            other => other,
+        }
+    }
 }
 
 /// `run.device`: where the models run.
