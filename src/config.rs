@@ -254,6 +254,11 @@ impl RmBalance {
     }
 }
 
+/// `reward.train_candidates` at its default (the reference's): not written.
+fn is_true(v: &bool) -> bool {
+    *v
+}
+
 /// `[reward]`: reward integration, advantages, filters and the PPO clip.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -273,6 +278,12 @@ pub struct RewardConfig {
     /// trajectories weighted to equal totals. Not written when `none` (see [`RmBalance::is_none`]).
     #[serde(skip_serializing_if = "RmBalance::is_none")]
     pub rm_balance: RmBalance,
+    /// Whether an accepted candidate's rollouts (the iteration that judged it) train both
+    /// models, beside the active tasks' (`true`, the reference's order: judged first, then a
+    /// rejected candidate never trains) — or only decide its verdict (`false`: the update sees
+    /// the active tasks alone). Not written when `true`: older runs keep their hashes.
+    #[serde(skip_serializing_if = "is_true")]
+    pub train_candidates: bool,
     /// Consistency reward of an unparsable verdict.
     pub unparsable_reward: f64,
     /// PPO clip ε.
@@ -291,6 +302,7 @@ impl Default for RewardConfig {
             rm_acc_min: 0.2,
             rm_acc_max: 0.8,
             rm_balance: RmBalance::None,
+            train_candidates: true,
             unparsable_reward: -2.0,
             clip_eps: 0.2,
             kl_beta: 0.01,
@@ -802,6 +814,26 @@ mod tests {
         assert_ne!(b.section_hash(&["reward"]), c.section_hash(&["reward"]));
         let again = b.with_sets("t", &[]).unwrap();
         assert_eq!(again.reward.rm_balance, RmBalance::Outcome);
+    }
+
+    /// `reward.train_candidates` at its default (the reference's) is not written either; `false`
+    /// is, changes the advantage stage's section hash and survives a branch.
+    #[test]
+    fn train_candidates_at_its_default_keeps_the_config_hash() {
+        let c = Config::from_toml(MIN, "t.toml").unwrap();
+        assert!(c.reward.train_candidates);
+        assert!(!c.hashed_keys().contains_key("reward.train_candidates"));
+        let b = c
+            .with_sets("t", &["reward.train_candidates=false".into()])
+            .unwrap();
+        assert_eq!(
+            b.hashed_keys()
+                .get("reward.train_candidates")
+                .map(String::as_str),
+            Some("false")
+        );
+        assert_ne!(b.section_hash(&["reward"]), c.section_hash(&["reward"]));
+        assert!(!b.with_sets("t", &[]).unwrap().reward.train_candidates);
     }
 
     /// `update.target_kl` at its default (off) is not written either: older runs keep their

@@ -59,6 +59,13 @@ impl Stage for Advantage {
                     .register_table("judgements", std::sync::Arc::new(empty))?;
             }
             let r = &ctx.config.reward;
+            let trained = render(
+                TRAINED_SQL,
+                &[(
+                    "candidates",
+                    if r.train_candidates { "true" } else { "false" }.to_string(),
+                )],
+            )?;
             let policy = render(
                 POLICY_SQL,
                 &[
@@ -67,7 +74,7 @@ impl Stage for Advantage {
                     ("min_std", f64_lit(MIN_STD)),
                     ("acc_min", f64_lit(r.policy_acc_min)),
                     ("acc_max", f64_lit(r.policy_acc_max)),
-                    ("trained", TRAINED_SQL.to_string()),
+                    ("trained", trained.clone()),
                 ],
             )?;
             let rm = render(
@@ -78,7 +85,7 @@ impl Stage for Advantage {
                     ("min_std", f64_lit(MIN_STD)),
                     ("acc_min", f64_lit(r.rm_acc_min)),
                     ("acc_max", f64_lit(r.rm_acc_max)),
-                    ("trained", TRAINED_SQL.to_string()),
+                    ("trained", trained.clone()),
                     (
                         "balance",
                         match r.rm_balance {
@@ -419,12 +426,22 @@ mod tests {
 
     /// Judge before training: task A is a pending candidate. Rejected, none of its rows is
     /// included in either table (B, an active task, still is); accepted, A trains exactly as an
-    /// active task would (the golden tables above).
+    /// active task would (the golden tables above) — unless `reward.train_candidates = false`,
+    /// where an accepted candidate does not train either.
     #[tokio::test]
     async fn rejected_candidates_never_train() {
         let judged = Advantage { judged: true };
-        for (decision, want_a) in [("rejected", false), ("accepted", true)] {
-            let c = golden_ctx(&["reward.policy_acc_max=1.0", "reward.rm_acc_max=1.0"]);
+        for (decision, train, want_a) in [
+            ("rejected", "true", false),
+            ("accepted", "true", true),
+            ("accepted", "false", false),
+            ("rejected", "false", false),
+        ] {
+            let c = golden_ctx(&[
+                "reward.policy_acc_max=1.0",
+                "reward.rm_acc_max=1.0",
+                &format!("reward.train_candidates={train}"),
+            ]);
             register(
                 &c,
                 "tasks",
