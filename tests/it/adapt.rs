@@ -168,6 +168,19 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     // figure computed another way from the rows it summarises.
     let rows = diagnostics(crate::LEARNING_SIGNAL);
     assert_eq!(rows.len(), 3, "{rows:?}");
+    // The adaptation diagnostics: one row for the run, whose verdict counts are the judge's.
+    let adapt_signal = diagnostics(crate::ADAPT_SIGNAL);
+    assert_eq!(adapt_signal.len(), 1, "{adapt_signal:?}");
+    assert_ne!(adapt_signal[0]["judged"], "0", "{adapt_signal:?}");
+    for (column, q) in [
+        ("judged", "SELECT count(*) FROM judgements"),
+        (
+            "accepted",
+            "SELECT count(*) FROM judgements WHERE decision = 'accepted'",
+        ),
+    ] {
+        assert_eq!(adapt_signal[0][column], f.sql(q).ok().scalar(), "{column}");
+    }
     let policy_signal = diagnostics(crate::POLICY_SIGNAL);
     assert_eq!(policy_signal.len(), 3, "{policy_signal:?}");
     assert!(

@@ -47,6 +47,10 @@ pub const POLICY_SIGNAL: &str = concat!(
 );
 
 /// The loop diagnostics (one row per run and iteration).
+pub const ADAPT_SIGNAL: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/adapt_signal.sql"
+);
 pub const STEP_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/step_loops.sql");
 pub const EVAL_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/eval_loops.sql");
 pub const ACTION_KINDS: &str = concat!(
