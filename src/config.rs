@@ -886,7 +886,7 @@ mod tests {
             ],
             [here, here, here]
         );
-        // Through --set too (a branch's overrides take this path), and not on a GPU.
+        // Not on a GPU.
         let mut cuda = deserialize_text(&hf, "t").unwrap();
         assert_eq!(cuda.policy.inference_dtype, Auto);
         cuda.run.device = crate::model::Device::Cuda;
@@ -899,6 +899,7 @@ mod tests {
             ],
             [F32, F32, F32]
         );
+        // Through --set too (a branch's overrides take this path).
         let set = Config::from_toml_with_sets(&hf, "t", &["policy.lora.rank=0".into()]).unwrap();
         assert_eq!(set.update.base_dtype, F32, "no adapters: no frozen base");
         assert_eq!(set.policy.inference_dtype, here);
