@@ -17,6 +17,18 @@ pub const MIN_STD: f64 = 1e-8;
 /// The ε verl adds to the standard deviation.
 pub const VERL_EPS: f64 = 1e-6;
 
+/// The `trained` CTE both advantage queries splice in (this stage's and the coding setting's):
+/// the tasks whose samples may train, with `reward.train_candidates` bound.
+pub fn trained_sql(r: &crate::config::RewardConfig) -> crate::error::Result<String> {
+    render(
+        TRAINED_SQL,
+        &[(
+            "candidates",
+            if r.train_candidates { "true" } else { "false" }.to_string(),
+        )],
+    )
+}
+
 pub struct Advantage {
     /// Whether a `judge` stage precedes this one in the DAG (environments with adaptation);
     /// without one nothing is ever pending and `judgements` is empty.
@@ -59,13 +71,7 @@ impl Stage for Advantage {
                     .register_table("judgements", std::sync::Arc::new(empty))?;
             }
             let r = &ctx.config.reward;
-            let trained = render(
-                TRAINED_SQL,
-                &[(
-                    "candidates",
-                    if r.train_candidates { "true" } else { "false" }.to_string(),
-                )],
-            )?;
+            let trained = trained_sql(r)?;
             let policy = render(
                 POLICY_SQL,
                 &[

@@ -19,7 +19,6 @@ const ACCURACY_SQL: &str = include_str!("coding_task_accuracy.sql");
 const QUALITY_SQL: &str = include_str!("coding_test_quality.sql");
 const POLICY_SQL: &str = include_str!("coding_policy_advantages.sql");
 const RM_SQL: &str = include_str!("coding_rm_advantages.sql");
-const TRAINED_SQL: &str = include_str!("advantage_trained.sql");
 
 /// `task_accuracy` of the coding setting.
 pub struct CodingAccuracy;
@@ -89,12 +88,13 @@ impl Stage for CodingAdvantage {
     fn run<'a>(&'a self, ctx: &'a StageContext) -> StageRun<'a> {
         Box::pin(async move {
             let r = &ctx.config.reward;
+            let trained = super::advantage::trained_sql(r)?;
             let min_std = f64_lit(super::advantage::MIN_STD);
             let policy = render(
                 POLICY_SQL,
                 &[
                     ("programs", PROGRAMS_SQL.to_string()),
-                    ("trained", TRAINED_SQL.to_string()),
+                    ("trained", trained.clone()),
                     ("lambda", f64_lit(r.lambda)),
                     ("min_std", min_std.clone()),
                     ("acc_min", f64_lit(r.policy_acc_min)),
@@ -106,7 +106,7 @@ impl Stage for CodingAdvantage {
                 &[
                     ("programs", PROGRAMS_SQL.to_string()),
                     ("generated", GENERATED_SQL.to_string()),
-                    ("trained", TRAINED_SQL.to_string()),
+                    ("trained", trained.clone()),
                     ("min_std", min_std),
                     ("acc_min", f64_lit(r.rm_acc_min)),
                     ("acc_max", f64_lit(r.rm_acc_max)),
