@@ -91,7 +91,7 @@ impl Stage for Advantage {
                     ("min_std", f64_lit(MIN_STD)),
                     ("acc_min", f64_lit(r.rm_acc_min)),
                     ("acc_max", f64_lit(r.rm_acc_max)),
-                    ("trained", trained.clone()),
+                    ("trained", trained),
                     (
                         "balance",
                         match r.rm_balance {

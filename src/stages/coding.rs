@@ -106,7 +106,7 @@ impl Stage for CodingAdvantage {
                 &[
                     ("programs", PROGRAMS_SQL.to_string()),
                     ("generated", GENERATED_SQL.to_string()),
-                    ("trained", trained.clone()),
+                    ("trained", trained),
                     ("min_std", min_std),
                     ("acc_min", f64_lit(r.rm_acc_min)),
                     ("acc_max", f64_lit(r.rm_acc_max)),
