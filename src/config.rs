@@ -862,7 +862,11 @@ mod tests {
     #[test]
     fn auto_dtypes_resolve_when_loaded() {
         use crate::model::InferenceDtype::{Auto, Bf16, F32};
-        let here = if rla_amx::available() { Bf16 } else { F32 };
+        let here = if crate::model::amx::available() {
+            Bf16
+        } else {
+            F32
+        };
         let auto = "[policy]\ninference_dtype = \"auto\"\n[reward_model]\ninference_dtype = \"auto\"\n\
                     [update]\nbase_dtype = \"auto\"\n";
         let small = Config::from_toml(&format!("{MIN}{auto}"), "t").unwrap();

@@ -62,7 +62,7 @@ impl InferenceDtype {
     /// this CPU has a bf16 product kernel, else `f32`; the others unchanged.
     pub fn resolve(self, applies: bool) -> InferenceDtype {
         match self {
-            InferenceDtype::Auto if applies && rla_amx::available() => InferenceDtype::Bf16,
+            InferenceDtype::Auto if applies && super::amx::available() => InferenceDtype::Bf16,
             InferenceDtype::Auto => InferenceDtype::F32,
             other => other,
         }
