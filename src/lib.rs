@@ -679,7 +679,7 @@ mod architecture {
             ),
             file(
                 "engine/b.rs",
-                "pub fn helper() -> crate::engine::Thing { todo!() }\npub fn other() {}\n",
+                "pub fn helper() -> crate::engine::Thing { crate::engine::Thing }\npub fn other() {}\n",
             ),
             // A parent and a file two levels down: `hf::load` is defined in hf/w.rs.
             file(
