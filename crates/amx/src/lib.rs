@@ -212,6 +212,9 @@ pub fn exp(x: f32) -> f32 {
     e * f32::from_bits(((n as i32 + 127) as u32) << 23)
 }
 
+/// Values per parallel task of the element-wise kernels ([`silu_mul`], [`silu_mul_backward`]).
+const CHUNK: usize = 1 << 14;
+
 /// `gate ← silu(gate) · up` (the gated MLP's activation: `g · u / (1 + e^−g)`), element by
 /// element.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
@@ -223,8 +226,8 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
             }
         }
     }
-    gate.par_chunks_mut(1 << 14)
-        .zip(up.par_chunks(1 << 14))
+    gate.par_chunks_mut(CHUNK)
+        .zip(up.par_chunks(CHUNK))
         .for_each(|(g, u)| run(g, u));
 }
 
@@ -246,7 +249,6 @@ pub fn silu_mul_backward(g: &[f32], gate: &[f32], up: &[f32]) -> (Vec<f32>, Vec<
             }
         }
     }
-    const CHUNK: usize = 1 << 14;
     d_gate
         .par_chunks_mut(CHUNK)
         .zip(d_up.par_chunks_mut(CHUNK))
