@@ -18,6 +18,18 @@ from rm_grid import boot, cell
 SETTINGS = [("policy", "policy only"), ("rm", "+ reward model"),
             ("rmadapt", "+ reward model + adaptation")]
 PAIRS = [("rm", "policy"), ("rmadapt", "rm"), ("rmadapt", "policy")]
+
+
+def with_variants(runs):
+    """The three settings, then any other setting of the CSV (benches/ablation.sh's VARIANTS:
+    branches of the full loop), named as in its runs; the pairs, then each variant against the
+    full loop and + reward model."""
+    known = {k for k, _ in SETTINGS}
+    extra = sorted(s for s in runs if s not in known and s != "warm")
+    return (SETTINGS + [(v, f"{v} (variant)") for v in extra],
+            PAIRS + [p for v in extra for p in ((v, "rmadapt"), (v, "rm"))])
+
+
 PAIRED = [("held_out", "held-out (last)"), ("held_out_curve", "held-out (all iter.)"),
           ("ood", "OOD (last)"), ("rm_process", "RM process (last)"),
           ("rm_balanced_outcome", "RM balanced outcome")]
@@ -39,6 +51,7 @@ def main():
     runs = defaultdict(dict)  # setting -> seed -> row
     for r in rows:
         runs[r["setting"]][int(r["seed"])] = r
+    settings, pairs = with_variants(runs)
     rng = random.Random(0)
     iters = sorted({r["iterations"] for r in rows})
     seeds = sorted({int(r["seed"]) for r in rows})
@@ -48,7 +61,7 @@ def main():
           "| RM process first → last | RM balanced outcome | accepted (per iter., R²) "
           "| harder share | wall |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for key, name in SETTINGS:
+    for key, name in settings:
         rs = [runs[key][s] for s in sorted(runs.get(key, {}))]
         if not rs:
             continue
@@ -76,7 +89,7 @@ def main():
     print("\nPaired per seed: each difference's mean [bootstrap 95% interval]; * = excludes 0\n")
     print("| difference | seeds | " + " | ".join(n for _, n in PAIRED) + " |")
     print("|---|---:|" + "---:|" * len(PAIRED))
-    for a, b in PAIRS:
+    for a, b in pairs:
         common = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
         if not common:
             continue
@@ -87,7 +100,7 @@ def main():
             cells.append(cell(d, rng) if d else "–")
         print(f"| {a} − {b} | {len(common)} | " + " | ".join(cells) + " |")
     print("\nPer seed (held-out / OOD at the last iteration):\n")
-    for key, name in SETTINGS:
+    for key, name in settings:
         if key in runs:
             per = ", ".join(f"s{s} {num(r['held_out']):.3f} / {num(r['ood']):.3f}"
                             for s, r in sorted(runs[key].items()))

@@ -21,7 +21,15 @@
 # Also the learning curve's figure (REPORT_DIR/learning_curve.svg: held-out success per
 # iteration and setting, with the intervals as a band).
 #
-#   [SEEDS=5] [ABL_SEEDS=SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+# VARIANTS="name:k=v,k=v ...": more settings beside the three, each a branch of the full loop
+# from iteration 0 with those overrides (run `abl-<name>-s<seed>`, on the first ABL_SEEDS seeds,
+# as the two smaller settings): paired with the full loop on the same warm start and iteration
+# 0, and in every table with the paired differences against the full loop and + reward model.
+#   VARIANTS="nocand:reward.train_candidates=false" benches/ablation.sh ...
+# (A KEEP dir's seeds kept without a variant are run again, their full loop too: a kept run has
+# no checkpoints to branch from.)
+#
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 # ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
@@ -43,6 +51,18 @@ store=${2:-./runs-ablation/$env}
 out=${3:-docs/src/ablation/$env}
 extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done
+variants=()
+declare -A variant_sets=()
+for v in ${VARIANTS:-}; do
+  name=${v%%:*}
+  if [[ ! "$name" =~ ^[a-z0-9]+$ || "$v" != *:?* || " policy rm rmadapt " == *" $name "* ]] \
+    || [ -n "${variant_sets[$name]:-}" ]; then
+    echo "error: VARIANTS: '$v' is not name:k=v[,k=v...] with a new name of lowercase letters and digits" >&2
+    exit 2
+  fi
+  variants+=("$name")
+  variant_sets[$name]=${v#*:}
+done
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 . benches/common.sh
@@ -124,7 +144,7 @@ runs=()
 seeds=${SEEDS:-5}
 abl_seeds=${ABL_SEEDS:-$seeds}
 for ((seed = 0; seed < seeds; seed++)); do
-  settings=(rmadapt rm policy)   # the full loop first: every seed runs it
+  settings=(rmadapt rm policy "${variants[@]}")   # the full loop first: every seed runs it
   if ((seed >= abl_seeds)); then settings=(rmadapt); fi
   if [ -n "$keep" ] && seed_kept; then
     for setting in "${settings[@]}"; do runs+=("abl-$setting-s$seed"); done
@@ -140,6 +160,11 @@ for ((seed = 0; seed < seeds; seed++)); do
       policy) sets=(--set reward_model.enabled=false --set adapt.enabled=false) ;;
       rm) sets=(--set adapt.enabled=false) ;;
       rmadapt) sets=() ;;
+      *)
+        sets=()
+        IFS=, read -ra kvs <<<"${variant_sets[$setting]}"
+        for kv in "${kvs[@]}"; do sets+=(--set "$kv"); done
+        ;;
     esac
     run="abl-$setting-s$seed"
     runs+=("$run")
@@ -201,6 +226,11 @@ if [ -n "$keep" ]; then
 else
   echo "measured on commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src || echo ' + uncommitted changes to src/') with $iters iterations and $seeds seeds" >"$out/measured.txt"
 fi
-# Every run in one report; the figures (SVG) from seed 0 of each setting, readable overlaid.
+# Every run in one report; the figures (SVG) from seed 0 of each setting it ran, readable
+# overlaid.
 "$bin" report --store "$store" "${runs[@]}" --out "$out/report-all.html"
-"$bin" report --store "$store" abl-policy-s0 abl-rm-s0 abl-rmadapt-s0 --out "$out/report.html" --svg-dir "$out"
+first=()
+for setting in policy rm rmadapt "${variants[@]}"; do
+  [[ " ${runs[*]} " == *" abl-$setting-s0 "* ]] && first+=("abl-$setting-s0")
+done
+"$bin" report --store "$store" "${first[@]}" --out "$out/report.html" --svg-dir "$out"

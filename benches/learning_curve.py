@@ -46,9 +46,19 @@ def mean_ci(xs, rng, rec=None):
 
 
 COLOURS = {"policy": "#1f77b4", "rm": "#ff7f0e", "rmadapt": "#2ca02c"}
+# benches/ablation.sh's VARIANTS (sorted by name).
+VARIANT_COLOURS = ["#d62728", "#9467bd", "#8c564b", "#e377c2"]
 
 
-def svg(curves, seeds, title):
+def colour(setting, settings):
+    if setting in COLOURS:
+        return COLOURS[setting]
+    extra = [k for k, _ in settings if k not in COLOURS]
+    i = extra.index(setting) if setting in extra else 0
+    return VARIANT_COLOURS[i % len(VARIANT_COLOURS)]
+
+
+def svg(curves, seeds, title, settings=SETTINGS):
     """Panels of `curves[metric][setting] = [(x, mean, lo, hi)]` (x = -1: the warm start)."""
     panels = [(k, n) for k, n in (("held_out", "held-out, sampled"),
                                   ("held_out_greedy", "held-out, greedy")) if curves.get(k)]
@@ -77,7 +87,7 @@ def svg(curves, seeds, title):
         out.append(f'<text x="{left + pw / 2}" y="{mt + ph + 30}" text-anchor="middle">'
                    f'iteration (warm: after the warm start)</text>')
         for setting, pts in curves[key].items():
-            c = COLOURS.get(setting, "#555")
+            c = colour(setting, settings)
             band = [(x, lo, hi) for x, _, lo, hi in pts if lo is not None]
             if len(band) > 1:
                 poly = [f"{fx(x):.1f},{fy(hi):.1f}" for x, _, hi in band] + \
@@ -87,11 +97,12 @@ def svg(curves, seeds, title):
             out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
             for x, m, *_ in pts:
                 out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
-    for i, (key, name) in enumerate(SETTINGS):
+    for i, (key, name) in enumerate([k for k in settings if k[0] in seeds]):
         if key in seeds:
-            y = mt + ph + mb + 10
-            x = ml + i * 200
-            out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" fill="{COLOURS[key]}"/>'
+            y = mt + ph + mb + 10 + 14 * (i // 3)
+            x = ml + (i % 3) * 200
+            out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '
+                       f'fill="{colour(key, settings)}"/>'
                        f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
@@ -112,9 +123,12 @@ def main():
     for r in rows:
         runs[r["setting"]][int(r["seed"])][int(r["iter"])] = r
     warm = {s: its[0] for s, its in runs.get("warm", {}).items() if 0 in its}
+    known = {k for k, _ in SETTINGS}
+    settings = SETTINGS + [(v, f"{v} (variant)") for v in sorted(runs)
+                           if v not in known and v != "warm"]
     rng = random.Random(0)
     shown = [(k, n) for k, n in METRICS if any(num(r[k]) is not None for r in rows)]
-    for key, name in SETTINGS:
+    for key, name in settings:
         seeds = runs.get(key, {})
         if not seeds:
             continue
@@ -150,7 +164,7 @@ def main():
           "warm start; mean [paired bootstrap 95% interval], * = excludes 0\n")
     print("| setting | seeds | " + " | ".join(n for _, n in shown) + " |")
     print("|---|---:|" + "---:|" * len(shown))
-    for key, name in SETTINGS:
+    for key, name in settings:
         seeds = runs.get(key, {})
         common = sorted(s for s in seeds if s in warm)
         if not common:
@@ -165,7 +179,8 @@ def main():
     if out_svg and any(curves.values()):
         n = max(seeds_of.values(), default=0)
         with open(out_svg, "w") as f:
-            f.write(svg(curves, seeds_of, f"Learning curve: held-out success, {n} seeds"))
+            f.write(svg(curves, seeds_of, f"Learning curve: held-out success, {n} seeds",
+                        settings))
         print(f"\nwrote {out_svg}")
 
 
