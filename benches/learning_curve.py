@@ -19,10 +19,9 @@ import random
 import sys
 from collections import defaultdict
 
+from ablation import SETTINGS, with_variants
 from rm_grid import boot, cell
 
-SETTINGS = [("policy", "policy only"), ("rm", "+ reward model"),
-            ("rmadapt", "+ reward model + adaptation")]
 METRICS = [("held_out", "held-out"), ("held_out_greedy", "held-out greedy"),
            ("ood", "OOD"), ("ood_greedy", "OOD greedy"), ("rm_process", "RM process")]
 
@@ -98,12 +97,11 @@ def svg(curves, seeds, title, settings=SETTINGS):
             for x, m, *_ in pts:
                 out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
     for i, (key, name) in enumerate([k for k in settings if k[0] in seeds]):
-        if key in seeds:
-            y = mt + ph + mb + 10 + 14 * (i // 3)
-            x = ml + (i % 3) * 200
-            out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '
-                       f'fill="{colour(key, settings)}"/>'
-                       f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
+        y = mt + ph + mb + 10 + 14 * (i // 3)
+        x = ml + (i % 3) * 200
+        out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '
+                   f'fill="{colour(key, settings)}"/>'
+                   f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -123,9 +121,7 @@ def main():
     for r in rows:
         runs[r["setting"]][int(r["seed"])][int(r["iter"])] = r
     warm = {s: its[0] for s, its in runs.get("warm", {}).items() if 0 in its}
-    known = {k for k, _ in SETTINGS}
-    settings = SETTINGS + [(v, f"{v} (variant)") for v in sorted(runs)
-                           if v not in known and v != "warm"]
+    settings, _ = with_variants(runs)
     rng = random.Random(0)
     shown = [(k, n) for k, n in METRICS if any(num(r[k]) is not None for r in rows)]
     for key, name in settings:
