@@ -26,10 +26,12 @@
 # as the two smaller settings): paired with the full loop on the same warm start and iteration
 # 0, and in every table with the paired differences against the full loop and + reward model.
 #   VARIANTS="nocand:reward.train_candidates=false" benches/ablation.sh ...
+# VARIANT_SEEDS=N runs the variants on the first N seeds instead (e.g. a variant of a loop whose
+# seeds run the full loop only: ABL_SEEDS=0 VARIANT_SEEDS=3).
 # (A KEEP dir's seeds kept without a variant are run again, their full loop too: a kept run has
 # no checkpoints to branch from.)
 #
-#   [SEEDS=5] [ABL_SEEDS=SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [VARIANT_SEEDS=ABL_SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 # ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
@@ -143,9 +145,14 @@ started=$(date +%s)
 runs=()
 seeds=${SEEDS:-5}
 abl_seeds=${ABL_SEEDS:-$seeds}
+variant_seeds=${VARIANT_SEEDS:-$abl_seeds}
+for v in "$seeds" "$abl_seeds" "$variant_seeds"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || { echo "error: SEEDS, ABL_SEEDS and VARIANT_SEEDS take a number of seeds, not '$v'" >&2; exit 2; }
+done
 for ((seed = 0; seed < seeds; seed++)); do
-  settings=(rmadapt rm policy "${variants[@]}")   # the full loop first: every seed runs it
-  if ((seed >= abl_seeds)); then settings=(rmadapt); fi
+  settings=(rmadapt)   # the full loop first: every seed runs it
+  if ((seed < abl_seeds)); then settings+=(rm policy); fi
+  if ((seed < variant_seeds)); then settings+=("${variants[@]}"); fi
   if [ -n "$keep" ] && seed_kept; then
     for setting in "${settings[@]}"; do runs+=("abl-$setting-s$seed"); done
     echo "== seed $seed: kept in $keep ($(grep "^abl-rmadapt-s$seed," "$keep/provenance.csv" | cut -d, -f2-3))" >&2
