@@ -50,3 +50,40 @@ fn ablation_tables_are_current_web() {
     crate::report::chromium();
     check("web", 6);
 }
+
+/// `benches/ablation.sh` stops with a one-line error and exit status 2, before it runs anything,
+/// on a malformed VARIANTS value or seed count (the binary given, so nothing is built).
+#[test]
+fn ablation_script_rejects_malformed_settings() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let out = dir.path().join("out");
+    let cases: &[(&str, &str, &str)] = &[
+        ("VARIANTS", "nocand", "VARIANTS: 'nocand' is not name:k=v"),
+        (
+            "VARIANTS",
+            "rm:adapt.enabled=false",
+            "VARIANTS: 'rm:adapt.enabled=false'",
+        ),
+        ("SEEDS", "x", "take a number of seeds, not 'x'"),
+        ("VARIANT_SEEDS", "-1", "take a number of seeds, not '-1'"),
+    ];
+    for (key, value, want) in cases {
+        let o = std::process::Command::new("bash")
+            .arg(format!("{ROOT}/benches/ablation.sh"))
+            .args([
+                "2",
+                store.to_str().unwrap(),
+                out.to_str().unwrap(),
+                "gridnav",
+            ])
+            .env("RLA_PIPE_BIN", env!("CARGO_BIN_EXE_rla-pipe"))
+            .env(key, value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{key}={value}: {err}");
+        assert!(err.contains(want), "{key}={value}: {err}");
+        assert!(!store.exists(), "{key}={value} created the store");
+    }
+}
