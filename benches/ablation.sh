@@ -65,6 +65,12 @@ for v in ${VARIANTS:-}; do
   variants+=("$name")
   variant_sets[$name]=${v#*:}
 done
+seeds=${SEEDS:-5}
+abl_seeds=${ABL_SEEDS:-$seeds}
+variant_seeds=${VARIANT_SEEDS:-$abl_seeds}
+for v in "$seeds" "$abl_seeds" "$variant_seeds"; do
+  [[ "$v" =~ ^[0-9]+$ ]] || { echo "error: SEEDS, ABL_SEEDS and VARIANT_SEEDS take a number of seeds, not '$v'" >&2; exit 2; }
+done
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 . benches/common.sh
@@ -143,12 +149,6 @@ keep_runs() {
 }
 started=$(date +%s)
 runs=()
-seeds=${SEEDS:-5}
-abl_seeds=${ABL_SEEDS:-$seeds}
-variant_seeds=${VARIANT_SEEDS:-$abl_seeds}
-for v in "$seeds" "$abl_seeds" "$variant_seeds"; do
-  [[ "$v" =~ ^[0-9]+$ ]] || { echo "error: SEEDS, ABL_SEEDS and VARIANT_SEEDS take a number of seeds, not '$v'" >&2; exit 2; }
-done
 for ((seed = 0; seed < seeds; seed++)); do
   settings=(rmadapt)   # the full loop first: every seed runs it
   if ((seed < abl_seeds)); then settings+=(rm policy); fi
