@@ -217,10 +217,16 @@ async fn verify_run(
             continue;
         }
         // The config the stage ran with: every value the manifest recorded must be the value in
-        // run.json (keys added to the config since then take their defaults).
-        let now = config.section_keys(stage.config_sections());
+        // run.json (keys added to the config since then take their defaults). The sections are
+        // those the manifest recorded: a later build may read fewer or more of them.
+        let recorded: Vec<&str> = m.config_sections.iter().map(String::as_str).collect();
+        let sections = match recorded.is_empty() {
+            true => stage.config_sections(),
+            false => &recorded[..],
+        };
+        let now = config.section_keys(sections);
         let changed: Vec<String> = if m.config.is_empty() {
-            let want = config.section_hash(stage.config_sections());
+            let want = config.section_hash(sections);
             if want == m.config_hash {
                 vec![]
             } else {

@@ -317,23 +317,22 @@ impl Engine {
         {
             return Ok(None);
         }
-        // Tables read from other stages, by the bytes of the files committed for them (a stage
-        // executed again that committed the same rows counts as the same input).
-        let read = |c: &Committed, tables: &[String]| -> Vec<(String, String)> {
-            let mut files: Vec<(String, String)> = c
-                .manifest
+        // Tables read from other stages, by their rows: the bytes of the files committed for
+        // them, or where those differ, the rows without `run_id` (a stage a branch executed
+        // again — its config section changed — that committed the parent's rows under its own
+        // run id counts as the same input, so what reads it is shared in turn).
+        let read = |c: &Committed, tables: &[String]| -> Vec<manifest::OutputFile> {
+            c.manifest
                 .outputs
                 .iter()
                 .filter(|o| tables.contains(&o.table))
-                .map(|o| (o.table.clone(), o.digest.clone()))
-                .collect();
-            files.sort();
-            files
+                .cloned()
+                .collect()
         };
         let mut mine = Vec::new();
         for (c, tables) in self.inputs_of(iter, stage.as_ref(), done).await? {
             let tables: Vec<String> = tables.iter().map(|t| t.to_string()).collect();
-            mine.push((read(&c, &tables), tables));
+            mine.push((tables.clone(), read(&c, &tables)));
         }
         let mut parents = Vec::new();
         for input in m.inputs.iter().filter(|i| i.kind == InputKind::Manifest) {
@@ -343,12 +342,17 @@ impl Engine {
             if c.digest != input.digest {
                 return Ok(None);
             }
-            parents.push((read(&c, &input.tables), input.tables.clone()));
+            parents.push((input.tables.clone(), read(&c, &input.tables)));
         }
-        mine.sort();
-        parents.sort();
-        if mine != parents {
+        mine.sort_by(|a, b| a.0.cmp(&b.0));
+        parents.sort_by(|a, b| a.0.cmp(&b.0));
+        if mine.len() != parents.len() {
             return Ok(None);
+        }
+        for ((tables, ours), (their_tables, theirs)) in mine.iter().zip(&parents) {
+            if tables != their_tables || !self.same_rows(ours, theirs).await? {
+                return Ok(None);
+            }
         }
         // Checkpoints, by their bytes (and the pretrained weights an adapter builds on).
         let theirs_ck: BTreeMap<&str, &InputRef> = m
@@ -452,6 +456,76 @@ impl Engine {
             digest: manifest::digest(&bytes),
             manifest: shared,
         }))
+    }
+
+    /// Whether two stages' files of the same tables hold the same rows: the same bytes, or
+    /// the same rows once `run_id` (and the table's wall-clock columns, which replay leaves
+    /// out too) are left out — a table's files are written in key order, so equal rows encode
+    /// equally. Compared per table as multisets (a partitioned stage writes several files).
+    async fn same_rows(
+        &self,
+        ours: &[manifest::OutputFile],
+        theirs: &[manifest::OutputFile],
+    ) -> Result<bool> {
+        let mut tables: Vec<&str> = ours.iter().map(|o| o.table.as_str()).collect();
+        tables.sort();
+        tables.dedup();
+        let mut their_tables: Vec<&str> = theirs.iter().map(|o| o.table.as_str()).collect();
+        their_tables.sort();
+        their_tables.dedup();
+        if tables != their_tables {
+            return Ok(false);
+        }
+        for table in tables {
+            let of = |files: &[manifest::OutputFile]| -> Vec<manifest::OutputFile> {
+                files.iter().filter(|o| o.table == table).cloned().collect()
+            };
+            let (a, b) = (of(ours), of(theirs));
+            let digests = |files: &[manifest::OutputFile]| -> Vec<String> {
+                let mut d: Vec<String> = files.iter().map(|o| o.digest.clone()).collect();
+                d.sort();
+                d
+            };
+            if digests(&a) == digests(&b) {
+                continue;
+            }
+            let rows =
+                |files: &[manifest::OutputFile]| -> u64 { files.iter().map(|o| o.rows).sum() };
+            if rows(&a) != rows(&b) {
+                return Ok(false);
+            }
+            let mut drop = vec!["run_id"];
+            drop.extend_from_slice(schema::volatile(table));
+            let mut content = Vec::new();
+            for files in [&a, &b] {
+                let mut d = Vec::new();
+                for f in files {
+                    let bytes = self
+                        .store
+                        .get_opt(&object_store::path::Path::from(f.path.as_str()))
+                        .await?
+                        .ok_or_else(|| {
+                            Error::data(format!(
+                                "table {}: committed file {} is missing",
+                                f.table, f.path
+                            ))
+                        })?;
+                    if manifest::digest(&bytes) != f.digest {
+                        return Err(Error::data(format!(
+                            "table {}: committed file {} no longer matches its manifest",
+                            f.table, f.path
+                        )));
+                    }
+                    d.push(exec::digest_without(bytes, &drop).await?);
+                }
+                d.sort();
+                content.push(d);
+            }
+            if content[0] != content[1] {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Execute one stage of one iteration and commit it, without the resume check: if the stage

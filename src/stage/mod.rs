@@ -234,7 +234,8 @@ pub trait Stage: Send + Sync {
     }
     /// Tables this stage writes (every one of them, every time, possibly empty).
     fn outputs(&self) -> &'static [&'static str];
-    /// Top-level config sections whose values the stage depends on (hashed into its manifest).
+    /// Top-level config sections whose values the stage depends on (hashed into its manifest),
+    /// or single keys of a section it reads only a few of (`"reward.clip_eps"`).
     fn config_sections(&self) -> &'static [&'static str] {
         &[]
     }

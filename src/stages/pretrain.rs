@@ -172,6 +172,7 @@ impl Stage for Pretrain {
             "env",
             "policy",
             "reward_model",
+            "reward.clip_eps",
             "update",
             "eval",
             "pretrain",

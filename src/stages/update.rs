@@ -433,8 +433,18 @@ impl Stage for Update {
     fn outputs(&self) -> &'static [&'static str] {
         &["update_metrics"]
     }
+    /// Of `[reward]` only the PPO clip and the KL coefficient: the rest shapes the advantages
+    /// this stage reads, so a branch that changes it shares the update whenever the
+    /// advantages come out the same (`reward.train_candidates` before any candidate trains).
     fn config_sections(&self) -> &'static [&'static str] {
-        &["env", "policy", "reward_model", "reward", "update"]
+        &[
+            "env",
+            "policy",
+            "reward_model",
+            "reward.clip_eps",
+            "reward.kl_beta",
+            "update",
+        ]
     }
     fn checkpoints_in(&self) -> &'static [&'static str] {
         &[POLICY, RM]

@@ -124,8 +124,9 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     // λ weighs the RM's process reward: the re-executed iterations differ.
     assert!(differing(&f, "step_rewards", "lam", "p", "1") > 0);
     // Iteration 0 is the parent's; of iteration 1, the stages λ does not reach (the pool, the
-    // rollout, the RM's verdicts) are shared, the rest executed; iteration 2 follows another
-    // policy: executed.
+    // rollout, the RM's verdicts; the judge and the adaptation, which read the task accuracies
+    // that come out the same) are shared, the rest executed; iteration 2 follows another
+    // policy: executed, but for its pool (the same adaptations applied to the same pool).
     let status = f
         .sql(
             "SELECT iter, status, string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
@@ -134,11 +135,15 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
         .ok()
         .csv();
     let status: Vec<String> = status.iter().map(|r| r.join(" ")).collect();
-    assert_eq!(status.len(), 4, "{status:?}");
+    assert_eq!(status.len(), 5, "{status:?}");
     assert!(status[0].starts_with("0 shared "), "{status:?}");
     assert!(status[1].starts_with("1 committed ") && status[1].contains("reward_join"));
-    assert_eq!(status[2], "1 shared pool+rm_score+rollout", "{status:?}");
-    assert!(status[3].starts_with("2 committed "), "{status:?}");
+    assert_eq!(
+        status[2], "1 shared adapt+judge+pool+rm_score+rollout",
+        "{status:?}"
+    );
+    assert!(status[3].starts_with("2 committed ") && status[3].contains("rollout"));
+    assert_eq!(status[4], "2 shared pool", "{status:?}");
 
     // A stage executed again that committed the same bytes is the same input: without
     // adaptation from iteration 0, only the judge and the adaptation execute (the update reads
@@ -166,6 +171,39 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
         .scalar();
     assert_eq!(executed, "adapt+judge");
     f.rla(&["replay", "--run", "noadapt", "--iter", "0", "--verify"])
+        .ok();
+
+    // A stage executed again that committed the parent's rows under its own run id is the
+    // same input too: without the candidates' samples from iteration 0 (where there are no
+    // candidates yet) the stages of `[reward]` execute and write the parent's rows, and
+    // everything downstream of them — the update included, which reads only the clip and KL
+    // keys of that section — is shared.
+    f.rla(&[
+        "replay",
+        "--run",
+        "p",
+        "--from",
+        "0",
+        "--set",
+        "reward.train_candidates=false",
+        "--into",
+        "nocand",
+        "--iterations",
+        "1",
+    ])
+    .ok();
+    let executed = f
+        .sql(
+            "SELECT string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
+             WHERE run_id = 'nocand' AND iter = 0 AND status = 'committed'",
+        )
+        .ok()
+        .scalar();
+    assert_eq!(executed, "advantage+reward_join");
+    for table in crate::DATA_TABLES {
+        assert_eq!(differing(&f, table, "nocand", "p", "0"), 0, "{table}");
+    }
+    f.rla(&["replay", "--run", "nocand", "--iter", "0", "--verify"])
         .ok();
 
     // run.json records the parent and the overrides; show says so.
