@@ -279,13 +279,14 @@ impl Engine {
     }
 
     /// A branch's stage that would compute exactly what its parent committed for the same
-    /// iteration — the same config values and seed, and inputs with the same bytes (the files
-    /// of the tables it reads, its checkpoints, the environment's files) — is shared with the
-    /// parent instead of executed: its manifest names the parent's files, as the iterations
-    /// before the branch point do. So a branch re-executes only what its overrides reach
-    /// (`--set adapt.enabled=false` from iteration 0 shares the warm start, the rollout, the
-    /// rewards, the update and the evaluation; `reward.lambda` shares the rollout and the RM's
-    /// verdicts). `None`: the stage must run.
+    /// iteration — the same config values and seed, and the same inputs (the rows of the
+    /// tables it reads, whatever run id they were written under; its checkpoints and the
+    /// environment's files, by their bytes) — is shared with the parent instead of executed:
+    /// its manifest names the parent's files, as the iterations before the branch point do. So
+    /// a branch re-executes only what its overrides reach (`--set adapt.enabled=false` from
+    /// iteration 0 shares the warm start, the rollout, the rewards, the update and the
+    /// evaluation; `reward.lambda` shares the rollout, the RM's verdicts, the judge and the
+    /// adaptation). `None`: the stage must run.
     async fn shared_with_parent(
         &self,
         iter: u32,
