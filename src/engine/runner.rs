@@ -302,20 +302,8 @@ impl Engine {
             return Ok(None);
         };
         let m = &theirs.manifest;
-        let sections: Vec<String> = stage
-            .config_sections()
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        let same_config = if m.config.is_empty() {
-            m.config_hash == self.config.section_hash(stage.config_sections())
-        } else {
-            m.config == self.config.section_keys(stage.config_sections())
-        };
-        if m.config_sections != sections
-            || !same_config
-            || m.seed != stage_seed(&self.config, iter, stage.name())
-        {
+        let same_config = same_settings(m, stage.config_sections(), &self.config);
+        if !same_config || m.seed != stage_seed(&self.config, iter, stage.name()) {
             return Ok(None);
         }
         // Tables read from other stages, by their rows: the bytes of the files committed for
@@ -924,6 +912,32 @@ async fn store_artifacts(
     Ok(out)
 }
 
+/// Whether a parent's stage manifest `m` ran with the settings this build's stage reads
+/// (`sections` of `config`): the values of those keys as it recorded them. Its recorded
+/// sections may be these or wider (`reward` where this build reads `reward.clip_eps`), not
+/// narrower; a manifest that recorded only a hash must have recorded these sections.
+fn same_settings(m: &StageManifest, sections: &[&str], config: &Config) -> bool {
+    let within = |k: &str, s: &str| k == s || k.starts_with(&format!("{s}."));
+    if m.config.is_empty() {
+        return m
+            .config_sections
+            .iter()
+            .map(String::as_str)
+            .eq(sections.iter().copied())
+            && m.config_hash == config.section_hash(sections);
+    }
+    let covered = sections
+        .iter()
+        .all(|s| m.config_sections.iter().any(|r| within(s, r)));
+    let recorded: BTreeMap<String, String> = m
+        .config
+        .iter()
+        .filter(|(k, _)| sections.iter().any(|s| within(k, s)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    covered && recorded == config.section_keys(sections)
+}
+
 /// The seed of a stage in an iteration.
 pub fn stage_seed(cfg: &Config, iter: u32, stage: &str) -> u64 {
     derive_seed(cfg.run.seed, &[&iter.to_string(), stage])
@@ -1086,5 +1100,69 @@ fn crash_point(point: &str) {
     {
         eprintln!("RLA_PIPE_CRASH_AT={spec}: aborting at {point}");
         std::process::abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(sections: &[&str], config: &Config) -> StageManifest {
+        let names: Vec<String> = sections.iter().map(|s| s.to_string()).collect();
+        StageManifest {
+            format: manifest::FORMAT,
+            run_id: "p".into(),
+            iter: 0,
+            stage: "update".into(),
+            code_version: manifest::code_version(),
+            config_sections: names,
+            config_hash: config.section_hash(sections),
+            config: config.section_keys(sections),
+            seed: 0,
+            deterministic: true,
+            inputs: vec![],
+            outputs: vec![],
+            artifacts: vec![],
+            started_at: manifest::now_rfc3339(),
+            seconds: 0.0,
+            store_seconds: None,
+            cpu_seconds: None,
+            peak_rss_bytes: None,
+            peak_device_bytes: None,
+            tokens: None,
+            status: "committed".into(),
+            shared: None,
+        }
+    }
+
+    /// A parent's stage recorded with a wider section than this build's stage reads is the
+    /// same setting when the keys read agree; not when one of them differs, nor when it
+    /// recorded narrower sections or only a hash of other sections.
+    #[test]
+    fn settings_compare_the_keys_this_build_reads() {
+        let base = Config::from_toml(crate::config::DEFAULT_TOML, "t.toml").unwrap();
+        let set = |kv: &str| base.with_sets("t", &[kv.to_string()]).unwrap();
+        let narrow = ["update", "reward.clip_eps", "reward.kl_beta"];
+        let wide = recorded(&["update", "reward"], &base);
+        assert!(same_settings(&wide, &narrow, &base));
+        assert!(same_settings(&wide, &narrow, &set("reward.lambda=0.5")));
+        assert!(same_settings(
+            &wide,
+            &narrow,
+            &set("reward.train_candidates=false")
+        ));
+        assert!(!same_settings(&wide, &narrow, &set("reward.clip_eps=0.3")));
+        assert!(!same_settings(&wide, &narrow, &set("update.policy_lr=0.1")));
+        assert!(!same_settings(&wide, &["update", "reward", "env"], &base));
+        assert!(same_settings(&wide, &["update", "reward"], &base));
+        assert!(!same_settings(
+            &wide,
+            &["update", "reward"],
+            &set("reward.lambda=0.5")
+        ));
+        let mut hashed = wide.clone();
+        hashed.config.clear();
+        assert!(same_settings(&hashed, &["update", "reward"], &base));
+        assert!(!same_settings(&hashed, &narrow, &base));
     }
 }
