@@ -80,8 +80,9 @@ rla_bin
 # store) — skip the seeds DIR already holds, and compute the tables from DIR. DIR can be
 # committed, so a grid longer than one machine's lifetime goes on elsewhere: a seed is the unit
 # (its settings branch from its full loop and must finish on one machine).
-# DIR/provenance.csv says which commit and CPU made each run (the checkout's commit: an
-# RLA_PIPE_BIN given with KEEP must be built from this checkout). Every kept run of a setting must
+# DIR/provenance.csv says which commit and CPU made each run (the checkout's commit, or
+# RLA_PIPE_COMMIT: the commit an RLA_PIPE_BIN given with KEEP was built from, when that is not
+# this checkout). Every kept run of a setting must
 # be the same loop but for the seed (its resolved config, checked before a seed is kept).
 keep=${KEEP:-}
 # ONLY_SEEDS="1 3": run only these of the grid's seeds now (e.g. a full-loop-only seed that
@@ -89,7 +90,7 @@ keep=${KEEP:-}
 # the tables still cover every seed KEEP holds.
 only=" ${ONLY_SEEDS:-} "
 cpu=$(lscpu 2>/dev/null | sed -n 's/^Model name: *//p' | head -1)
-commit=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates Cargo.lock || echo '+changes')
+commit=${RLA_PIPE_COMMIT:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- src crates Cargo.lock || echo '+changes')}
 # `finished DIR RUN ITERS`: RUN's last iteration committed in DIR.
 finished() {
   [ -f "$1/$2/_commits/iter=$(printf '%06d' $(($3 - 1)))/_iteration.json" ]
