@@ -40,6 +40,10 @@
 #   ABL_SEEDS=3 SETS="eval.mode=both" benches/ablation.sh 10 ./runs-curve/household \
 #     docs/src/ablation/household-smollm2 pipelines/household-smollm2.toml
 set -euo pipefail
+# The whole script is one compound command, read in full before any of it runs: bash reads a
+# script as it goes, and a grid runs for hours, so an edit to this file meanwhile (a pull, a
+# rebase) would change what the running grid does next.
+{
 cd "$(dirname "$0")/.."
 iters=${1:-8}
 env=${4:-household}
@@ -242,3 +246,5 @@ for setting in policy rm rmadapt "${variants[@]}"; do
   [[ " ${runs[*]} " == *" abl-$setting-s0 "* ]] && first+=("abl-$setting-s0")
 done
 "$bin" report --store "$store" "${first[@]}" --out "$out/report.html" --svg-dir "$out"
+exit
+}
