@@ -456,56 +456,38 @@ impl Engine {
         ours: &[manifest::OutputFile],
         theirs: &[manifest::OutputFile],
     ) -> Result<bool> {
-        let mut tables: Vec<&str> = ours.iter().map(|o| o.table.as_str()).collect();
-        tables.sort();
-        tables.dedup();
-        let mut their_tables: Vec<&str> = theirs.iter().map(|o| o.table.as_str()).collect();
-        their_tables.sort();
-        their_tables.dedup();
-        if tables != their_tables {
+        fn by_table(files: &[manifest::OutputFile]) -> BTreeMap<&str, Vec<&manifest::OutputFile>> {
+            let mut t: BTreeMap<&str, Vec<&manifest::OutputFile>> = BTreeMap::new();
+            for f in files {
+                t.entry(f.table.as_str()).or_default().push(f);
+            }
+            t
+        }
+        let (ours, theirs) = (by_table(ours), by_table(theirs));
+        if !ours.keys().eq(theirs.keys()) {
             return Ok(false);
         }
-        for table in tables {
-            let of = |files: &[manifest::OutputFile]| -> Vec<manifest::OutputFile> {
-                files.iter().filter(|o| o.table == table).cloned().collect()
-            };
-            let (a, b) = (of(ours), of(theirs));
-            let digests = |files: &[manifest::OutputFile]| -> Vec<String> {
-                let mut d: Vec<String> = files.iter().map(|o| o.digest.clone()).collect();
+        for (table, a) in &ours {
+            let b = &theirs[table];
+            let digests = |files: &[&manifest::OutputFile]| {
+                let mut d: Vec<String> = files.iter().map(|f| f.digest.clone()).collect();
                 d.sort();
                 d
             };
-            if digests(&a) == digests(&b) {
+            if digests(a) == digests(b) {
                 continue;
             }
-            let rows =
-                |files: &[manifest::OutputFile]| -> u64 { files.iter().map(|o| o.rows).sum() };
-            if rows(&a) != rows(&b) {
+            let rows = |files: &[&manifest::OutputFile]| files.iter().map(|f| f.rows).sum::<u64>();
+            if rows(a) != rows(b) {
                 return Ok(false);
             }
             let mut drop = vec!["run_id"];
             drop.extend_from_slice(schema::volatile(table));
             let mut content = Vec::new();
-            for files in [&a, &b] {
+            for files in [a, b] {
                 let mut d = Vec::new();
                 for f in files {
-                    let bytes = self
-                        .store
-                        .get_opt(&object_store::path::Path::from(f.path.as_str()))
-                        .await?
-                        .ok_or_else(|| {
-                            Error::data(format!(
-                                "table {}: committed file {} is missing",
-                                f.table, f.path
-                            ))
-                        })?;
-                    if manifest::digest(&bytes) != f.digest {
-                        return Err(Error::data(format!(
-                            "table {}: committed file {} no longer matches its manifest",
-                            f.table, f.path
-                        )));
-                    }
-                    d.push(exec::digest_without(bytes, &drop).await?);
+                    d.push(exec::digest_without(self.committed_file(f).await?, &drop).await?);
                 }
                 d.sort();
                 content.push(d);
@@ -515,6 +497,24 @@ impl Engine {
             }
         }
         Ok(true)
+    }
+
+    /// A committed data file's bytes, refused when they no longer match its manifest.
+    async fn committed_file(&self, f: &manifest::OutputFile) -> Result<bytes::Bytes> {
+        let path = object_store::path::Path::from(f.path.as_str());
+        let bytes = self.store.get_opt(&path).await?.ok_or_else(|| {
+            Error::data(format!(
+                "table {}: committed file {} is missing",
+                f.table, f.path
+            ))
+        })?;
+        if manifest::digest(&bytes) != f.digest {
+            return Err(Error::data(format!(
+                "table {}: committed file {} no longer matches its manifest",
+                f.table, f.path
+            )));
+        }
+        Ok(bytes)
     }
 
     /// Execute one stage of one iteration and commit it, without the resume check: if the stage

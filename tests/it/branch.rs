@@ -15,6 +15,33 @@ fn differing(f: &Fixture, table: &str, a: &str, b: &str, iters: &str) -> u64 {
     .unwrap()
 }
 
+/// Branch `into` of run `p` at iteration 0 with one override, for that one iteration: the
+/// stages it executed (the rest it shared), after checking that `replay --verify` passes.
+fn iteration_0_branch(f: &Fixture, set: &str, into: &str) -> String {
+    f.rla(&[
+        "replay",
+        "--run",
+        "p",
+        "--from",
+        "0",
+        "--set",
+        set,
+        "--into",
+        into,
+        "--iterations",
+        "1",
+    ])
+    .ok();
+    f.rla(&["replay", "--run", into, "--iter", "0", "--verify"])
+        .ok();
+    f.sql(&format!(
+        "SELECT string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
+         WHERE run_id = '{into}' AND iter = 0 AND status = 'committed'"
+    ))
+    .ok()
+    .scalar()
+}
+
 #[test]
 fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     let f = Fixture::new();
@@ -148,63 +175,23 @@ fn a_branch_shares_the_parents_iterations_and_reexecutes_from_n() {
     // A stage executed again that committed the same bytes is the same input: without
     // adaptation from iteration 0, only the judge and the adaptation execute (the update reads
     // the judge's rows, which are the parent's; the evaluation reads the same checkpoint).
-    f.rla(&[
-        "replay",
-        "--run",
-        "p",
-        "--from",
-        "0",
-        "--set",
-        "adapt.enabled=false",
-        "--into",
-        "noadapt",
-        "--iterations",
-        "1",
-    ])
-    .ok();
-    let executed = f
-        .sql(
-            "SELECT string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
-             WHERE run_id = 'noadapt' AND status = 'committed'",
-        )
-        .ok()
-        .scalar();
-    assert_eq!(executed, "adapt+judge");
-    f.rla(&["replay", "--run", "noadapt", "--iter", "0", "--verify"])
-        .ok();
+    assert_eq!(
+        iteration_0_branch(&f, "adapt.enabled=false", "noadapt"),
+        "adapt+judge"
+    );
 
     // A stage executed again that committed the parent's rows under its own run id is the
     // same input too: without the candidates' samples from iteration 0 (where there are no
     // candidates yet) the stages of `[reward]` execute and write the parent's rows, and
     // everything downstream of them — the update included, which reads only the clip and KL
     // keys of that section — is shared.
-    f.rla(&[
-        "replay",
-        "--run",
-        "p",
-        "--from",
-        "0",
-        "--set",
-        "reward.train_candidates=false",
-        "--into",
-        "nocand",
-        "--iterations",
-        "1",
-    ])
-    .ok();
-    let executed = f
-        .sql(
-            "SELECT string_agg(stage, '+' ORDER BY stage) FROM stage_runs \
-             WHERE run_id = 'nocand' AND iter = 0 AND status = 'committed'",
-        )
-        .ok()
-        .scalar();
-    assert_eq!(executed, "advantage+reward_join");
+    assert_eq!(
+        iteration_0_branch(&f, "reward.train_candidates=false", "nocand"),
+        "advantage+reward_join"
+    );
     for table in crate::DATA_TABLES {
         assert_eq!(differing(&f, table, "nocand", "p", "0"), 0, "{table}");
     }
-    f.rla(&["replay", "--run", "nocand", "--iter", "0", "--verify"])
-        .ok();
 
     // run.json records the parent and the overrides; show says so.
     let run_json: serde_json::Value =
