@@ -9,7 +9,9 @@ pub use rla_amx::{
 };
 
 use burn::tensor::backend::Backend;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{DType, Tensor, TensorData, TensorPrimitive};
+
+use crate::model::backend::{Cpu, cast, flex};
 
 /// A tensor's values as f32 (read from its bytes in `rla-amx`, which the dev profile
 /// optimises: a checked cast here would run unoptimised over every value).
@@ -22,11 +24,33 @@ pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
     }
 }
 
+/// `f` of a tensor's values as f32, in order. On the CPU backend an f32 tensor whose values lie
+/// contiguous is read where it lies: burn-flex's `into_data` copies a buffer that other tensors
+/// share (as the autodiff graph's do) out of it, and copies that once more to realign it — two
+/// passes over every value, for a read. Otherwise (another layout, dtype or backend) through
+/// [`values`]. The same values either way, so the same results to the bit.
+pub fn with_f32<B: Backend, const D: usize, R>(t: Tensor<B, D>, f: impl FnOnce(&[f32]) -> R) -> R {
+    let t = match cast::<Tensor<B, D>, Tensor<Cpu, D>>(t) {
+        Ok(x) => {
+            let x = flex(x);
+            if x.dtype() == DType::F32
+                && let Some((start, end)) = x.layout().contiguous_offsets()
+            {
+                return f(&f32s(&x.bytes()[start * 4..end * 4]));
+            }
+            let x = Tensor::<Cpu, D>::from_primitive(TensorPrimitive::Float(x));
+            return f(&f32s(values(x).as_bytes()));
+        }
+        Err(t) => t,
+    };
+    f(&f32s(values(t).as_bytes()))
+}
+
 /// `x [m, k] · W` on the tiles, as a tensor (the CPU backends).
 pub fn matmul_packed<B: Backend>(x: Tensor<B, 2>, w: &Packed) -> Tensor<B, 2> {
     let device = x.device();
     let [m, _] = x.dims();
-    let y = w.matmul(&f32s(values(x).as_bytes()), m);
+    let y = with_f32(x, |xs| w.matmul(xs, m));
     Tensor::from_data(TensorData::new(y, [m, w.dims()[1]]), &device)
 }
 

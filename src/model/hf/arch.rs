@@ -137,13 +137,10 @@ fn mlp_packed<B: Backend>(x: Tensor<B, 3>, mlp: &Mlp<B>, packed: &[amx::Packed])
     let [b, t, d] = x.dims();
     let m = b * t;
     // Gate and up multiply the same rows: rounded to bf16 once.
-    let xs = amx::Rounded::new(&amx::f32s(values(x.reshape([m, d])).as_bytes()), m, d);
+    let xs = amx::with_f32(x.reshape([m, d]), |xs| amx::Rounded::new(xs, m, d));
     let bias = |l: &Linear<B>, y: &mut Vec<f32>| {
         if let Some(bias) = &l.bias {
-            amx::add_bias(
-                y,
-                &amx::f32s(values(bias.val().unsqueeze_dim::<2>(0)).as_bytes()),
-            );
+            amx::with_f32(bias.val(), |b| amx::add_bias(y, b));
         }
     };
     let mut gate = packed[0].matmul_rounded(&xs);

@@ -71,33 +71,33 @@ pub fn attend<B: Backend>(
         };
     let [b, kv, rows, d] = q.dims();
     let keys = k.dims()[2];
-    let qd = amx::values(q);
-    let qs = amx::f32s(qd.as_bytes());
     let (k, kb, kh, ko) = heads(flex(k));
     let (v, vb, vh, vo) = heads(flex(v));
-    let out = amx::attention(
-        &qs,
-        amx::Heads {
-            data: &k.storage::<f32>()[ko..],
-            batch: kb,
-            head: kh,
-        },
-        amx::Heads {
-            data: &v.storage::<f32>()[vo..],
-            batch: vb,
-            head: vh,
-        },
-        mask,
-        amx::Shape {
-            b,
-            kv,
-            g: rows / t,
-            t,
-            keys,
-            d,
-        },
-        scale,
-    );
+    let out = amx::with_f32(q, |qs| {
+        amx::attention(
+            qs,
+            amx::Heads {
+                data: &k.storage::<f32>()[ko..],
+                batch: kb,
+                head: kh,
+            },
+            amx::Heads {
+                data: &v.storage::<f32>()[vo..],
+                batch: vb,
+                head: vh,
+            },
+            mask,
+            amx::Shape {
+                b,
+                kv,
+                g: rows / t,
+                t,
+                keys,
+                d,
+            },
+            scale,
+        )
+    });
     cast_back(Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(
         FlexTensor::from_data(TensorData::new(out, [b, kv, rows, d])),
     )))

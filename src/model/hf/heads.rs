@@ -19,8 +19,7 @@ use crate::model::backend::{Cpu, CpuTrain, on_cpu};
 fn swap(x: Tensor<Cpu, 4>) -> Tensor<Cpu, 4> {
     let device = x.device();
     let [b, a, c, d] = x.dims();
-    let data = amx::values(x);
-    let out = amx::swap_middle(&amx::f32s(data.as_bytes()), b, a, c, d);
+    let out = amx::with_f32(x, |xs| amx::swap_middle(xs, b, a, c, d));
     Tensor::from_data(TensorData::new(out, [b, c, a, d]), &device)
 }
 

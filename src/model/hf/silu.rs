@@ -15,15 +15,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 
 use crate::model::amx;
-use crate::model::backend::{Cpu, CpuTrain, cast, cast_back, flex};
+use crate::model::backend::{Cpu, CpuTrain, cast, cast_back};
 
 /// `f` of a tensor's f32 values, read in place where they lie contiguous (a copy otherwise).
 fn with_values<R>(x: &Tensor<Cpu, 3>, f: impl FnOnce(&[f32]) -> R) -> R {
-    let t = flex(x.clone());
-    match t.dtype() == burn::tensor::DType::F32 {
-        true => f(t.to_contiguous().storage::<f32>()),
-        false => f(&amx::f32s(amx::values(x.clone()).as_bytes())),
-    }
+    amx::with_f32(x.clone(), f)
 }
 
 /// The forward on the CPU backend.

@@ -6,54 +6,49 @@
 //! operation of its own on the CPU training backend, and the snapshot pass (no autodiff) calls
 //! the same forward, so both compute the same bits.
 
-use std::sync::Arc;
-
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
 use burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing;
 use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, Ops, OpsKind, unary};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn_flex::FlexTensor;
 
 use crate::model::amx;
 use crate::model::backend::{Cpu, CpuTrain, on_cpu};
 
 /// A tensor's values as f32.
 fn values<const D: usize>(x: Tensor<Cpu, D>) -> Vec<f32> {
-    amx::f32s(amx::values(x).as_bytes()).into_owned()
+    amx::with_f32(x, <[f32]>::to_vec)
 }
 
-/// The forward on the CPU backend: the weights, and their values (the backward's state).
-fn forward(
-    scores: Tensor<Cpu, 4>,
-    mask: &[u8],
-    t: usize,
-    scale: f32,
-) -> (Tensor<Cpu, 4>, Vec<f32>) {
+/// The forward on the CPU backend: the weights.
+fn forward(scores: Tensor<Cpu, 4>, mask: &[u8], t: usize, scale: f32) -> Tensor<Cpu, 4> {
     let device = scores.device();
     let dims = scores.dims();
     let [_, heads, rows, keys] = dims;
     let mut w = values(scores);
     amx::masked_softmax(&mut w, keys, t, heads * rows, mask, scale);
-    let y = Tensor::from_data(TensorData::new(w.clone(), dims), &device);
-    (y, w)
+    Tensor::from_data(TensorData::new(w, dims), &device)
 }
 
 #[derive(Debug)]
 struct MaskedSoftmax;
 
 impl Backward<Cpu, 1> for MaskedSoftmax {
-    /// The weights, keys per row, the scale.
-    type State = (Arc<Vec<f32>>, usize, f32);
+    /// The weights (the forward's output itself: its buffer, shared, which copy-on-write keeps
+    /// as it is), keys per row, the scale.
+    type State = (FlexTensor, usize, f32);
 
     fn backward(self, ops: Ops<Self::State, 1>, grads: &mut Gradients, _: &mut Checkpointer) {
         let (y, keys, scale) = ops.state;
+        let y = Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(y));
         unary::<Cpu, _>(ops.parents, ops.node, grads, |grad| {
             let g = Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(grad));
             let device = g.device();
             let dims = g.dims();
             let mut g = values(g);
-            amx::masked_softmax_backward(&mut g, &y, keys, scale);
+            amx::with_f32(y, |y| amx::masked_softmax_backward(&mut g, y, keys, scale));
             Tensor::<Cpu, 4>::from_data(TensorData::new(g, dims), &device)
                 .into_primitive()
                 .tensor()
@@ -74,7 +69,7 @@ pub fn masked_softmax<B: Backend>(
     on_cpu(
         scores,
         |x| tracked(x, mask, t, scale),
-        |x| forward(x, mask, t, scale).0,
+        |x| forward(x, mask, t, scale),
         |_| panic!("the fused masked softmax runs on the CPU backends only"),
     )
 }
@@ -84,14 +79,13 @@ fn tracked(x: Tensor<CpuTrain, 4>, mask: &[u8], t: usize, scale: f32) -> Tensor<
     let keys = x.dims()[3];
     let x = x.into_primitive().tensor();
     let inner = Tensor::<Cpu, 4>::from_primitive(TensorPrimitive::Float(x.primitive.clone()));
-    let (y, w) = forward(inner, mask, t, scale);
-    let y = y.into_primitive().tensor();
+    let y = forward(inner, mask, t, scale).into_primitive().tensor();
     let out = match MaskedSoftmax
         .prepare::<BalancedCheckpointing>([x.node.clone()])
         .compute_bound()
         .stateful()
     {
-        OpsKind::Tracked(prep) => prep.finish((Arc::new(w), keys, scale), y),
+        OpsKind::Tracked(prep) => prep.finish((y.clone(), keys, scale), y),
         OpsKind::UnTracked(prep) => prep.finish(y),
     };
     Tensor::from_primitive(TensorPrimitive::Float(out))
