@@ -71,6 +71,30 @@ mod tests {
             .collect()
     }
 
+    /// In place or through `into_data`, the values a tensor holds, in order: contiguous, shared
+    /// with another tensor, a narrowed view at an offset, a transposed (strided) view, on the
+    /// training backend.
+    #[test]
+    fn values_read_in_place_are_the_tensors_values() {
+        use crate::model::backend::CpuTrain;
+        let device = Default::default();
+        let x = Tensor::<Cpu, 2>::from_data(TensorData::new(data(24, 3), [4, 6]), &device);
+        let want = |t: Tensor<Cpu, 2>| f32s(values(t).as_bytes()).into_owned();
+        let shared = x.clone();
+        for t in [
+            x.clone(),
+            x.clone().narrow(0, 1, 2),
+            x.clone().narrow(1, 2, 3),
+            x.clone().transpose(),
+        ] {
+            assert_eq!(with_f32(t.clone(), <[f32]>::to_vec), want(t));
+        }
+        drop(shared);
+        let y = Tensor::<CpuTrain, 2>::from_data(TensorData::new(data(24, 3), [4, 6]), &device)
+            .narrow(0, 1, 2);
+        assert_eq!(with_f32(y, <[f32]>::to_vec), want(x.narrow(0, 1, 2)));
+    }
+
     #[test]
     fn exp_is_within_2e_7_of_the_library() {
         let mut worst = 0f64;
