@@ -44,6 +44,9 @@ pub struct Engine {
     /// Share a branch's stages that would compute what its parent committed (the default);
     /// `false` executes them (`replay --into … --recompute`).
     pub share_with_parent: bool,
+    /// [`Engine::row_digest`]'s answers by (table, file digest): a branch compares a table
+    /// whose bytes differ from its parent's once for every stage that reads it.
+    row_digests: std::sync::Mutex<std::collections::HashMap<(String, String), (u64, String)>>,
 }
 
 impl Engine {
@@ -156,6 +159,7 @@ impl Engine {
             verbose: false,
             branch,
             share_with_parent: true,
+            row_digests: Default::default(),
         })
     }
 
@@ -487,7 +491,7 @@ impl Engine {
             for files in [a, b] {
                 let mut d = Vec::new();
                 for f in files {
-                    d.push(exec::digest_without(self.committed_file(f).await?, &drop).await?);
+                    d.push(self.row_digest(f, &drop).await?);
                 }
                 d.sort();
                 content.push(d);
@@ -497,6 +501,21 @@ impl Engine {
             }
         }
         Ok(true)
+    }
+
+    /// A committed file's rows without the columns `drop` names ([`exec::digest_without`]),
+    /// read and encoded once per file and table.
+    async fn row_digest(&self, f: &manifest::OutputFile, drop: &[&str]) -> Result<(u64, String)> {
+        let key = (f.table.clone(), f.digest.clone());
+        if let Some(d) = self.row_digests.lock().expect("row digests").get(&key) {
+            return Ok(d.clone());
+        }
+        let d = exec::digest_without(self.committed_file(f).await?, drop).await?;
+        self.row_digests
+            .lock()
+            .expect("row digests")
+            .insert(key, d.clone());
+        Ok(d)
     }
 
     /// A committed data file's bytes, refused when they no longer match its manifest.
