@@ -5,7 +5,7 @@
 
 pub use rla_amx::{
     Heads, Packed, Rounded, Shape, add_bias, attention, available, bf16, exp, f32s, masked_softmax,
-    masked_softmax_backward, silu_mul, silu_mul_backward, swap_middle, transpose,
+    masked_softmax_backward, rope, silu_mul, silu_mul_backward, swap_middle, transpose,
 };
 
 use burn::tensor::backend::Backend;

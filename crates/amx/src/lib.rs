@@ -482,6 +482,36 @@ pub fn swap_middle(x: &[f32], b: usize, a: usize, c: usize, d: usize) -> Vec<f32
     out
 }
 
+/// Rotary position embedding of `x [positions, heads, d]` (row-major) with the tables
+/// `cos`, `sin` `[positions, d]` (`sin`'s first half negated): `x · cos + rotate_half(x) · sin`,
+/// where `rotate_half(x)` is `[x₂, x₁]` of the halves — each product rounded, then their sum,
+/// as the three element-wise tensor operations compute it, so the same bits in one pass.
+pub fn rope(x: &[f32], cos: &[f32], sin: &[f32], heads: usize, d: usize) -> Vec<f32> {
+    assert!(d % 2 == 0 && heads > 0, "an even head size");
+    assert_eq!(x.len() % (heads * d), 0, "x [positions, heads, d]");
+    let positions = x.len() / (heads * d);
+    assert_eq!(cos.len(), positions * d, "cos [positions, d]");
+    assert_eq!(sin.len(), positions * d, "sin [positions, d]");
+    let h = d / 2;
+    let mut out = vec![0f32; x.len()];
+    out.par_chunks_mut(heads * d)
+        .zip(x.par_chunks(heads * d))
+        .enumerate()
+        .with_min_len(16)
+        .for_each(|(p, (o, x))| {
+            let (c, s) = (&cos[p * d..][..d], &sin[p * d..][..d]);
+            for (o, x) in o.chunks_exact_mut(d).zip(x.chunks_exact(d)) {
+                for i in 0..h {
+                    o[i] = x[i] * c[i] + x[i + h] * s[i];
+                }
+                for i in h..d {
+                    o[i] = x[i] * c[i] + x[i - h] * s[i];
+                }
+            }
+        });
+    out
+}
+
 /// The transpose of a row-major `[k, n]` matrix: `[n, k]`, in 64 × 64 blocks.
 pub fn transpose(w: &[f32], k: usize, n: usize) -> Vec<f32> {
     assert_eq!(w.len(), k * n, "matrix shape");

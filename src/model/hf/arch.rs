@@ -263,6 +263,37 @@ fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> 
     x * cos.clone() + rotated * sin.clone()
 }
 
+/// [`rope`] in one pass on the CPU backend (`rla_amx::rope`, from the tables `[b, t, 1, hd]`:
+/// the same products and sum, so the same bits), instead of a concatenation and three
+/// element-wise operations; the training backend and the GPU keep [`rope`], with the tables
+/// repeated over the heads (`repeated`: computed only there).
+fn rotary<B: Backend>(
+    x: Tensor<B, 4>,
+    tables: &(Tensor<B, 4>, Tensor<B, 4>),
+    repeated: impl FnOnce() -> (Tensor<B, 4>, Tensor<B, 4>),
+) -> Tensor<B, 4> {
+    use crate::model::backend::{Cpu, cast, cast_back};
+    match cast::<Tensor<B, 4>, Tensor<Cpu, 4>>(x) {
+        Ok(x) => {
+            let device = x.device();
+            let [b, t, n, d] = x.dims();
+            let cos: Tensor<Cpu, 4> = cast_back(tables.0.clone());
+            let sin: Tensor<Cpu, 4> = cast_back(tables.1.clone());
+            let out = amx::with_f32(x, |x| {
+                amx::with_f32(cos, |c| amx::with_f32(sin, |s| amx::rope(x, c, s, n, d)))
+            });
+            cast_back(Tensor::<Cpu, 4>::from_data(
+                TensorData::new(out, [b, t, n, d]),
+                &device,
+            ))
+        }
+        Err(x) => {
+            let (cos, sin) = repeated();
+            rope(x, &cos, &sin)
+        }
+    }
+}
+
 impl<B: Backend> CausalLm<B> {
     /// A model of this shape with zero weights and unit norms (weights come from a checkpoint).
     pub fn init(arch: &HfArch, device: &B::Device) -> CausalLm<B> {
@@ -474,11 +505,17 @@ impl<B: Backend> CausalLm<B> {
             .val()
             .select(0, tokens.reshape([b * t]))
             .reshape([b, t, a.hidden]);
-        // The tables repeated over the query heads and over the key heads, once per call.
-        let (cos, sin) = self.rope_tables(positions);
-        let over = |n: usize| (cos.clone().repeat_dim(2, n), sin.clone().repeat_dim(2, n));
-        let rope_q = over(h);
-        let rope_k = if kv == h { rope_q.clone() } else { over(kv) };
+        // The tables, and where [`rotary`] needs them, repeated over the query heads and over
+        // the key heads, once per call.
+        let tables = self.rope_tables(positions);
+        let over = |n: usize| {
+            (
+                tables.0.clone().repeat_dim(2, n),
+                tables.1.clone().repeat_dim(2, n),
+            )
+        };
+        let rope_q = std::cell::OnceCell::new();
+        let rope_k = std::cell::OnceCell::new();
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
         // With the tiles (inference or training), the mask's bytes instead: the fused masked
         // softmax reads them ([`super::softmax`]).
@@ -535,8 +572,10 @@ impl<B: Backend> CausalLm<B> {
                     None => y,
                 };
                 let y = match rotate {
-                    true if n == h => rope(y, &rope_q.0, &rope_q.1),
-                    true => rope(y, &rope_k.0, &rope_k.1),
+                    true => {
+                        let cell = if n == h { &rope_q } else { &rope_k };
+                        rotary(y, &tables, || cell.get_or_init(|| over(n)).clone())
+                    }
                     false => y,
                 };
                 super::heads::swap_middle(y)
@@ -684,5 +723,46 @@ impl<B: Backend> Lm<B> for CausalLm<B> {
     /// `max_position_embeddings` (RoPE has no table; without the key, 1 << 20).
     fn context(&self) -> usize {
         self.arch.max_positions.unwrap_or(1 << 20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::backend::Cpu;
+
+    /// The CPU backend's one-pass RoPE gives burn's element-wise RoPE (with the tables
+    /// repeated over the heads) to the bit.
+    #[test]
+    fn rotary_in_one_pass_is_burns_rope_to_the_bit() {
+        let device = Default::default();
+        let (b, t, n, d) = (2, 5, 3, 8);
+        let tensor = |shape: [usize; 4], seed: u64| {
+            let mut s = seed;
+            let v: Vec<f32> = (0..shape.iter().product::<usize>())
+                .map(|_| {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    (s >> 33) as f32 / (1u64 << 30) as f32 - 1.0
+                })
+                .collect();
+            Tensor::<Cpu, 4>::from_data(TensorData::new(v, shape), &device)
+        };
+        let x = tensor([b, t, n, d], 7);
+        let (cos, sin) = (tensor([b, t, 1, d], 11), tensor([b, t, 1, d], 13));
+        let bits = |y: Tensor<Cpu, 4>| -> Vec<u32> {
+            let v = y.into_data().to_vec::<f32>().expect("f32 values");
+            v.into_iter().map(f32::to_bits).collect()
+        };
+        let want = rope(
+            x.clone(),
+            &cos.clone().repeat_dim(2, n),
+            &sin.clone().repeat_dim(2, n),
+        );
+        let got = rotary(x, &(cos, sin), || {
+            unreachable!("the CPU backend rotates in one pass")
+        });
+        assert_eq!(bits(got), bits(want));
     }
 }
