@@ -485,13 +485,11 @@ impl Engine {
             if rows(a) != rows(b) {
                 return Ok(false);
             }
-            let mut drop = vec!["run_id"];
-            drop.extend_from_slice(schema::volatile(table));
             let mut content = Vec::new();
             for files in [a, b] {
                 let mut d = Vec::new();
                 for f in files {
-                    d.push(self.row_digest(f, &drop).await?);
+                    d.push(self.row_digest(f).await?);
                 }
                 d.sort();
                 content.push(d);
@@ -503,14 +501,16 @@ impl Engine {
         Ok(true)
     }
 
-    /// A committed file's rows without the columns `drop` names ([`exec::digest_without`]),
-    /// read and encoded once per file and table.
-    async fn row_digest(&self, f: &manifest::OutputFile, drop: &[&str]) -> Result<(u64, String)> {
+    /// A committed file's rows without `run_id` and its table's wall-clock columns
+    /// ([`exec::digest_without`]), read and encoded once per file and table.
+    async fn row_digest(&self, f: &manifest::OutputFile) -> Result<(u64, String)> {
         let key = (f.table.clone(), f.digest.clone());
         if let Some(d) = self.row_digests.lock().expect("row digests").get(&key) {
             return Ok(d.clone());
         }
-        let d = exec::digest_without(self.committed_file(f).await?, drop).await?;
+        let mut drop = vec!["run_id"];
+        drop.extend_from_slice(schema::volatile(&f.table));
+        let d = exec::digest_without(self.committed_file(f).await?, &drop).await?;
         self.row_digests
             .lock()
             .expect("row digests")

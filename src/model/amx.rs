@@ -30,7 +30,7 @@ pub fn values<B: Backend, const D: usize>(t: Tensor<B, D>) -> TensorData {
 /// passes over every value, for a read. Otherwise (another layout, dtype or backend) through
 /// [`values`]. The same values either way, so the same results to the bit.
 pub fn with_f32<B: Backend, const D: usize, R>(t: Tensor<B, D>, f: impl FnOnce(&[f32]) -> R) -> R {
-    let t = match cast::<Tensor<B, D>, Tensor<Cpu, D>>(t) {
+    match cast::<Tensor<B, D>, Tensor<Cpu, D>>(t) {
         Ok(x) => {
             let x = flex(x);
             if x.dtype() == DType::F32
@@ -39,11 +39,10 @@ pub fn with_f32<B: Backend, const D: usize, R>(t: Tensor<B, D>, f: impl FnOnce(&
                 return f(&f32s(&x.bytes()[start * 4..end * 4]));
             }
             let x = Tensor::<Cpu, D>::from_primitive(TensorPrimitive::Float(x));
-            return f(&f32s(values(x).as_bytes()));
+            f(&f32s(values(x).as_bytes()))
         }
-        Err(t) => t,
-    };
-    f(&f32s(values(t).as_bytes()))
+        Err(t) => f(&f32s(values(t).as_bytes())),
+    }
 }
 
 /// `x [m, k] · W` on the tiles, as a tensor (the CPU backends).
