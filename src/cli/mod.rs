@@ -215,8 +215,12 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
     Show {
         #[command(flatten)]
         store: StoreArgs,
-        /// Run id.
-        id: String,
+        /// Run id (or `--run ID`, as `replay`, `files` and `sql` take it).
+        #[arg(required_unless_present = "run", conflicts_with = "run")]
+        id: Option<String>,
+        /// Run id, as the other commands take it.
+        #[arg(long, value_name = "ID")]
+        run: Option<String>,
         #[arg(long)]
         iter: Option<u32>,
     },
@@ -518,7 +522,15 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             };
             files::files(&store, &run, table.as_deref(), range, format).await?
         }
-        Command::Show { store, id, iter } => show::show(&store, &id, iter).await?,
+        Command::Show {
+            store,
+            id,
+            run,
+            iter,
+        } => {
+            let id = id.or(run).expect("clap requires an id or --run");
+            show::show(&store, &id, iter).await?
+        }
         Command::Gc {
             store,
             run,

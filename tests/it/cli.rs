@@ -486,6 +486,10 @@ fn runs_and_show() {
         "{}",
         s.stdout
     );
+    // `--run ID`, as `replay`, `files` and `sql` take it, names the same run.
+    let by_flag = f.rla(&["show", "--run", "small", "--iter", "0"]).ok();
+    assert_eq!(by_flag.stdout, s.stdout);
+    f.rla(&["show"]).fails(2, &["<ID>"]);
     f.rla(&["show", "small", "--iter", "5"])
         .fails(1, &["no committed iteration 5"]);
 }

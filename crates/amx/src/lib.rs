@@ -653,7 +653,10 @@ impl Packed {
         }
         let (kp, np) = (self.kp, self.np);
         let (a, mp) = (&x.tiles, x.mp);
-        let mut c = vec![0f32; mp * np];
+        // Not zeroed: every kernel stores its tiles (it never adds to `c`), and every row
+        // below `m` is stored (the AVX-512 kernel stores a block's rows below `m` only, so the
+        // length is set to those rows after the tiles are in).
+        let mut c: Vec<f32> = Vec::with_capacity(mp * np);
         let blocks_n = np / BLOCK;
         // Tasks: column blocks (each reads its two panels once per row block); rows inside.
         let work = mp * np * kp;
@@ -694,15 +697,16 @@ impl Packed {
                     },
                 }
             });
+        // SAFETY: the tasks above stored rows 0..m of every column block (see above).
+        unsafe { c.set_len(m * np) };
         if np == self.n {
-            c.truncate(m * np);
             return c;
         }
         let n = self.n;
-        let mut out = vec![0f32; m * n];
-        out.chunks_mut(n)
-            .zip(c.chunks(np))
-            .for_each(|(o, r)| o.copy_from_slice(&r[..n]));
+        let mut out = Vec::with_capacity(m * n);
+        for r in c.chunks(np) {
+            out.extend_from_slice(&r[..n]);
+        }
         out
     }
 
