@@ -250,7 +250,7 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         sets: Vec<String>,
     },
     /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
-    /// reward-model accuracy, the training signal (reward, advantage spread, the learning
+    /// training games against held-out games, reward-model accuracy, the training signal (reward, advantage spread, the learning
     /// signal's shares, policy entropy, episode length), adaptation (with the accepted-task
     /// growth fit), stage times, and update metrics (loss, KL, clip fraction, gradient norm,
     /// learning rate). Several runs overlay their curves, one colour per run.

@@ -34,6 +34,7 @@ const UNIT_TESTS: &str = include_str!("unit_tests.sql");
 const TRAINING: &str = include_str!("training.sql");
 /// Who sets the policy's signs (`pipelines/sql/policy_signal.sql`), bound into [`TRAINING`].
 const POLICY_SIGNAL: &str = include_str!("../../pipelines/sql/policy_signal.sql");
+const GENERALISATION: &str = include_str!("../../pipelines/sql/generalisation.sql");
 const STAGE_TOTALS: &str = include_str!("stage_totals.sql");
 const SUMMARY: &str = include_str!("summary.sql");
 
@@ -589,6 +590,18 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
         .await?
         .without(&shown_elsewhere);
     let unit_tests = table(&ctx, &q(UNIT_TESTS)?).await?;
+    let generalisation = table(
+        &ctx,
+        &render(
+            "SELECT * FROM (${generalisation}) g WHERE run_id IN (${runs}) ORDER BY run_id, iter",
+            &[
+                ("generalisation", GENERALISATION.to_string()),
+                ("runs", list.clone()),
+            ],
+        )?,
+    )
+    .await?
+    .without(&shown_elsewhere);
 
     let mut charts = Vec::new();
     let rate = Axis::Zero { top: 1.0 };
@@ -605,6 +618,25 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
                     ("held_out", "held-out"),
                     ("ood", "OOD"),
                     ("held_out_greedy", "held-out greedy"),
+                ],
+            ),
+            rate,
+        )?,
+    ));
+    // Whether what the policy learns on its training games carries over to games it never saw
+    // (pipelines/sql/generalisation.sql).
+    charts.push((
+        "generalisation".to_string(),
+        chart(
+            "Training games against held-out games",
+            "success rate",
+            &lines_of(
+                &generalisation,
+                runs,
+                &[
+                    ("seed_tasks", "seed tasks (training)"),
+                    ("held_out_before", "held-out"),
+                    ("adapted_tasks", "adapted tasks (training)"),
                 ],
             ),
             rate,
@@ -922,6 +954,15 @@ pub async fn build(store: &Store, runs: &[String]) -> Result<Report> {
             "<p>Train: mean accuracy of the active tasks' sampled rollouts (solid). Held-out: success of the evaluation rollouts (eval.rollouts sampled at eval.temperature; one greedy rollout with eval.mode = \"greedy\") on tasks of the training distribution never trained on (dashed). OOD: the same on tasks one difficulty level harder (dotted). With eval.mode = \"both\", held-out greedy: one greedy rollout per held-out task beside the sampled ones (long dashes; the table has OOD greedy too).</p>\n<figure>{}</figure>\n{}",
             chart_of("success"),
             success.html()
+        ),
+    );
+    section(
+        "generalisation",
+        "Training games against held-out games",
+        format!(
+            "<p>Success of the training rollouts on the pool's seed tasks (solid: drawn from the held-out set's distribution, but the same few games every iteration) beside the held-out success of the policy that rolled them out (dashed: the evaluation of the iteration before), and on the tasks adaptation brought in (dotted). Seed tasks that climb while held-out stays flat are a policy learning its training games, not their family (pipelines/sql/generalisation.sql; gap = seed tasks − held-out).</p>\n<figure>{}</figure>\n{}",
+            chart_of("generalisation"),
+            generalisation.html()
         ),
     );
     section(

@@ -181,6 +181,41 @@ fn gridnav_loop_rewrites_and_judges_tasks() {
     ] {
         assert_eq!(adapt_signal[0][column], f.sql(q).ok().scalar(), "{column}");
     }
+    // Generalisation: per iteration, the seed tasks' and the adapted tasks' rollouts are all of
+    // its training rollouts, the seed tasks' success is theirs, and the held-out figure is the
+    // evaluation of the iteration before (none at iteration 0).
+    let general = diagnostics(crate::GENERALISATION);
+    assert_eq!(general.len(), 3, "{general:?}");
+    let rolled = "FROM task_accuracy a JOIN tasks t ON t.iter = a.iter AND t.task_id = a.task_id \
+                  WHERE a.iter = {i} AND COALESCE(t.rolled_out, true)";
+    for (i, row) in general.iter().enumerate() {
+        assert_eq!(row["iter"], i.to_string());
+        let n = |c: &str| row[c].parse::<u64>().unwrap();
+        assert_eq!(
+            (n("seed_rollouts") + n("adapted_rollouts")).to_string(),
+            at(&format!("SELECT sum(a.rollouts) {rolled}"), i)
+        );
+        assert_eq!(
+            row["seed_tasks"],
+            at(
+                &format!(
+                    "SELECT round(CAST(sum(a.successes) AS DOUBLE) / CAST(sum(a.rollouts) AS \
+                     DOUBLE), 3) {rolled} AND t.parent_task_id IS NULL"
+                ),
+                i
+            )
+        );
+        let before = if i == 0 {
+            String::new()
+        } else {
+            at(
+                "SELECT round(CAST(sum(successes) AS DOUBLE) / CAST(sum(rollouts) AS DOUBLE), 3) \
+                 FROM evaluations WHERE split = 'held_out' AND iter = {i} - 1",
+                i,
+            )
+        };
+        assert_eq!(row["held_out_before"], before, "{general:?}");
+    }
     let policy_signal = diagnostics(crate::POLICY_SIGNAL);
     assert_eq!(policy_signal.len(), 3, "{policy_signal:?}");
     assert!(

@@ -51,6 +51,12 @@ pub const ADAPT_SIGNAL: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/pipelines/sql/adapt_signal.sql"
 );
+/// Training success on the seed tasks and on adapted ones beside held-out success (per run and
+/// iteration).
+pub const GENERALISATION: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/pipelines/sql/generalisation.sql"
+);
 pub const STEP_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/step_loops.sql");
 pub const EVAL_LOOPS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/sql/eval_loops.sql");
 pub const ACTION_KINDS: &str = concat!(

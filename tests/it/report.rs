@@ -142,7 +142,7 @@ fn report_has_every_section_and_the_right_numbers() {
             .iter()
             .map(|w| w.as_f64().unwrap())
             .collect();
-        assert_eq!(charts.len(), 15, "{layout}");
+        assert_eq!(charts.len(), 16, "{layout}");
         assert!(
             charts
                 .iter()
@@ -158,6 +158,7 @@ fn report_has_every_section_and_the_right_numbers() {
     for id in [
         "runs",
         "success",
+        "generalisation",
         "rm-accuracy",
         "training",
         "adaptation",
@@ -166,11 +167,11 @@ fn report_has_every_section_and_the_right_numbers() {
     ] {
         assert!(html.contains(&format!("<section id=\"{id}\">")), "{id}");
     }
-    // Self-contained: 15 inline charts, nothing fetched, no script.
-    assert_eq!(html.matches("<svg").count(), 15);
+    // Self-contained: 16 inline charts, nothing fetched, no script.
+    assert_eq!(html.matches("<svg").count(), 16);
     assert!(!html.contains("src=\"http") && !html.contains("href=\"http"));
     assert!(!html.contains("<script"));
-    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 15);
+    assert_eq!(std::fs::read_dir(&svgs).unwrap().count(), 16);
     // Both runs are overlaid in the charts' legends, each in its own colour throughout: the
     // first run's blue, the second's vermillion, no third colour in the success chart.
     assert!(html.contains("full · train") && html.contains("static · held-out"));
@@ -473,7 +474,7 @@ fn report_has_every_section_and_the_right_numbers() {
     let small = f.dir.path().join("small.html").display().to_string();
     f.rla(&["report", "small", "--out", &small]).ok();
     let html = std::fs::read_to_string(&small).unwrap();
-    assert_eq!(html.matches("<svg").count(), 15);
+    assert_eq!(html.matches("<svg").count(), 16);
     let train = num(
         &f,
         "SELECT avg(acc) FROM task_accuracy WHERE run_id = 'small' AND iter = 1",
