@@ -5,8 +5,8 @@
 -- policy that rolled them out — the evaluation of the iteration before (iteration i's rollouts
 -- use the policy updated at i − 1, which `evaluate` measured at i − 1). A seed-task success
 -- that climbs while the held-out one stays flat is a policy learning its few training games,
--- not the task family. `gap` = seed tasks − held-out (sampled: the same temperature as the
--- rollouts). E.g.
+-- not the task family. `gap` = seed tasks − held-out (held-out sampled at `eval.temperature`,
+-- which may differ from the rollouts' `policy.temperature`). E.g.
 -- rla-pipe sql --store docs/src/ablation/textworld-smollm2-s8/kept --file pipelines/sql/generalisation.sql
 WITH rolled AS (
     SELECT t.run_id, t.iter, t.parent_task_id IS NULL AS seed_task, a.rollouts, a.successes

@@ -26,7 +26,7 @@ mod worker;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 
 use crate::error::Error;
@@ -250,10 +250,11 @@ Python: files = [f[\"url\"] for f in json.loads(subprocess.check_output([\"rla-p
         sets: Vec<String>,
     },
     /// Write one self-contained HTML report (inline SVG charts) of one or more runs: success,
-    /// training games against held-out games, reward-model accuracy, the training signal (reward, advantage spread, the learning
-    /// signal's shares, policy entropy, episode length), adaptation (with the accepted-task
-    /// growth fit), stage times, and update metrics (loss, KL, clip fraction, gradient norm,
-    /// learning rate). Several runs overlay their curves, one colour per run.
+    /// training games against held-out games, reward-model accuracy, the training signal
+    /// (reward, advantage spread, the learning signal's shares, policy entropy, episode length),
+    /// adaptation (with the accepted-task growth fit), stage times, and update metrics (loss,
+    /// KL, clip fraction, gradient norm, learning rate). Several runs overlay their curves, one
+    /// colour per run.
     Report {
         #[command(flatten)]
         store: StoreArgs,
@@ -528,7 +529,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode> {
             run,
             iter,
         } => {
-            let id = id.or(run).expect("clap requires an id or --run");
+            let id = id.or(run).context("name the run: ID or --run ID")?;
             show::show(&store, &id, iter).await?
         }
         Command::Gc {

@@ -34,6 +34,8 @@ const UNIT_TESTS: &str = include_str!("unit_tests.sql");
 const TRAINING: &str = include_str!("training.sql");
 /// Who sets the policy's signs (`pipelines/sql/policy_signal.sql`), bound into [`TRAINING`].
 const POLICY_SIGNAL: &str = include_str!("../../pipelines/sql/policy_signal.sql");
+/// Training games against held-out games (`pipelines/sql/generalisation.sql`), filtered to the
+/// report's runs.
 const GENERALISATION: &str = include_str!("../../pipelines/sql/generalisation.sql");
 const STAGE_TOTALS: &str = include_str!("stage_totals.sql");
 const SUMMARY: &str = include_str!("summary.sql");
