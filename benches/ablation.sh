@@ -141,6 +141,11 @@ keep_runs() {
   mkdir -p "$keep"
   [ -f "$keep/provenance.csv" ] || echo "run_id,commit,cpu,kept" >"$keep/provenance.csv"
   for r in "$@"; do
+    # Kept already with the same commits (a seed's full loop, kept again when its other
+    # settings finish): its files and its provenance row, the commit that made it, stay.
+    if grep -q "^$r," "$keep/provenance.csv" && diff -rq "$store/$r/_commits" "$keep/$r/_commits" >/dev/null 2>&1; then
+      continue
+    fi
     rm -rf "$keep/$r.tmp"
     mkdir -p "$keep/$r.tmp"
     cp "$store/$r/run.json" "$keep/$r.tmp/"
