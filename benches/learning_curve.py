@@ -5,7 +5,9 @@ where the runs evaluated both ways: eval.mode = "both") with a bootstrap 95% int
 (10,000 resamples of the seeds, percentile); the warm start alone (`pre-s<seed>`) as the row
 before iteration 0; then the RL gain per setting — held-out at the last iteration every run of
 the setting reached minus the same seed's warm start — with its paired interval (`*`: the
-interval excludes 0).
+interval excludes 0); then the settings paired per seed (the same seed shares the warm start,
+the task pool and iteration 0): each difference at the last iteration both settings reached, for
+every metric, with its paired interval.
 
 With `--svg OUT.svg` it also draws the curve: held-out success per iteration (sampled, and
 greedy in a second panel where there is one), a line per setting through the means over seeds
@@ -121,7 +123,7 @@ def main():
     for r in rows:
         runs[r["setting"]][int(r["seed"])][int(r["iter"])] = r
     warm = {s: its[0] for s, its in runs.get("warm", {}).items() if 0 in its}
-    settings, _ = with_variants(runs)
+    settings, pairs = with_variants(runs)
     rng = random.Random(0)
     shown = [(k, n) for k, n in METRICS if any(num(r[k]) is not None for r in rows)]
     for key, name in settings:
@@ -172,6 +174,22 @@ def main():
                  if num(seeds[s][last][k]) is not None and num(warm[s][k]) is not None]
             cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
         print(f"| {name} | {len(common)} | " + " | ".join(cells) + " |")
+    print("\nSettings paired per seed: a − b at the last iteration both reached; mean [paired "
+          "bootstrap 95% interval], * = excludes 0\n")
+    print("| difference | seeds | iteration | " + " | ".join(n for _, n in shown) + " |")
+    print("|---|---:|---:|" + "---:|" * len(shown))
+    for a, b in pairs:
+        common = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
+        if not common:
+            continue
+        last = min(min(max(runs[a][s]), max(runs[b][s])) for s in common)
+        cells = []
+        for k, _ in shown:
+            d = [x - y for s in common
+                 if (x := num(runs[a][s][last][k])) is not None
+                 and (y := num(runs[b][s][last][k])) is not None]
+            cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
+        print(f"| {a} − {b} | {len(common)} | {last} | " + " | ".join(cells) + " |")
     if out_svg and any(curves.values()):
         n = max(seeds_of.values(), default=0)
         with open(out_svg, "w") as f:
