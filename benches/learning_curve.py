@@ -46,6 +46,17 @@ def mean_ci(xs, rng, rec=None):
     return f"{m:.3f} [{lo:.3f}, {hi:.3f}]"
 
 
+def paired_cells(pairs, shown, rng):
+    """Per metric of `shown`, the differences x − y over the (row x, row y) pairs (one per seed)
+    where both have the metric: mean [paired bootstrap interval], the one difference, or "–"."""
+    cells = []
+    for k, _ in shown:
+        d = [num(x[k]) - num(y[k]) for x, y in pairs
+             if num(x[k]) is not None and num(y[k]) is not None]
+        cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
+    return cells
+
+
 COLOURS = {"policy": "#1f77b4", "rm": "#ff7f0e", "rmadapt": "#2ca02c"}
 # benches/ablation.sh's VARIANTS (sorted by name).
 VARIANT_COLOURS = ["#d62728", "#9467bd", "#8c564b", "#e377c2"]
@@ -168,11 +179,7 @@ def main():
         if not common:
             continue
         last = min(max(seeds[s]) for s in common)
-        cells = []
-        for k, _ in shown:
-            d = [num(seeds[s][last][k]) - num(warm[s][k]) for s in common
-                 if num(seeds[s][last][k]) is not None and num(warm[s][k]) is not None]
-            cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
+        cells = paired_cells([(seeds[s][last], warm[s]) for s in common], shown, rng)
         print(f"| {name} | {len(common)} | " + " | ".join(cells) + " |")
     print("\nSettings paired per seed: a − b at the last iteration both reached; mean [paired "
           "bootstrap 95% interval], * = excludes 0\n")
@@ -183,12 +190,7 @@ def main():
         if not common:
             continue
         last = min(min(max(runs[a][s]), max(runs[b][s])) for s in common)
-        cells = []
-        for k, _ in shown:
-            d = [x - y for s in common
-                 if (x := num(runs[a][s][last][k])) is not None
-                 and (y := num(runs[b][s][last][k])) is not None]
-            cells.append(cell(d, rng) if len(d) > 1 else (f"{d[0]:+.3f}" if d else "–"))
+        cells = paired_cells([(runs[a][s][last], runs[b][s][last]) for s in common], shown, rng)
         print(f"| {a} − {b} | {len(common)} | {last} | " + " | ".join(cells) + " |")
     if out_svg and any(curves.values()):
         n = max(seeds_of.values(), default=0)
