@@ -211,6 +211,31 @@ fn every_chapter_is_in_the_summary() {
     }
 }
 
+/// Every query shipped in `pipelines/sql/` has its row in the SQL cookbook, which is where a
+/// user looks for what the store can answer.
+#[test]
+fn every_shipped_query_is_in_the_cookbook() {
+    let cookbook = std::fs::read_to_string(Path::new(ROOT).join("docs/src/sql.md")).unwrap();
+    let mut queries = Vec::new();
+    files_ending(&Path::new(ROOT).join("pipelines/sql"), "sql", &mut queries);
+    assert!(!queries.is_empty(), "no queries under pipelines/sql");
+    let missing: Vec<String> = queries
+        .iter()
+        .map(|q| {
+            format!(
+                "`pipelines/sql/{}`",
+                q.file_name().unwrap().to_string_lossy()
+            )
+        })
+        .filter(|row| !cookbook.contains(&format!("| {row} |")))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "docs/src/sql.md has no row for {}",
+        missing.join(", ")
+    );
+}
+
 #[test]
 fn readme_stays_short() {
     let lines = std::fs::read_to_string(Path::new(ROOT).join("README.md"))
