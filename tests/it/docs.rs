@@ -1,6 +1,7 @@
 //! The README and the book (`docs/src/`, mdBook layout) hold together: every relative link
 //! resolves to a file of the repository (and an `#anchor` into a markdown file to one of its
-//! headings), every chapter is listed in `docs/src/SUMMARY.md`, and the README stays short.
+//! headings), every chapter is listed in `docs/src/SUMMARY.md`, every query shipped in
+//! `pipelines/sql/` has its row in the SQL cookbook, and the README stays short.
 //! (The configuration reference's equality with the code is a unit test beside its generator,
 //! `config::reference`.)
 
