@@ -28,10 +28,19 @@
 #   VARIANTS="nocand:reward.train_candidates=false" benches/ablation.sh ...
 # VARIANT_SEEDS=N runs the variants on the first N seeds instead (e.g. a variant of a loop whose
 # seeds run the full loop only: ABL_SEEDS=0 VARIANT_SEEDS=3).
-# (A KEEP dir's seeds kept without a variant are run again, their full loop too: a kept run has
-# no checkpoints to branch from.)
+# A variant added later to seeds already kept (KEEP below), on a machine whose store lacks their
+# full loop (a kept run has no checkpoints to branch from), runs as a run of its own: the same
+# rows a branch would commit (the branch shares only what it would compute alike), without
+# running the kept full loop again.
 #
-#   [SEEDS=5] [ABL_SEEDS=SEEDS] [VARIANT_SEEDS=ABL_SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
+# REEVAL=N: also evaluate each run again with N sampled episodes per held-out game
+# (`eval.rollouts=N`): the warm start as `eN-pre-s<seed>` (a branch of `pre-s<seed>` at
+# iteration 0) and each setting's last iteration as `eN-<setting>-s<seed>` (a branch from the
+# last iteration: everything but the evaluation shared); kept with the seed's runs
+# (pipelines/sql/reeval_gain.sql pairs them). A run's re-evaluation needs its checkpoints, so
+# a kept run whose `eN-` branch is not kept runs again first.
+#
+#   [SEEDS=5] [ABL_SEEDS=SEEDS] [VARIANT_SEEDS=ABL_SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] [REEVAL=N] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
 #   benches/ablation.sh 8 ./runs-ablation/gridnav docs/src/ablation/gridnav gridnav
 # ENV names pipelines/ablation/ENV.toml, or is a pipeline file itself (a path ending in .toml),
@@ -75,6 +84,8 @@ variant_seeds=${VARIANT_SEEDS:-$abl_seeds}
 for v in "$seeds" "$abl_seeds" "$variant_seeds"; do
   [[ "$v" =~ ^[0-9]+$ ]] || { echo "error: SEEDS, ABL_SEEDS and VARIANT_SEEDS take a number of seeds, not '$v'" >&2; exit 2; }
 done
+reeval=${REEVAL:-}
+[[ -z "$reeval" || "$reeval" =~ ^[1-9][0-9]*$ ]] || { echo "error: REEVAL takes a number of episodes per held-out game, not '$reeval'" >&2; exit 2; }
 # RLA_PIPE_BIN: a prebuilt binary (e.g. a copy, so rebuilding the tree meanwhile cannot mix
 # versions between runs).
 . benches/common.sh
@@ -99,13 +110,21 @@ commit=${RLA_PIPE_COMMIT:-$(git rev-parse --short HEAD)$(git diff --quiet HEAD -
 finished() {
   [ -f "$1/$2/_commits/iter=$(printf '%06d' $(($3 - 1)))/_iteration.json" ]
 }
+# `kept RUN ITERS`: RUN finished in $keep, and its REEVAL branch too where one is asked for.
+kept() {
+  [ -n "$keep" ] && finished "$keep" "$1" "$2" \
+    && { [ -z "$reeval" ] || finished "$keep" "e$reeval-${1#abl-}" "$2"; }
+}
 # `seed_kept`: every run of this seed ($seed, $settings) finished in $keep.
 seed_kept() {
-  finished "$keep" "pre-s$seed" 1 || return 1
+  kept "pre-s$seed" 1 || return 1
   for setting in "${settings[@]}"; do
-    finished "$keep" "abl-$setting-s$seed" "$iters" || return 1
+    kept "abl-$setting-s$seed" "$iters" || return 1
   done
 }
+# `in_store RUN`: RUN exists in $store (finished or not); `branch RUN`: it is a branch.
+in_store() { "$bin" show --store "$store" "$1" >/dev/null 2>&1; }
+branch() { "$bin" show --store "$store" "$1" 2>/dev/null | grep -q "branch of"; }
 # `same_loop RUN`: RUN's resolved config equals that of every run of its setting in $keep
 # but for the seed (and the run's name): a grid is one loop over seeds. Commits may differ
 # between seeds (provenance.csv), as CPUs do: the kernels round differently; the loop must not.
@@ -185,12 +204,16 @@ for ((seed = 0; seed < seeds; seed++)); do
     esac
     run="abl-$setting-s$seed"
     runs+=("$run")
-    echo "== $run" >&2
     full="abl-rmadapt-s$seed"
-    if [ "$setting" = rmadapt ] \
-      || { "$bin" show --store "$store" "$run" >/dev/null 2>&1 \
-        && ! "$bin" show --store "$store" "$run" 2>/dev/null | grep -q "branch of"; }; then
-      # The full loop, or a run an earlier version of this script started: run (or resumed).
+    if ! in_store "$run" && kept "$run" "$iters"; then
+      echo "== $run: kept in $keep" >&2
+      continue
+    fi
+    echo "== $run" >&2
+    if [ "$setting" = rmadapt ] || { in_store "$run" && ! branch "$run"; } \
+      || { ! in_store "$run" && ! in_store "$full"; }; then
+      # The full loop; a run an earlier version of this script started; or a setting whose
+      # full loop is kept but not in this store: run (or resumed) on its own.
       "$bin" run "$pipeline" --store "$store" --run-id "$run" --iterations "$iters" "${extra[@]}" \
         --set "run.seed=$seed" "${sets[@]}"
     else
@@ -204,20 +227,38 @@ for ((seed = 0; seed < seeds; seed++)); do
   # The warm start alone: a branch of the full loop at iteration 0 whose update takes no step
   # (the pool, rollout and RM scoring shared; the warm start reads the update's settings, so
   # it runs again, to the same bits; the evaluation is the warm-started models'). A `pre-s<seed>`
-  # an earlier version of this script ran on its own is resumed.
-  echo "== pre-s$seed" >&2
-  if "$bin" show --store "$store" "pre-s$seed" >/dev/null 2>&1 \
-    && ! "$bin" show --store "$store" "pre-s$seed" 2>/dev/null | grep -q "branch of"; then
+  # an earlier version of this script ran on its own is resumed; with the full loop only kept,
+  # it runs on its own.
+  if ! in_store "pre-s$seed" && kept "pre-s$seed" 1; then
+    echo "== pre-s$seed: kept in $keep" >&2
+  elif { in_store "pre-s$seed" && ! branch "pre-s$seed"; } \
+    || { ! in_store "pre-s$seed" && ! in_store "abl-rmadapt-s$seed"; }; then
+    echo "== pre-s$seed" >&2
     "$bin" run "$pipeline" --store "$store" --run-id "pre-s$seed" --iterations 1 "${extra[@]}" \
       --set "run.seed=$seed" --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
   else
+    echo "== pre-s$seed" >&2
     "$bin" replay --store "$store" --run "abl-rmadapt-s$seed" --from 0 --into "pre-s$seed" \
       --iterations 1 --set update.policy_steps=0 --set update.rm_steps=0 --set adapt.enabled=false
   fi
+  # This seed's runs in this store (those only kept are not run again) and their re-evaluations.
+  here=()
+  seed_runs=("pre-s$seed")
+  for setting in "${settings[@]}"; do seed_runs+=("abl-$setting-s$seed"); done
+  for r in "${seed_runs[@]}"; do
+    in_store "$r" || continue
+    here+=("$r")
+    [ -n "$reeval" ] || continue
+    e="e$reeval-${r#abl-}"
+    if [ "$r" = "pre-s$seed" ]; then last=0 n=1; else last=$((iters - 1)) n=$iters; fi
+    if ! in_store "$e" && finished "$keep" "$e" "$n"; then continue; fi
+    echo "== $e" >&2
+    "$bin" replay --store "$store" --run "$r" --from "$last" --set "eval.rollouts=$reeval" \
+      --into "$e" --iterations "$n"
+    here+=("$e")
+  done
   if [ -n "$keep" ]; then
-    kept=("pre-s$seed")
-    for setting in "${settings[@]}"; do kept+=("abl-$setting-s$seed"); done
-    keep_runs "${kept[@]}"
+    keep_runs "${here[@]}"
     echo "== seed $seed kept in $keep" >&2
   fi
 done
@@ -236,6 +277,10 @@ echo "== the learning curve: after the warm start, then every iteration; the RL 
 "$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$csv/learning_curve.csv"
 mkdir -p "$out"
 python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg"
+if [ -n "$reeval" ]; then
+  echo "== the RL gain on the re-evaluations (REEVAL=$reeval), per setting and seed"
+  "$bin" sql --store "$store" "$(sed -e '/^--/d' -e "s/'e4-/'e$reeval-/g" pipelines/sql/reeval_gain.sql)"
+fi
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
 if [ -n "$keep" ]; then
   held=$(cd "$keep" && for r in abl-*-s*; do [ -d "$r" ] && echo "$r"; done | tr '\n' ' ')

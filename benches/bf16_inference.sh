@@ -10,8 +10,8 @@
 #   benches/bf16_inference.sh ./runs-curve/household-smollm2 abl-rmadapt-s0 1 2 \
 #     --set eval.tasks=8 --set eval.ood_tasks=4
 #
-# Needs a CPU with AMX-BF16 (Intel Xeon 4th generation or later) or AVX512-BF16 (AMD Zen 4
-# or later), and the pretrained model the
+# bf16 runs on AMX-BF16 (Intel Xeon 4th generation or later) or AVX512-BF16 (AMD Zen 4 or
+# later), emulated in f32 elsewhere (the table names the kernel); it needs the pretrained model the
 # run started from. The branches go into a copy of RUN in a temporary store, not into STORE.
 # RLA_PIPE_BIN: a prebuilt binary (default: cargo build, dev profile).
 set -euo pipefail

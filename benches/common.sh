@@ -23,13 +23,15 @@ rla_bin() {
 }
 
 # `bf16_kernel`: the bf16 product kernel this CPU gives rla-pipe (as `rla_amx::kernel()` picks
-# it): AMX, else AVX512-BF16, else none.
+# it): AMX, else AVX512-BF16, else emulated (in f32).
 bf16_kernel() {
-  if [ "${RLA_AMX_KERNEL:-}" != avx512 ] && grep -qw amx_bf16 /proc/cpuinfo; then
+  if [ "${RLA_AMX_KERNEL:-}" = emulated ]; then
+    echo emulated
+  elif [ "${RLA_AMX_KERNEL:-}" != avx512 ] && grep -qw amx_bf16 /proc/cpuinfo; then
     echo AMX
   elif grep -qw avx512_bf16 /proc/cpuinfo; then
     echo AVX512-BF16
   else
-    echo none
+    echo emulated
   fi
 }

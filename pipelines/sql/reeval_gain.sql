@@ -3,7 +3,8 @@
 -- `abl-<setting>-s<seed>` from its last iteration: the full loop `rmadapt`, or a variant), made by
 --   rla-pipe replay --run pre-s<seed> --from 0 --set eval.rollouts=4 --into e4-pre-s<seed> --iterations 1
 --   rla-pipe replay --run abl-rmadapt-s<seed> --from 9 --set eval.rollouts=4 --into e4-rmadapt-s<seed> --iterations 10
--- share everything with their parents but the evaluation. Per setting and seed: the sampled
+-- (or by `REEVAL=4 benches/ablation.sh ...`, which keeps them with each seed's runs), share
+-- everything with their parents but the evaluation. Per setting and seed: the sampled
 -- held-out success after the warm start and at the last iteration, their episodes, and the
 -- gain; the greedy success beside it (deterministic: it equals the parent's). E.g.
 -- rla-pipe sql --store docs/src/ablation/textworld-smollm2-s8/kept --file pipelines/sql/reeval_gain.sql

@@ -171,19 +171,13 @@ impl Weights {
     }
 }
 
-/// Whether a key set to `"bf16"` can run here: on the CPU backends (`on_cpu`) of a CPU with
-/// AMX-BF16; else the configuration error naming `key`.
-fn amx_usable(key: &str, on_cpu: bool) -> Result<()> {
+/// Whether a key set to `"bf16"` can run here: on the CPU backends (`on_cpu`), with the CPU's
+/// bf16 kernel (AMX, AVX512-BF16, or on any other CPU the emulation: the same products, no
+/// faster than f32); else the configuration error naming `key`.
+fn bf16_usable(key: &str, on_cpu: bool) -> Result<()> {
     if !on_cpu {
         return Err(Error::Config(format!(
-            "key `{key}`: \"bf16\" runs on the CPU backend (AMX or AVX512-BF16); with run.device = \"cuda\" set it to \"f32\""
-        )));
-    }
-    if !amx::available() {
-        return Err(Error::Config(format!(
-            "key `{key}`: \"bf16\" needs a CPU with AMX-BF16 (Intel Xeon 4th generation, \
-             Sapphire Rapids, or later; Linux ≥ 5.16) or AVX512-BF16 (AMD Zen 4 or later, \
-             Intel Cooper Lake), and this machine has neither: set it to \"f32\""
+            "key `{key}`: \"bf16\" runs on the CPU backend (AMX, AVX512-BF16 or emulated); with run.device = \"cuda\" set it to \"f32\""
         )));
     }
     Ok(())
@@ -324,8 +318,8 @@ impl ModelSpec {
 
     /// The role's model for inference (rollout, evaluation, RM scoring) from `weights`:
     /// adapters merged, and with `<section>.inference_dtype = "bf16"` its projections and head
-    /// packed for AMX ([`amx`]). bf16 needs the CPU backend on a CPU with AMX-BF16; elsewhere
-    /// it is refused naming the key.
+    /// packed for the CPU's bf16 kernel ([`amx`]). bf16 needs the CPU backend; on `cuda` it is
+    /// refused naming the key.
     pub fn inference_model<B: burn::tensor::backend::Backend>(
         &self,
         weights: &Weights,
@@ -343,7 +337,7 @@ impl ModelSpec {
                 "reward_model"
             }
         );
-        amx_usable(
+        bf16_usable(
             &key,
             std::any::TypeId::of::<B>() == std::any::TypeId::of::<Cpu>(),
         )?;
@@ -355,8 +349,7 @@ impl ModelSpec {
 
     /// The role's model for training from `weights` ([`Weights::to_trainable`]): with
     /// `update.base_dtype = "bf16"` and adapters, its frozen base packed for AMX
-    /// ([`hf::frozen`]). bf16 needs the CPU backend on a CPU with AMX-BF16; elsewhere it is
-    /// refused naming the key.
+    /// ([`hf::frozen`]). bf16 needs the CPU backend; on `cuda` it is refused naming the key.
     pub fn trainable_model<B: burn::tensor::backend::Backend>(
         &self,
         weights: &Weights,
@@ -367,7 +360,7 @@ impl ModelSpec {
             return Ok(model);
         }
         let id = std::any::TypeId::of::<B>();
-        amx_usable(
+        bf16_usable(
             "update.base_dtype",
             id == std::any::TypeId::of::<CpuTrain>() || id == std::any::TypeId::of::<Cpu>(),
         )?;

@@ -87,3 +87,124 @@ fn ablation_script_rejects_malformed_settings() {
         assert!(!store.exists(), "{key}={value} created the store");
     }
 }
+
+/// A grid longer than one machine's lifetime: `KEEP` keeps each seed's runs, `REEVAL=4` their
+/// 64-episode-style re-evaluations (`e4-pre-s<seed>`, `e4-<setting>-s<seed>`); a variant added
+/// later on a machine whose store lacks the kept full loop runs on its own — the rows the branch
+/// of the full loop would have committed — without running the full loop again; and a third
+/// machine finds the seed kept and runs nothing.
+#[test]
+fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |p: &str| dir.path().join(p);
+    let keep = path("kept");
+    let script = |store: &str, vars: &[(&str, &str)]| {
+        let o = std::process::Command::new("bash")
+            .arg(format!("{ROOT}/benches/ablation.sh"))
+            .args([
+                "2",
+                path(store).to_str().unwrap(),
+                path("out").to_str().unwrap(),
+                "gridnav",
+            ])
+            .env("RLA_PIPE_BIN", env!("CARGO_BIN_EXE_rla-pipe"))
+            .env("KEEP", &keep)
+            .env("REEVAL", "4")
+            .env("SEEDS", "1")
+            .env("ABL_SEEDS", "0")
+            .env(
+                "SETS",
+                "update.policy_steps=2 update.rm_steps=2 env.initial_tasks=4 \
+                 rollout.slots_per_iter=4 rollout.n=4 eval.tasks=4 eval.ood_tasks=4",
+            )
+            .envs(vars.iter().copied())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{store}: {err}");
+        err
+    };
+    let kept = |run: &str| keep.join(run).join("_commits").exists();
+    let provenance = || std::fs::read_to_string(keep.join("provenance.csv")).unwrap();
+    let rla = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    };
+
+    // Machine 1: seed 0's full loop, its warm start alone, both evaluated again.
+    script("a", &[]);
+    for r in ["pre-s0", "abl-rmadapt-s0", "e4-pre-s0", "e4-rmadapt-s0"] {
+        assert!(kept(r), "{r} not kept");
+    }
+    let before = provenance();
+    assert_eq!(before.lines().count(), 5, "{before}");
+
+    // Machine 2, a fresh store: a variant of the kept seed.
+    let variant = [("VARIANTS", "v:rollout.n=2"), ("VARIANT_SEEDS", "1")];
+    let err = script("b", &variant);
+    assert!(err.contains("== abl-rmadapt-s0: kept in"), "{err}");
+    assert!(!path("b/abl-rmadapt-s0").exists() && !path("b/pre-s0").exists());
+    assert!(kept("abl-v-s0") && kept("e4-v-s0"));
+    let b = path("b").display().to_string();
+    assert!(!rla(&["show", "--store", &b, "abl-v-s0"]).contains("branch of"));
+    let after = provenance();
+    assert!(
+        after.starts_with(&before),
+        "rows of the kept runs changed:\n{after}"
+    );
+    assert_eq!(after.lines().count(), 7, "{after}");
+
+    // Its rows are the branch's: the variant branched from the full loop on machine 1.
+    let a = path("a").display().to_string();
+    rla(&[
+        "replay",
+        "--store",
+        &a,
+        "--run",
+        "abl-rmadapt-s0",
+        "--from",
+        "0",
+        "--set",
+        "rollout.n=2",
+        "--into",
+        "abl-v-s0",
+        "--iterations",
+        "2",
+    ]);
+    for table in [
+        "trajectories",
+        "step_rewards",
+        "evaluations",
+        "update_metrics",
+    ] {
+        let q = format!("SELECT * EXCEPT (run_id) FROM {table} WHERE run_id = 'abl-v-s0'");
+        let rows = |store: &str| {
+            let mut l: Vec<String> = rla(&["sql", "--store", store, "--format", "csv", &q])
+                .lines()
+                .map(String::from)
+                .collect();
+            l.sort();
+            l
+        };
+        let (branch, own) = (rows(&a), rows(&b));
+        assert!(branch.len() > 1, "{table}: no rows");
+        assert_eq!(
+            branch, own,
+            "{table}: the run on its own differs from the branch"
+        );
+    }
+
+    // Machine 3: everything kept, nothing runs.
+    let err = script("c", &variant);
+    assert!(err.contains("== seed 0: kept in"), "{err}");
+    assert!(!path("c/abl-v-s0").exists());
+    assert_eq!(provenance(), after);
+}

@@ -257,13 +257,10 @@ fn rows_of_tokens(n: u32, base: usize, step: usize, mul: u32) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The model of `dir` in f32 and, where the CPU multiplies in bf16, packed for it.
+/// The model of `dir` in f32 and packed for the CPU's bf16 kernel (AMX, AVX512-BF16, or the
+/// emulation).
 fn f32_and_bf16(dir: &Path) -> Vec<(&'static str, CausalLm<Cpu>)> {
-    let mut models = vec![("f32", load(dir))];
-    if rla_pipe::model::amx::available() {
-        models.push(("bf16", load(dir).pack_bf16()));
-    }
-    models
+    vec![("f32", load(dir)), ("bf16", load(dir).pack_bf16())]
 }
 
 /// CPU inference computes the attention in batch chunks when its scores would be large
@@ -1106,18 +1103,12 @@ fn generative_policy_writes_replies_and_trains_on_them() {
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
 }
 
-/// `inference_dtype = "bf16"`: the projections and the head on AMX tiles give logits within
-/// bf16's rounding of the f32 forward (max |Δlogit| ≤ 0.1, measured 0.027–0.042 on these
-/// models, whose logits spread over more than 1 unit), the same bits on a second forward. Without AMX the packed path cannot run: the test checks the
-/// refusal through the binary instead (`bf16_inference_runs_the_loop_and_replays`).
+/// `inference_dtype = "bf16"`: the projections and the head in bf16 (AMX tiles, AVX512-BF16,
+/// or emulated on other CPUs) give logits within bf16's rounding of the f32 forward (max
+/// |Δlogit| ≤ 0.1, measured 0.027–0.042 on these models, whose logits spread over more than 1
+/// unit), the same bits on a second forward.
 #[test]
 fn bf16_inference_logits_stay_within_bf16_rounding_of_f32() {
-    if !rla_pipe::model::amx::available() {
-        eprintln!(
-            "no bf16 kernel (AMX, AVX512-BF16) on this CPU: bf16 inference is refused here (tested through the binary)"
-        );
-        return;
-    }
     let f = Fixture::new();
     let seqs: Vec<Vec<u32>> = vec![
         vec![
@@ -1142,9 +1133,9 @@ fn bf16_inference_logits_stay_within_bf16_rounding_of_f32() {
     }
 }
 
-/// The loop with both pretrained models at `inference_dtype = "bf16"`: on a CPU with AMX every
-/// stage commits and `replay --verify` re-executes an iteration bit for bit; without AMX the
-/// run is refused naming the key and the CPU feature. The small transformer refuses the key.
+/// The loop with both pretrained models at `inference_dtype = "bf16"`, on any CPU (its bf16
+/// kernel, or the emulation): every stage commits and `replay --verify` re-executes an iteration
+/// bit for bit. The small transformer refuses the key.
 #[test]
 fn bf16_inference_runs_the_loop_and_replays() {
     let f = Fixture::new();
@@ -1161,15 +1152,6 @@ fn bf16_inference_runs_the_loop_and_replays() {
     );
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
     let r = f.run_pipeline(GRIDNAV, "bf", 2, &sets);
-    if !rla_pipe::model::amx::available() {
-        assert_eq!(r.code, 1, "{}\n{}", r.stdout, r.stderr);
-        assert!(
-            r.stderr.contains("inference_dtype") && r.stderr.contains("AMX"),
-            "{}",
-            r.stderr
-        );
-        return;
-    }
     assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
     let store = f.store_arg();
     let r = f.rla(&[

@@ -555,11 +555,11 @@ fn adapters_on_the_top_layers_only() {
     );
 }
 
-/// `update.base_dtype = "bf16"`, the frozen base's products on AMX tiles in training (warm start and
-/// update): on a CPU with AMX a run with adapters commits, trains other bits than f32 (the
-/// warm start's first loss within bf16 rounding of f32's), and `replay --verify` re-executes
-/// an iteration bit for bit; without AMX it is refused naming the key. Without adapters the
-/// key is refused whatever the CPU (a fully fine-tuned base is not frozen).
+/// `update.base_dtype = "bf16"`, the frozen base's products in bf16 in training (warm start and
+/// update; AMX tiles, AVX512-BF16, or emulated on other CPUs): a run with adapters commits,
+/// trains other bits than f32 (the first step's gradient norms within bf16 rounding of f32's),
+/// and `replay --verify` re-executes an iteration bit for bit. Without adapters the key is
+/// refused whatever the CPU (a fully fine-tuned base is not frozen).
 #[test]
 fn bf16_training_of_adapters_runs_and_replays() {
     let f = Fixture::new();
@@ -579,60 +579,51 @@ fn bf16_training_of_adapters_runs_and_replays() {
     let bf = with(&["update.base_dtype=bf16"]);
     let bf: Vec<&str> = bf.iter().map(String::as_str).collect();
     let r = f.run_pipeline(crate::GRIDNAV, "bf", 2, &bf);
-    if !rla_pipe::model::amx::available() {
-        assert_ne!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let store = f.store_arg();
+    let r = f.rla(&[
+        "replay", "--store", &store, "--run", "bf", "--iter", "1", "--verify",
+    ]);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    // Without the warm start, the first update trains both ways on the same samples (nothing
+    // trained before it): its gradient norms within bf16 rounding of f32's, not equal.
+    let bf0 = with(&["update.base_dtype=bf16", "pretrain.enabled=false"]);
+    let bf0: Vec<&str> = bf0.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(crate::GRIDNAV, "bf0", 2, &bf0);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let exact = with(&["pretrain.enabled=false"]);
+    let exact: Vec<&str> = exact.iter().map(String::as_str).collect();
+    let r = f.run_pipeline(crate::GRIDNAV, "f0", 2, &exact);
+    assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
+    let r = f.sql(
+        "SELECT a.model, a.grad_norm, b.grad_norm FROM update_metrics a JOIN update_metrics b \
+         ON a.iter = b.iter AND a.model = b.model AND a.step = b.step \
+         WHERE a.run_id = 'bf0' AND b.run_id = 'f0' AND a.step = 0 \
+         AND a.iter = (SELECT min(iter) FROM update_metrics WHERE run_id = 'f0') \
+         ORDER BY a.model",
+    );
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    let rows: Vec<(f64, f64)> = r
+        .stdout
+        .lines()
+        .skip(1)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let c: Vec<&str> = l.split(',').collect();
+            (c[1].parse().unwrap(), c[2].parse().unwrap())
+        })
+        .collect();
+    assert!(!rows.is_empty(), "{}", r.stdout);
+    assert!(
+        rows.iter().any(|(a, b)| a != b),
+        "bf16 training changed nothing: {}",
+        r.stdout
+    );
+    for (a, b) in &rows {
         assert!(
-            r.stderr.contains("update.base_dtype") && r.stderr.contains("AMX"),
-            "{}",
-            r.stderr
+            (a - b).abs() <= 0.05 * b.abs().max(1e-6),
+            "first step's gradient norm {a} vs f32 {b}"
         );
-    } else {
-        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-        let store = f.store_arg();
-        let r = f.rla(&[
-            "replay", "--store", &store, "--run", "bf", "--iter", "1", "--verify",
-        ]);
-        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-        // Without the warm start, the first update trains both ways on the same samples (nothing
-        // trained before it): its gradient norms within bf16 rounding of f32's, not equal.
-        let bf0 = with(&["update.base_dtype=bf16", "pretrain.enabled=false"]);
-        let bf0: Vec<&str> = bf0.iter().map(String::as_str).collect();
-        let r = f.run_pipeline(crate::GRIDNAV, "bf0", 2, &bf0);
-        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-        let exact = with(&["pretrain.enabled=false"]);
-        let exact: Vec<&str> = exact.iter().map(String::as_str).collect();
-        let r = f.run_pipeline(crate::GRIDNAV, "f0", 2, &exact);
-        assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
-        let r = f.sql(
-            "SELECT a.model, a.grad_norm, b.grad_norm FROM update_metrics a JOIN update_metrics b \
-             ON a.iter = b.iter AND a.model = b.model AND a.step = b.step \
-             WHERE a.run_id = 'bf0' AND b.run_id = 'f0' AND a.step = 0 \
-             AND a.iter = (SELECT min(iter) FROM update_metrics WHERE run_id = 'f0') \
-             ORDER BY a.model",
-        );
-        assert_eq!(r.code, 0, "{}", r.stderr);
-        let rows: Vec<(f64, f64)> = r
-            .stdout
-            .lines()
-            .skip(1)
-            .filter(|l| !l.is_empty())
-            .map(|l| {
-                let c: Vec<&str> = l.split(',').collect();
-                (c[1].parse().unwrap(), c[2].parse().unwrap())
-            })
-            .collect();
-        assert!(!rows.is_empty(), "{}", r.stdout);
-        assert!(
-            rows.iter().any(|(a, b)| a != b),
-            "bf16 training changed nothing: {}",
-            r.stdout
-        );
-        for (a, b) in &rows {
-            assert!(
-                (a - b).abs() <= 0.05 * b.abs().max(1e-6),
-                "first step's gradient norm {a} vs f32 {b}"
-            );
-        }
     }
     // A fully fine-tuned model has no frozen base.
     let full = pretrained_sets(&policy, &rm, &["update.base_dtype=bf16"]);

@@ -1,9 +1,11 @@
 //! Matrix products in bf16 on the CPU: `x [m, k] (f32) · W [k, n]` with `x` and `W` rounded to
 //! bf16 (round to nearest even) and products summed in f32 — on Intel AMX tiles (`tdpbf16ps`,
 //! Sapphire Rapids and later) or, on CPUs without AMX that have AVX512-BF16 (AMD Zen 4 and
-//! later, Intel Cooper Lake), with `vdpbf16ps` in AVX-512 registers. Used for inference
-//! (`<section>.inference_dtype = "bf16"`) and for the frozen base under trained adapters
-//! (`update.base_dtype = "bf16"`).
+//! later, Intel Cooper Lake), with `vdpbf16ps` in AVX-512 registers; on any other CPU
+//! emulated: the bf16 values widened to f32 (exactly) and multiplied as f32 matrices (the `gemm`
+//! crate, as burn's f32 product) — a product of two bf16 values is exact in f32, so the
+//! emulation computes the sums the instructions compute, in its own order of additions. Used for inference (`<section>.inference_dtype = "bf16"`) and for the frozen base
+//! under trained adapters (`update.base_dtype = "bf16"`).
 //!
 //! Layout: `W` is packed once per model load into 16-column panels in VNNI order (per pair of
 //! rows `k, k+1`: 16 columns × 2 values, 64 bytes) — the tiles' operand order and one AVX-512
@@ -76,6 +78,9 @@ pub enum Kernel {
     Amx,
     /// AVX512-BF16 (`vdpbf16ps`), where there is no AMX.
     Avx512Bf16,
+    /// No bf16 instructions: the bf16 values widened to f32 and multiplied as f32 matrices,
+    /// on every CPU ([`Packed::matmul_on`]).
+    Emulated,
 }
 
 impl Kernel {
@@ -84,27 +89,29 @@ impl Kernel {
         match self {
             Kernel::Amx => "AMX",
             Kernel::Avx512Bf16 => "AVX512-BF16",
+            Kernel::Emulated => "emulated",
         }
     }
 }
 
-/// The bf16 kernel of this CPU, if it has one: AMX where the CPU has it and the kernel lets
-/// this process use the tiles, else AVX512-BF16. `RLA_AMX_KERNEL=avx512` picks AVX512-BF16 on
-/// a CPU that has both (to compare them).
-pub fn kernel() -> Option<Kernel> {
-    static K: OnceLock<Option<Kernel>> = OnceLock::new();
+/// The bf16 kernel of this CPU: AMX where the CPU has it and the kernel lets this process use
+/// the tiles, else AVX512-BF16, else the emulation. `RLA_AMX_KERNEL=avx512` picks AVX512-BF16
+/// on a CPU that has both, `RLA_AMX_KERNEL=emulated` the emulation (to compare them).
+pub fn kernel() -> Kernel {
+    static K: OnceLock<Kernel> = OnceLock::new();
     *K.get_or_init(|| {
-        let want_avx = std::env::var("RLA_AMX_KERNEL").is_ok_and(|v| v == "avx512");
+        let want = match std::env::var("RLA_AMX_KERNEL").as_deref() {
+            Ok("avx512") => Some(Kernel::Avx512Bf16),
+            Ok("emulated") => Some(Kernel::Emulated),
+            _ => None,
+        };
         let all = supported();
-        match want_avx {
-            true => all.iter().copied().find(|k| *k == Kernel::Avx512Bf16),
-            false => all.first().copied(),
-        }
+        want.filter(|k| all.contains(k)).unwrap_or(all[0])
     })
 }
 
-/// Every bf16 kernel this CPU can run, AMX first (asked once: the tiles' permission is a
-/// system call; tests compare the kernels where a CPU has both).
+/// Every bf16 kernel this CPU can run, AMX first, the emulation last (asked once: the tiles'
+/// permission is a system call; tests compare the kernels a CPU has).
 pub fn supported() -> &'static [Kernel] {
     static ALL: OnceLock<Vec<Kernel>> = OnceLock::new();
     ALL.get_or_init(|| {
@@ -115,13 +122,15 @@ pub fn supported() -> &'static [Kernel] {
         if avx512_bf16() {
             all.push(Kernel::Avx512Bf16);
         }
+        all.push(Kernel::Emulated);
         all
     })
 }
 
-/// Whether this CPU has a bf16 product kernel ([`kernel`]).
+/// Whether this CPU multiplies in bf16 in hardware (AMX or AVX512-BF16): where bf16 is faster
+/// than f32, and so where the `"auto"` precisions pick it (the emulation is not faster).
 pub fn available() -> bool {
-    kernel().is_some()
+    supported()[0] != Kernel::Emulated
 }
 
 fn avx512_bf16() -> bool {
@@ -578,6 +587,24 @@ impl Rounded {
             });
         Rounded { m, k, mp, tiles }
     }
+
+    /// The rounded rows as f32, row-major `[m, k]` (exactly: a bf16 value is an f32's high
+    /// half).
+    fn widened(&self) -> Vec<f32> {
+        let (m, k) = (self.m, self.k);
+        let kp = round_up(k.max(1), TILE_K);
+        let mut out = vec![0f32; m * k];
+        out.par_chunks_mut(k.max(1))
+            .enumerate()
+            .for_each(|(row, o)| {
+                let tiles = &self.tiles[(row / 16) * 16 * kp..];
+                for (kk, v) in o.iter_mut().enumerate() {
+                    let at = (kk / TILE_K) * 16 * TILE_K + (row % 16) * TILE_K + kk % TILE_K;
+                    *v = f32::from_bits((tiles[at] as u32) << 16);
+                }
+            });
+        out
+    }
 }
 
 /// A weight matrix `[k, n]` packed for the tiles.
@@ -588,6 +615,9 @@ pub struct Packed {
     kp: usize,
     np: usize,
     data: Vec<u16>,
+    /// The values of `data` as f32, row-major `[k, n]`: [`Kernel::Emulated`]'s operand, made
+    /// on its first product.
+    wide: OnceLock<Vec<f32>>,
 }
 
 impl std::fmt::Debug for Packed {
@@ -616,7 +646,14 @@ impl Packed {
                 }
             }
         });
-        Packed { k, n, kp, np, data }
+        Packed {
+            k,
+            n,
+            kp,
+            np,
+            data,
+            wide: OnceLock::new(),
+        }
     }
 
     /// Rows and columns.
@@ -624,22 +661,18 @@ impl Packed {
         [self.k, self.n]
     }
 
-    /// `x [m, k] · W → [m, n]` with this CPU's [`kernel`]. Callers check [`available`] first
-    /// (a model is packed only then).
-    #[cfg(target_arch = "x86_64")]
+    /// `x [m, k] · W → [m, n]` with this CPU's [`kernel`].
     pub fn matmul(&self, x: &[f32], m: usize) -> Vec<f32> {
         self.matmul_rounded(&Rounded::new(x, m, self.k))
     }
 
     /// [`Packed::matmul`] of an input already rounded (one rounding for every matrix that
     /// multiplies the same rows).
-    #[cfg(target_arch = "x86_64")]
     pub fn matmul_rounded(&self, x: &Rounded) -> Vec<f32> {
-        self.matmul_on(kernel().expect("no bf16 kernel on this CPU"), x)
+        self.matmul_on(kernel(), x)
     }
 
     /// [`Packed::matmul_rounded`] with a given kernel, one of [`supported`].
-    #[cfg(target_arch = "x86_64")]
     pub fn matmul_on(&self, kernel: Kernel, x: &Rounded) -> Vec<f32> {
         assert_eq!(x.k, self.k, "input columns");
         assert!(
@@ -650,6 +683,9 @@ impl Packed {
         let m = x.m;
         if m == 0 {
             return Vec::new();
+        }
+        if kernel == Kernel::Emulated {
+            return self.matmul_emulated(x);
         }
         let (kp, np) = (self.kp, self.np);
         let (a, mp) = (&x.tiles, x.mp);
@@ -667,9 +703,10 @@ impl Packed {
             .with_min_len(grain)
             .for_each(|bn| {
                 let cptr = &cptr;
-                let b = unsafe { self.data.as_ptr().add(bn * 2 * kp * 16) };
                 match kernel {
+                    #[cfg(target_arch = "x86_64")]
                     Kernel::Amx => unsafe {
+                        let b = self.data.as_ptr().add(bn * 2 * kp * 16);
                         let _tiles = Tiles::configure();
                         for bm in 0..mp / BLOCK {
                             block(
@@ -682,7 +719,9 @@ impl Packed {
                             );
                         }
                     },
+                    #[cfg(target_arch = "x86_64")]
                     Kernel::Avx512Bf16 => unsafe {
+                        let b = self.data.as_ptr().add(bn * 2 * kp * 16);
                         for bm in 0..mp / BLOCK {
                             block_avx512(
                                 a.as_ptr().add(bm * BLOCK * kp),
@@ -695,6 +734,7 @@ impl Packed {
                             );
                         }
                     },
+                    _ => unreachable!("{} is not a tile kernel", kernel.name()),
                 }
             });
         // SAFETY: the tasks above stored rows 0..m of every column block (see above).
@@ -710,22 +750,57 @@ impl Packed {
         out
     }
 
-    /// Not x86-64: never called, a model is packed only where [`available`].
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn matmul(&self, _x: &[f32], _m: usize) -> Vec<f32> {
-        unreachable!("the bf16 kernels are x86-64 only")
-    }
-
-    /// Not x86-64: never called, as [`Packed::matmul`].
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn matmul_rounded(&self, _x: &Rounded) -> Vec<f32> {
-        unreachable!("the bf16 kernels are x86-64 only")
-    }
-
-    /// Not x86-64: never called, as [`Packed::matmul`].
-    #[cfg(not(target_arch = "x86_64"))]
-    pub fn matmul_on(&self, _kernel: Kernel, _x: &Rounded) -> Vec<f32> {
-        unreachable!("the bf16 kernels are x86-64 only")
+    /// [`Kernel::Emulated`]'s product: the rounded rows and W's bf16 values widened to f32
+    /// (exactly) and multiplied by the `gemm` crate (burn's f32 product on the CPU: AVX2 and
+    /// FMA, or AVX-512, blocked over `k` by cache sizes, its threads splitting rows and columns,
+    /// so the same bits on every run on one machine). A product of two bf16 values is exact
+    /// in f32, so it computes the sums the bf16 instructions compute, in its own order. W is
+    /// widened on first use and kept.
+    fn matmul_emulated(&self, x: &Rounded) -> Vec<f32> {
+        let (m, k, n) = (x.m, self.k, self.n);
+        let w = self.wide.get_or_init(|| {
+            let mut w = vec![0f32; k * n];
+            w.par_chunks_mut(n.max(1))
+                .enumerate()
+                .for_each(|(kk, row)| {
+                    for (col, v) in row.iter_mut().enumerate() {
+                        let at =
+                            (col / 16) * self.kp * 16 + (kk / 2) * 32 + (col % 16) * 2 + kk % 2;
+                        *v = f32::from_bits((self.data[at] as u32) << 16);
+                    }
+                });
+            w
+        });
+        let xs = x.widened();
+        let mut c = vec![0f32; m * n];
+        if k == 0 {
+            return c;
+        }
+        // SAFETY: c is [m, n], xs [m, k] and w [k, n], all row-major, as the strides say.
+        unsafe {
+            gemm::gemm(
+                m,
+                n,
+                k,
+                c.as_mut_ptr(),
+                1,
+                n as isize,
+                false,
+                xs.as_ptr(),
+                1,
+                k as isize,
+                w.as_ptr(),
+                1,
+                n as isize,
+                0.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(0),
+            )
+        };
+        c
     }
 
     /// The same product from the packed values, one output at a time in f64 (tests: the
@@ -751,11 +826,8 @@ impl Packed {
     }
 }
 
-#[cfg(target_arch = "x86_64")]
 struct SendPtr(*mut f32);
-#[cfg(target_arch = "x86_64")]
 unsafe impl Sync for SendPtr {}
-#[cfg(target_arch = "x86_64")]
 unsafe impl Send for SendPtr {}
 
 /// The tile configuration of this thread: 8 tiles of 16 rows × 64 bytes; released on drop.

@@ -370,8 +370,8 @@ impl<B: Backend> CausalLm<B> {
     /// This model, for training with adapters, with its frozen projections and head as bf16
     /// on AMX tiles ([`super::frozen`]; their f32 weights dropped): the forward and the input
     /// gradients of those products round to bf16 and sum in f32; the adapters, attention,
-    /// norms and activations stay f32. Call only where [`amx::available`], on the CPU
-    /// backends.
+    /// norms and activations stay f32. Call only on the CPU backends (the CPU's bf16 kernel,
+    /// [`amx::kernel`]).
     pub fn freeze_bf16(mut self) -> CausalLm<B> {
         assert!(
             self.lora.is_some(),
@@ -396,7 +396,7 @@ impl<B: Backend> CausalLm<B> {
     /// This model with its projections and head as bf16 on AMX tiles (their f32 weights
     /// dropped): its forward then rounds each projection's input and weights to bf16 and sums
     /// in f32 (attention, norms and activations stay f32). For inference only, after adapters
-    /// are merged. Call only where [`amx::available`].
+    /// are merged. Call only on the CPU backends.
     pub fn pack_bf16(mut self) -> CausalLm<B> {
         assert!(
             self.lora.is_none(),
