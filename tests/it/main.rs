@@ -30,6 +30,42 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// The main job's pipeline.
+/// The class of CPU whose f32 kernels a bit-exact reference was computed on: burn's f32 products
+/// and reductions run in AVX-512 registers where the CPU has them (`x86-v4`), in AVX2 registers
+/// elsewhere, and round differently. The committed references (the ablation fingerprints, the
+/// README's quick-start lines, the fixture store) come from `avx512` runners (Intel Xeon with
+/// AMX, AMD EPYC with AVX512-BF16); `avx2` (e.g. AMD EPYC before Zen 4) has references of its
+/// own where a test can keep one, and so would another class.
+pub fn numerics() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return "avx512";
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return "avx2";
+        }
+    }
+    std::env::consts::ARCH
+}
+
+/// Where the committed references of this CPU class live: `path` itself on `avx512` (the class
+/// that measured the book's tables), else `path` with `-<class>` before its extension.
+pub fn reference_for_cpu(path: &Path) -> PathBuf {
+    match numerics() {
+        "avx512" => path.to_path_buf(),
+        class => {
+            let stem = path.file_stem().unwrap().to_string_lossy();
+            let name = match path.extension() {
+                Some(ext) => format!("{stem}-{class}.{}", ext.to_string_lossy()),
+                None => format!("{stem}-{class}"),
+            };
+            path.with_file_name(name)
+        }
+    }
+}
+
 pub const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
 /// The learning-signal diagnostics (one row per run and iteration).
 pub const LEARNING_SIGNAL: &str = concat!(

@@ -4,8 +4,9 @@
 //! later, Intel Cooper Lake), with `vdpbf16ps` in AVX-512 registers; on any other CPU
 //! emulated: the bf16 values widened to f32 (exactly) and multiplied as f32 matrices (the `gemm`
 //! crate, as burn's f32 product) — a product of two bf16 values is exact in f32, so the
-//! emulation computes the sums the instructions compute, in its own order of additions. Used for inference (`<section>.inference_dtype = "bf16"`) and for the frozen base
-//! under trained adapters (`update.base_dtype = "bf16"`).
+//! emulation computes the sums the instructions compute, in its own order of additions. Used
+//! for inference (`<section>.inference_dtype = "bf16"`) and for the frozen base under trained
+//! adapters (`update.base_dtype = "bf16"`).
 //!
 //! Layout: `W` is packed once per model load into 16-column panels in VNNI order (per pair of
 //! rows `k, k+1`: 16 columns × 2 values, 64 bytes) — the tiles' operand order and one AVX-512
