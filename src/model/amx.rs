@@ -1,7 +1,7 @@
-//! bf16 matrix products (Intel AMX, AVX512-BF16, or emulated in f32 lanes) for inference (`<section>.inference_dtype = "bf16"`) and
-//! for adapters' frozen base in training (`update.base_dtype = "bf16"`): the kernels live in
-//! the `rla-amx` crate (`crates/amx`), which the dev profile optimises while rla-pipe itself
-//! builds unoptimised.
+//! bf16 matrix products (Intel AMX, AVX512-BF16, or emulated in f32) for inference
+//! (`<section>.inference_dtype = "bf16"`) and for adapters' frozen base in training
+//! (`update.base_dtype = "bf16"`): the kernels live in the `rla-amx` crate (`crates/amx`),
+//! which the dev profile optimises while rla-pipe itself builds unoptimised.
 
 pub use rla_amx::{
     Heads, Packed, Rounded, Shape, add_bias, attention, available, bf16, exp, f32s, masked_softmax,
@@ -189,8 +189,8 @@ mod tests {
 
     /// The packed layout holds W's bf16 values (checked through the portable reference on
     /// every CPU), and every bf16 kernel the CPU has (AMX tiles, AVX512-BF16, and the emulation
-    /// on every CPU) computes the same sums: every output within 1e-4 (absolute, outputs of order 1) of the f64 sum of the same
-    /// bf16 products — the kernels add in f32, in their own orders (2e-4 between two kernels) —
+    /// on every CPU) computes the same sums: every output within 1e-4 (absolute, outputs of
+    /// order 1) of the f64 sum of the same bf16 products — the kernels add in f32, in their own orders (2e-4 between two kernels) —
     /// and within 0.05 of the f32 product (bf16's 8 bits over k ≤ 600 terms).
     #[test]
     fn tiles_compute_the_product_of_the_rounded_matrices() {

@@ -29,7 +29,6 @@ mod web;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The main job's pipeline.
 /// The class of CPU whose f32 kernels a bit-exact reference was computed on: burn's f32 products
 /// and reductions run in AVX-512 registers where the CPU has them (`x86-v4`), in AVX2 registers
 /// elsewhere, and round differently. The committed references (the ablation fingerprints, the
@@ -66,6 +65,7 @@ pub fn reference_for_cpu(path: &Path) -> PathBuf {
     }
 }
 
+/// The main job's pipeline.
 pub const GRIDNAV: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/pipelines/gridnav.toml");
 /// The learning-signal diagnostics (one row per run and iteration).
 pub const LEARNING_SIGNAL: &str = concat!(

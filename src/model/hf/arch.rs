@@ -368,7 +368,7 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// This model, for training with adapters, with its frozen projections and head as bf16
-    /// on AMX tiles ([`super::frozen`]; their f32 weights dropped): the forward and the input
+    /// for the CPU's bf16 kernel ([`super::frozen`]; their f32 weights dropped): the forward and the input
     /// gradients of those products round to bf16 and sum in f32; the adapters, attention,
     /// norms and activations stay f32. Call only on the CPU backends (the CPU's bf16 kernel,
     /// [`amx::kernel`]).
@@ -393,8 +393,8 @@ impl<B: Backend> CausalLm<B> {
         self
     }
 
-    /// This model with its projections and head as bf16 on AMX tiles (their f32 weights
-    /// dropped): its forward then rounds each projection's input and weights to bf16 and sums
+    /// This model with its projections and head as bf16 for the CPU's bf16 kernel (their f32
+    /// weights dropped): its forward then rounds each projection's input and weights to bf16 and sums
     /// in f32 (attention, norms and activations stay f32). For inference only, after adapters
     /// are merged. Call only on the CPU backends.
     pub fn pack_bf16(mut self) -> CausalLm<B> {

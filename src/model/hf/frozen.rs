@@ -1,9 +1,10 @@
-//! A frozen matrix in bf16 on AMX tiles, for training (`update.base_dtype = "bf16"`): with
-//! low-rank adapters the base weights never change, so each projection and the output head are
-//! packed once, as `W` (the forward, `x · W`) and as `Wᵀ` (the backward, `dx = dy · Wᵀ`; a
-//! frozen matrix has no gradient of its own). Inputs and output gradients are rounded to bf16
-//! and summed in f32 (`rla-amx`), as mixed-precision training does on a GPU; the adapters,
-//! attention, norms and the optimizer stay f32.
+//! A frozen matrix in bf16 (the CPU's bf16 kernel: AMX tiles, AVX512-BF16, or emulated), for
+//! training (`update.base_dtype = "bf16"`): with low-rank adapters the base weights never
+//! change, so each projection and the output head are packed once, as `W` (the forward,
+//! `x · W`) and as `Wᵀ` (the backward, `dx = dy · Wᵀ`; a frozen matrix has no gradient of its
+//! own). Inputs and output gradients are rounded to bf16 and summed in f32 (`rla-amx`), as
+//! mixed-precision training does on a GPU; the adapters, attention, norms and the optimizer
+//! stay f32.
 //!
 //! The product is an autodiff operation of its own on the CPU training backend (burn's
 //! `Backward`, as its own matrix product is written), and a plain product on the CPU backend,
