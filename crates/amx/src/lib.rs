@@ -184,6 +184,12 @@ pub fn bf16(f: f32) -> u16 {
     (if nan { (u >> 16) | 0x40 } else { rounded }) as u16
 }
 
+/// bf16 → f32: exact (a bf16 value is an f32's high half).
+#[inline(always)]
+pub fn widen(v: u16) -> f32 {
+    f32::from_bits((v as u32) << 16)
+}
+
 /// Little-endian f32 bytes (a tensor's buffer) as f32 values: borrowed when aligned.
 pub fn f32s(bytes: &[u8]) -> std::borrow::Cow<'_, [f32]> {
     assert_eq!(bytes.len() % 4, 0, "f32 bytes");
@@ -601,7 +607,7 @@ impl Rounded {
                 let tiles = &self.tiles[(row / 16) * 16 * kp..];
                 for (kk, v) in o.iter_mut().enumerate() {
                     let at = (kk / TILE_K) * 16 * TILE_K + (row % 16) * TILE_K + kk % TILE_K;
-                    *v = f32::from_bits((tiles[at] as u32) << 16);
+                    *v = widen(tiles[at]);
                 }
             });
         out
@@ -765,18 +771,16 @@ impl Packed {
                 .enumerate()
                 .for_each(|(kk, row)| {
                     for (col, v) in row.iter_mut().enumerate() {
-                        let at =
-                            (col / 16) * self.kp * 16 + (kk / 2) * 32 + (col % 16) * 2 + kk % 2;
-                        *v = f32::from_bits((self.data[at] as u32) << 16);
+                        *v = self.weight(kk, col);
                     }
                 });
             w
         });
-        let xs = x.widened();
         let mut c = vec![0f32; m * n];
         if k == 0 {
             return c;
         }
+        let xs = x.widened();
         // SAFETY: c is [m, n], xs [m, k] and w [k, n], all row-major, as the strides say.
         unsafe {
             gemm::gemm(
@@ -804,21 +808,22 @@ impl Packed {
         c
     }
 
+    /// `W[kk, col]` as packed (bf16, widened to f32): in panel `col / 16`, VNNI row `kk / 2`.
+    fn weight(&self, kk: usize, col: usize) -> f32 {
+        let (p, c) = (col / 16, col % 16);
+        widen(self.data[p * self.kp * 16 + (kk / 2) * 32 + c * 2 + kk % 2])
+    }
+
     /// The same product from the packed values, one output at a time in f64 (tests: the
     /// packing, on any CPU).
     pub fn matmul_reference(&self, x: &[f32], m: usize) -> Vec<f32> {
         let (k, n) = (self.k, self.n);
-        let w = |kk: usize, col: usize| {
-            let (p, c) = (col / 16, col % 16);
-            let v = self.data[p * self.kp * 16 + (kk / 2) * 32 + c * 2 + kk % 2];
-            f32::from_bits((v as u32) << 16) as f64
-        };
         let mut out = vec![0f32; m * n];
         for i in 0..m {
             for j in 0..n {
                 let mut s = 0f64;
                 for kk in 0..k {
-                    s += f32::from_bits((bf16(x[i * k + kk]) as u32) << 16) as f64 * w(kk, j);
+                    s += widen(bf16(x[i * k + kk])) as f64 * self.weight(kk, j) as f64;
                 }
                 out[i * n + j] = s as f32;
             }
