@@ -10,9 +10,10 @@
 # per seed
 # (pipelines/sql/ablation.sql → benches/ablation.py), the per-iteration curves, the reports (all
 # runs; seed 0 of each setting, also as SVG figures), and the fingerprint of the first
-# iteration (pipelines/sql/ablation_fingerprint.sql → REPORT_DIR/fingerprint.csv, with the
-# commit in REPORT_DIR/measured.txt) that the test `ablation_tables_are_current` recomputes: a
-# code change that moves the tables fails it. Runs resume: rerunning continues where it stopped.
+# iteration (pipelines/sql/ablation_fingerprint.sql → REPORT_DIR/fingerprint.csv on an AVX-512
+# CPU, fingerprint-<class>.csv on another class, with the commit in REPORT_DIR/measured.txt)
+# that the test `ablation_tables_are_current` recomputes: a code change that moves the tables
+# fails it. Runs resume: rerunning continues where it stopped.
 #
 # Also the learning curve (pipelines/sql/learning_curve.sql → benches/learning_curve.py): per
 # setting and iteration held-out and OOD success with intervals over the seeds, after the warm
@@ -281,7 +282,13 @@ if [ -n "$reeval" ]; then
   echo "== the RL gain on the re-evaluations (REEVAL=$reeval), per setting and seed"
   "$bin" sql --store "$store" "$(sed -e '/^--/d' -e "s/'e4-/'e$reeval-/g" pipelines/sql/reeval_gain.sql)"
 fi
-"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/fingerprint.csv"
+# The fingerprint of this class of CPU: fingerprint.csv on avx512, whose numbers the book's
+# tables are, else fingerprint-<class>.csv (so a grid re-measured on another class cannot
+# overwrite the avx512 one; the test compares each class with its own).
+class=$(numerics_class)
+fingerprint=fingerprint.csv
+[ "$class" = avx512 ] || fingerprint=fingerprint-$class.csv
+"$bin" sql --store "$store" --format csv --file pipelines/sql/ablation_fingerprint.sql >"$out/$fingerprint"
 if [ -n "$keep" ]; then
   held=$(cd "$keep" && for r in abl-*-s*; do [ -d "$r" ] && echo "$r"; done | tr '\n' ' ')
   echo "measured with $iters iterations; the runs kept: ${held% }; each run's commit and CPU: $keep/provenance.csv" >"$out/measured.txt"

@@ -35,3 +35,22 @@ bf16_kernel() {
     echo emulated
   fi
 }
+
+# `numerics_class`: the class of CPU whose f32 rounding rla-pipe's results follow, as the tests
+# name it (`numerics()` in tests/it/main.rs): avx512, avx2 (with FMA), else the architecture.
+# The committed fingerprints are per class: `fingerprint.csv` for avx512 (the class that
+# measured the book's tables), `fingerprint-<class>.csv` for another.
+numerics_class() {
+  local flags
+  flags=" $(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null | cut -d: -f2) "
+  if [[ "$flags" == *" avx512f "* ]]; then
+    echo avx512
+  elif [[ "$flags" == *" avx2 "* && "$flags" == *" fma "* ]]; then
+    echo avx2
+  else
+    case "$(uname -m)" in
+      arm64) echo aarch64 ;;
+      *) uname -m ;;
+    esac
+  fi
+}

@@ -171,6 +171,16 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     }
     let before = provenance();
     assert_eq!(before.lines().count(), 5, "{before}");
+    // The fingerprint goes to this class of CPU's file, never another class's.
+    let fingerprint = crate::reference_for_cpu(&path("out/fingerprint.csv"));
+    let written = std::fs::read_to_string(&fingerprint).unwrap();
+    assert!(written.starts_with("part,value\n"), "{written}");
+    let files = std::fs::read_dir(path("out")).unwrap();
+    let names: Vec<String> = files
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("fingerprint"))
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
 
     // Machine 2, a fresh store: a variant of the kept seed.
     let variant = [("VARIANTS", "v:rollout.n=2"), ("VARIANT_SEEDS", "1")];
