@@ -8,6 +8,8 @@
 -- held-out success after the warm start and at the last iteration, their episodes, and the
 -- gain; the greedy success beside it (deterministic: it equals the parent's). E.g.
 -- rla-pipe sql --store docs/src/ablation/textworld-smollm2-s8/kept --file pipelines/sql/reeval_gain.sql
+-- The warm start is always `e4-pre-s<seed>`'s; another warm start evaluated on its own (e.g.
+-- `e4-pre-g32-s<seed>`, a variant's, where it was computed on another CPU) is not a row here.
 WITH e AS (
     SELECT run_id, iter,
            CAST(SUM(CASE WHEN split = 'held_out' THEN successes END) AS DOUBLE)
@@ -17,7 +19,7 @@ WITH e AS (
              / CAST(SUM(CASE WHEN split = 'held_out_greedy' THEN rollouts END) AS DOUBLE) AS greedy
     FROM evaluations WHERE run_id LIKE 'e4-%' GROUP BY run_id, iter
 ), last AS (
-    SELECT run_id, MAX(iter) AS iter FROM e WHERE run_id NOT LIKE 'e4-pre-s%' GROUP BY run_id
+    SELECT run_id, MAX(iter) AS iter FROM e WHERE run_id NOT LIKE 'e4-pre-%' GROUP BY run_id
 )
 SELECT split_part(l.run_id, '-', 2) AS setting,
        CAST(split_part(w.run_id, '-s', 2) AS BIGINT) AS seed, l.iter AS last_iter,
