@@ -190,8 +190,9 @@ mod tests {
     /// The packed layout holds W's bf16 values (checked through the portable reference on
     /// every CPU), and every bf16 kernel the CPU has (AMX tiles, AVX512-BF16, and the emulation
     /// on every CPU) computes the same sums: every output within 1e-4 (absolute, outputs of
-    /// order 1) of the f64 sum of the same bf16 products — the kernels add in f32, in their own orders (2e-4 between two kernels) —
-    /// and within 0.05 of the f32 product (bf16's 8 bits over k ≤ 600 terms).
+    /// order 1) of the f64 sum of the same bf16 products — the kernels add in f32, in their own
+    /// orders (2e-4 between two kernels) — and within 0.05 of the f32 product (bf16's 8 bits
+    /// over k ≤ 600 terms).
     #[test]
     fn tiles_compute_the_product_of_the_rounded_matrices() {
         for &(m, k, n) in &[

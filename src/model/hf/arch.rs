@@ -368,9 +368,9 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// This model, for training with adapters, with its frozen projections and head as bf16
-    /// for the CPU's bf16 kernel ([`super::frozen`]; their f32 weights dropped): the forward and the input
-    /// gradients of those products round to bf16 and sum in f32; the adapters, attention,
-    /// norms and activations stay f32. Call only on the CPU backends (the CPU's bf16 kernel,
+    /// for the CPU's bf16 kernel ([`super::frozen`]; their f32 weights dropped): the forward
+    /// and the input gradients of those products round to bf16 and sum in f32; the adapters,
+    /// attention, norms and activations stay f32. Call only on the CPU backends (the CPU's bf16 kernel,
     /// [`amx::kernel`]).
     pub fn freeze_bf16(mut self) -> CausalLm<B> {
         assert!(
@@ -394,9 +394,9 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// This model with its projections and head as bf16 for the CPU's bf16 kernel (their f32
-    /// weights dropped): its forward then rounds each projection's input and weights to bf16 and sums
-    /// in f32 (attention, norms and activations stay f32). For inference only, after adapters
-    /// are merged. Call only on the CPU backends.
+    /// weights dropped): its forward then rounds each projection's input and weights to bf16
+    /// and sums in f32 (attention, norms and activations stay f32). For inference only, after
+    /// adapters are merged. Call only on the CPU backends.
     pub fn pack_bf16(mut self) -> CausalLm<B> {
         assert!(
             self.lora.is_none(),
