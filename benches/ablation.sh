@@ -38,8 +38,9 @@
 # (`eval.rollouts=N`): the warm start as `eN-pre-s<seed>` (a branch of `pre-s<seed>` at
 # iteration 0) and each setting's last iteration as `eN-<setting>-s<seed>` (a branch from the
 # last iteration: everything but the evaluation shared); kept with the seed's runs
-# (pipelines/sql/reeval_gain.sql pairs them). A run's re-evaluation needs its checkpoints, so
-# a kept run whose `eN-` branch is not kept runs again first.
+# (pipelines/sql/reeval_gain.sql pairs them; benches/reeval_gain.py gives each setting's gain,
+# and each variant's paired difference from the full loop, an interval). A run's re-evaluation
+# needs its checkpoints, so a kept run whose `eN-` branch is not kept runs again first.
 #
 #   [SEEDS=5] [ABL_SEEDS=SEEDS] [VARIANT_SEEDS=ABL_SEEDS] [ONLY_SEEDS="1 3"] [SETS="k=v ..."] [VARIANTS="name:k=v,..."] [KEEP=DIR] [REEVAL=N] benches/ablation.sh [ITERATIONS] [STORE] [REPORT_DIR] [ENV]
 #   benches/ablation.sh                      # household, 5 seeds, 8 iterations, ./runs-ablation/household, docs/src/ablation/household
@@ -280,7 +281,10 @@ mkdir -p "$out"
 python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg"
 if [ -n "$reeval" ]; then
   echo "== the RL gain on the re-evaluations (REEVAL=$reeval), per setting and seed"
-  "$bin" sql --store "$store" "$(sed -e '/^--/d' -e "s/'e4-/'e$reeval-/g" pipelines/sql/reeval_gain.sql)"
+  reeval_sql=$(sed -e '/^--/d' -e "s/'e4-/'e$reeval-/g" pipelines/sql/reeval_gain.sql)
+  "$bin" sql --store "$store" "$reeval_sql"
+  "$bin" sql --store "$store" --format csv "$reeval_sql" >"$csv/reeval_gain.csv"
+  python3 benches/reeval_gain.py "$csv/reeval_gain.csv"
 fi
 # The fingerprint of this class of CPU: fingerprint.csv on avx512, whose numbers the book's
 # tables are, else fingerprint-<class>.csv (so a grid re-measured on another class cannot

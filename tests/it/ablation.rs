@@ -147,7 +147,7 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
             .unwrap();
         let err = String::from_utf8_lossy(&o.stderr).into_owned();
         assert!(o.status.success(), "{store}: {err}");
-        err
+        (String::from_utf8_lossy(&o.stdout).into_owned(), err)
     };
     let kept = |run: &str| keep.join(run).join("_commits").exists();
     let provenance = || std::fs::read_to_string(keep.join("provenance.csv")).unwrap();
@@ -184,7 +184,7 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
 
     // Machine 2, a fresh store: a variant of the kept seed.
     let variant = [("VARIANTS", "v:rollout.n=2"), ("VARIANT_SEEDS", "1")];
-    let err = script("b", &variant);
+    let (out, err) = script("b", &variant);
     assert!(err.contains("== abl-rmadapt-s0: kept in"), "{err}");
     assert!(!path("b/abl-rmadapt-s0").exists() && !path("b/pre-s0").exists());
     assert!(kept("abl-v-s0") && kept("e4-v-s0"));
@@ -196,6 +196,23 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
         "rows of the kept runs changed:\n{after}"
     );
     assert_eq!(after.lines().count(), 7, "{after}");
+    // The gains of the re-evaluations, and the variant paired with the full loop on seed 0:
+    // its difference is the two gains' of reeval_gain.sql's rows.
+    let gains = std::fs::read_to_string(path("out/reeval_gain.csv")).unwrap();
+    let gain = |setting: &str| -> f64 {
+        let row = gains
+            .lines()
+            .find(|l| l.starts_with(&format!("{setting},0,")))
+            .unwrap_or_else(|| panic!("no {setting} row in {gains}"));
+        row.split(',').nth(7).unwrap().parse().unwrap()
+    };
+    let paired = format!(
+        "| v | 0 | {:+.3} | {:+.3} | {:+.3} |",
+        gain("v"),
+        gain("rmadapt"),
+        gain("v") - gain("rmadapt")
+    );
+    assert!(out.contains(&paired), "no `{paired}` in:\n{out}");
 
     // Its rows are the branch's: the variant branched from the full loop on machine 1.
     let a = path("a").display().to_string();
@@ -238,7 +255,7 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     }
 
     // Machine 3: everything kept, nothing runs.
-    let err = script("c", &variant);
+    let (_, err) = script("c", &variant);
     assert!(err.contains("== seed 0: kept in"), "{err}");
     assert!(!path("c/abl-v-s0").exists());
     assert_eq!(provenance(), after);
