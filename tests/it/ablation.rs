@@ -199,12 +199,17 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     // The gains of the re-evaluations, and the variant paired with the full loop on seed 0:
     // its difference is the two gains' of reeval_gain.sql's rows.
     let gains = std::fs::read_to_string(path("out/reeval_gain.csv")).unwrap();
+    let column = gains
+        .lines()
+        .next()
+        .and_then(|header| header.split(',').position(|c| c == "gain"))
+        .unwrap_or_else(|| panic!("no gain column in {gains}"));
     let gain = |setting: &str| -> f64 {
         let row = gains
             .lines()
             .find(|l| l.starts_with(&format!("{setting},0,")))
             .unwrap_or_else(|| panic!("no {setting} row in {gains}"));
-        row.split(',').nth(7).unwrap().parse().unwrap()
+        row.split(',').nth(column).unwrap().parse().unwrap()
     };
     let paired = format!(
         "| v | 0 | {:+.3} | {:+.3} | {:+.3} |",

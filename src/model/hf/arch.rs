@@ -370,8 +370,8 @@ impl<B: Backend> CausalLm<B> {
     /// This model, for training with adapters, with its frozen projections and head as bf16
     /// for the CPU's bf16 kernel ([`super::frozen`]; their f32 weights dropped): the forward
     /// and the input gradients of those products round to bf16 and sum in f32; the adapters,
-    /// attention, norms and activations stay f32. Call only on the CPU backends (the CPU's bf16 kernel,
-    /// [`amx::kernel`]).
+    /// attention, norms and activations stay f32. Call only on the CPU backends (the CPU's bf16
+    /// kernel, [`amx::kernel`]).
     pub fn freeze_bf16(mut self) -> CausalLm<B> {
         assert!(
             self.lora.is_some(),
