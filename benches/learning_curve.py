@@ -76,7 +76,10 @@ def svg(curves, seeds, title, settings=SETTINGS):
                                   ("held_out_greedy", "held-out, greedy")) if curves.get(k)]
     pw, ph, ml, mt, mb = 420, 260, 48, 40, 42
     gap = 48
-    width, height = ml + len(panels) * (pw + gap), mt + ph + mb + 24
+    legend = [k for k in settings if k[0] in seeds]
+    # Three legend entries a row, 14 px each row after the first.
+    width = ml + len(panels) * (pw + gap)
+    height = mt + ph + mb + 24 + 14 * ((max(len(legend), 1) - 1) // 3)
     xs = sorted({x for c in curves.values() for pts in c.values() for x, *_ in pts})
     x0, x1 = min(xs), max(xs)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -109,7 +112,7 @@ def svg(curves, seeds, title, settings=SETTINGS):
             out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
             for x, m, *_ in pts:
                 out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
-    for i, (key, name) in enumerate([k for k in settings if k[0] in seeds]):
+    for i, (key, name) in enumerate(legend):
         y = mt + ph + mb + 10 + 14 * (i // 3)
         x = ml + (i % 3) * 200
         out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '

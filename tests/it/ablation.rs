@@ -265,3 +265,54 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     assert!(!path("c/abl-v-s0").exists());
     assert_eq!(provenance(), after);
 }
+
+/// `benches/learning_curve.py --svg`: with more settings than a legend row holds (three
+/// settings and a variant), every legend entry lies inside the figure (the fourth was drawn on
+/// its bottom edge, cut in half).
+#[test]
+fn learning_curve_figure_holds_its_whole_legend() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("curve.csv");
+    let mut rows = String::from(
+        "setting,seed,run_id,iter,held_out,held_out_greedy,ood,ood_greedy,rm_process\n",
+    );
+    for seed in 0..2 {
+        rows += &format!("warm,{seed},pre-s{seed},0,0.25,0.25,0.0,0.0,0.5\n");
+        for setting in ["policy", "rm", "rmadapt", "v"] {
+            for iter in 0..2 {
+                let x = 0.25 + 0.125 * (seed + iter) as f64;
+                rows +=
+                    &format!("{setting},{seed},abl-{setting}-s{seed},{iter},{x},{x},0.0,0.0,0.5\n");
+            }
+        }
+    }
+    std::fs::write(&csv, rows).unwrap();
+    let svg = dir.path().join("curve.svg");
+    let o = std::process::Command::new("python3")
+        .arg(format!("{ROOT}/benches/learning_curve.py"))
+        .arg(&csv)
+        .arg("--svg")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let svg = std::fs::read_to_string(&svg).unwrap();
+    let attr = |s: &str, name: &str| -> f64 {
+        let at = s.find(&format!(" {name}=\"")).unwrap() + name.len() + 3;
+        s[at..].split('"').next().unwrap().parse().unwrap()
+    };
+    let height = attr(&svg, "height");
+    let legend: Vec<&str> = svg
+        .lines()
+        .filter(|l| l.contains(" seeds)</text>"))
+        .collect();
+    assert_eq!(legend.len(), 4, "{svg}");
+    for line in legend {
+        let text = &line[line.find("<text").unwrap()..];
+        // A baseline 4 px above the bottom edge leaves room for the descenders.
+        assert!(
+            attr(text, "y") + 4.0 <= height,
+            "{line} outside height {height}"
+        );
+    }
+}
