@@ -77,9 +77,9 @@ def svg(curves, seeds, title, settings=SETTINGS):
     pw, ph, ml, mt, mb = 420, 260, 48, 40, 42
     gap = 48
     legend = [k for k in settings if k[0] in seeds]
-    # Three legend entries a row, 14 px each row after the first.
+    per_row, row_h = 3, 14  # legend entries a row, and a row's height below the first
     width = ml + len(panels) * (pw + gap)
-    height = mt + ph + mb + 24 + 14 * ((max(len(legend), 1) - 1) // 3)
+    height = mt + ph + mb + 24 + row_h * ((max(len(legend), 1) - 1) // per_row)
     xs = sorted({x for c in curves.values() for pts in c.values() for x, *_ in pts})
     x0, x1 = min(xs), max(xs)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -113,8 +113,8 @@ def svg(curves, seeds, title, settings=SETTINGS):
             for x, m, *_ in pts:
                 out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
     for i, (key, name) in enumerate(legend):
-        y = mt + ph + mb + 10 + 14 * (i // 3)
-        x = ml + (i % 3) * 200
+        y = mt + ph + mb + 10 + row_h * (i // per_row)
+        x = ml + (i % per_row) * 200
         out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '
                    f'fill="{colour(key, settings)}"/>'
                    f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
