@@ -71,6 +71,93 @@ fn ablation_tables_are_current_web() {
     check("web", 6);
 }
 
+/// The SmolLM2 curves' loops (`pipelines/ablation/<env>-smollm2.toml`) stay those their kept
+/// grids ran. SmolLM2's weights are not among the tests' inputs (and its iteration takes
+/// minutes), so seed 0's full loop runs its first iteration with a tiny pretrained-format model
+/// over bytes as policy and reward model in SmolLM2's place: every other key of the file, but
+/// f32 products (a bf16 product's last bits differ between CPUs with and without bf16
+/// instructions) and contexts long enough for byte-long prompts. Its fingerprint
+/// (`ablation_fingerprint.sql`) is compared with `tests/golden/smollm2-loop-<env>.csv`. A change
+/// that moves what these loops compute (an environment, a prompt, an order of sampling, a
+/// formula, the warm start's choice of demonstrations) fails here: re-measure the grids it moves
+/// (or mark their tables stale), then record the fingerprint again with `RLA_PIPE_BLESS=1`. (The
+/// random reward model seldom writes a verdict, so its update and the adaptation it drives are
+/// left to the small transformers' fingerprints above, which run the same code.)
+fn check_smollm2_loop(env: &str) {
+    let f = Fixture::new();
+    let (policy, rm) = (f.dir.path().join("policy"), f.dir.path().join("rm"));
+    crate::hf::byte_model(&policy, "LlamaForCausalLM", 51);
+    crate::hf::byte_model(&rm, "LlamaForCausalLM", 52);
+    let pipeline = format!("{ROOT}/pipelines/ablation/{env}-smollm2.toml");
+    let sets = [
+        "run.seed=0".to_string(),
+        format!("policy.init=hf:{}", policy.display()),
+        format!("reward_model.init=hf:{}", rm.display()),
+        "policy.inference_dtype=f32".into(),
+        "reward_model.inference_dtype=f32".into(),
+        "update.base_dtype=f32".into(),
+        "policy.context=4096".into(),
+        "reward_model.context=4096".into(),
+    ];
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    f.run_pipeline(&pipeline, "abl-rmadapt-s0", 1, &sets).ok();
+    let sql = format!("{ROOT}/pipelines/sql/ablation_fingerprint.sql");
+    let got = f
+        .rla(&["sql", "--format", "csv", "--file", &sql])
+        .ok()
+        .stdout;
+    let path = crate::reference_for_cpu(std::path::Path::new(&format!(
+        "{ROOT}/tests/golden/smollm2-loop-{env}.csv"
+    )));
+    if std::env::var_os("RLA_PIPE_BLESS").is_some() {
+        std::fs::write(&path, &got).unwrap();
+    }
+    let Ok(want) = std::fs::read_to_string(&path) else {
+        // A class of CPU with no recorded fingerprint (recorded: avx512) rounds the models'
+        // arithmetic differently; the planner's demonstrations are the part it shares.
+        let demos = |t: &str| {
+            t.lines()
+                .find(|l| l.starts_with("demonstrations,"))
+                .map(str::to_string)
+        };
+        let avx512 = format!("{ROOT}/tests/golden/smollm2-loop-{env}.csv");
+        let want = std::fs::read_to_string(&avx512).unwrap();
+        assert_eq!(
+            demos(&got),
+            demos(&want),
+            "{avx512}: the warm start's demonstrations"
+        );
+        eprintln!(
+            "{}: missing: only the demonstrations compared on this class of CPU ({}); record \
+             it with RLA_PIPE_BLESS=1",
+            path.display(),
+            crate::numerics()
+        );
+        return;
+    };
+    assert!(
+        got == want,
+        "pipelines/ablation/{env}-smollm2.toml's loop no longer computes what its kept grids \
+         ran (docs/src/ablation.md, with their commands): re-measure the grids this change moves \
+         or mark their tables stale, then record the fingerprint again (RLA_PIPE_BLESS=1).\n\
+         --- {}\n{want}--- now\n{got}",
+        path.display()
+    );
+}
+
+#[test]
+fn smollm2_loop_is_current_household() {
+    check_smollm2_loop("household");
+}
+
+/// TextWorld's games come from `tw-make` (the test installs `textworld==1.7.0` with pip if it
+/// is missing).
+#[test]
+fn smollm2_loop_is_current_textworld() {
+    crate::python_packages("textworld", &["textworld==1.7.0"]);
+    check_smollm2_loop("textworld");
+}
+
 /// `benches/ablation.sh` stops with a one-line error and exit status 2, before it runs anything,
 /// on a malformed VARIANTS value, seed count or REEVAL (the binary given, so nothing is built).
 #[test]
