@@ -5,7 +5,10 @@ run, at the last iteration every run reached): per setting the mean over seeds w
 range; then the settings paired per seed (the same seed shares the warm start and the task
 pool), each difference's mean with its bootstrap 95% interval (`*`: the interval excludes 0).
 
-Usage: python3 benches/ablation.py ABLATION.csv      (standard library only)
+With `--variants "NAME:k=v,k=v ..."` (benches/ablation.sh's VARIANTS) each variant is named by
+its settings ("g32: env.initial_tasks=32"); without it, "g32 (variant)".
+
+Usage: python3 benches/ablation.py ABLATION.csv [--variants "..."]      (standard library only)
 """
 import csv
 import random
@@ -20,14 +23,36 @@ SETTINGS = [("policy", "policy only"), ("rm", "+ reward model"),
 PAIRS = [("rm", "policy"), ("rmadapt", "rm"), ("rmadapt", "policy")]
 
 
-def with_variants(runs):
+def with_variants(runs, described=None):
     """The three settings, then any other setting of the CSV (benches/ablation.sh's VARIANTS:
-    branches of the full loop), named as in its runs; the pairs, then each variant against the
-    full loop and + reward model."""
+    branches of the full loop), named as in its runs and by their settings where `described`
+    (name -> "k=v,k=v") gives them; the pairs, then each variant against the full loop and
+    + reward model."""
+    described = described or {}
     known = {k for k, _ in SETTINGS}
     extra = sorted(s for s in runs if s not in known and s != "warm")
-    return (SETTINGS + [(v, f"{v} (variant)") for v in extra],
+    name = lambda v: f"{v}: {described[v].replace(',', ', ')}" if v in described else f"{v} (variant)"
+    return (SETTINGS + [(v, name(v)) for v in extra],
             PAIRS + [p for v in extra for p in ((v, "rmadapt"), (v, "rm"))])
+
+
+def variants_option(args):
+    """Remove `--variants VALUE` from `args` (a list) and return it as name -> "k=v,k=v"
+    (benches/ablation.sh's VARIANTS syntax, "NAME:k=v,k=v" items separated by spaces)."""
+    if "--variants" not in args:
+        return {}
+    i = args.index("--variants")
+    if i + 1 >= len(args):
+        sys.exit("error: --variants needs a value: \"NAME:k=v,k=v ...\"")
+    value = args[i + 1]
+    del args[i:i + 2]
+    out = {}
+    for item in value.split():
+        name, sep, sets = item.partition(":")
+        if not sep or not name or not sets:
+            sys.exit(f"error: --variants: '{item}' is not NAME:k=v[,k=v...]")
+        out[name] = sets
+    return out
 
 
 PAIRED = [("held_out", "held-out (last)"), ("held_out_curve", "held-out (all iter.)"),
@@ -47,11 +72,13 @@ def mean_ci(xs, rng):
 
 
 def main():
-    rows = list(csv.DictReader(open(sys.argv[1])))
+    args = sys.argv[1:]
+    described = variants_option(args)
+    rows = list(csv.DictReader(open(args[0])))
     runs = defaultdict(dict)  # setting -> seed -> row
     for r in rows:
         runs[r["setting"]][int(r["seed"])] = r
-    settings, pairs = with_variants(runs)
+    settings, pairs = with_variants(runs, described)
     rng = random.Random(0)
     iters = sorted({r["iterations"] for r in rows})
     seeds = sorted({int(r["seed"]) for r in rows})

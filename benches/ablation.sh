@@ -25,7 +25,8 @@
 # VARIANTS="name:k=v,k=v ...": more settings beside the three, each a branch of the full loop
 # from iteration 0 with those overrides (run `abl-<name>-s<seed>`, on the first ABL_SEEDS seeds,
 # as the two smaller settings): paired with the full loop on the same warm start and iteration
-# 0, and in every table with the paired differences against the full loop and + reward model.
+# 0, and in every table with the paired differences against the full loop and + reward model,
+# named by its overrides ("nocand: reward.train_candidates=false") in the tables and the figure.
 #   VARIANTS="nocand:reward.train_candidates=false" benches/ablation.sh ...
 # VARIANT_SEEDS=N runs the variants on the first N seeds instead (e.g. a variant of a loop whose
 # seeds run the full loop only: ABL_SEEDS=0 VARIANT_SEEDS=3).
@@ -270,7 +271,7 @@ if [ -n "$keep" ]; then store=$keep csv=$out; mkdir -p "$out"; fi
 echo "== wall time of this invocation: $(( $(date +%s) - started )) s" >&2
 echo "== the ablation ($env, $iters iterations)"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/ablation.sql >"$csv/ablation.csv"
-python3 benches/ablation.py "$csv/ablation.csv"
+python3 benches/ablation.py "$csv/ablation.csv" ${VARIANTS:+--variants "$VARIANTS"}
 echo "== the warm start alone (pretrain, before any update)"
 "$bin" sql --store "$store" --file pipelines/sql/pretrain_alone.sql
 echo "== held-out success and RM process accuracy per iteration"
@@ -278,7 +279,8 @@ echo "== held-out success and RM process accuracy per iteration"
 echo "== the learning curve: after the warm start, then every iteration; the RL gain"
 "$bin" sql --store "$store" --format csv --file pipelines/sql/learning_curve.sql >"$csv/learning_curve.csv"
 mkdir -p "$out"
-python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg"
+python3 benches/learning_curve.py "$csv/learning_curve.csv" --svg "$out/learning_curve.svg" \
+  ${VARIANTS:+--variants "$VARIANTS"}
 if [ -n "$reeval" ]; then
   echo "== the RL gain on the re-evaluations (REEVAL=$reeval), per setting and seed"
   reeval_sql=$(sed -e '/^--/d' -e "s/'e4-/'e$reeval-/g" pipelines/sql/reeval_gain.sql)

@@ -14,14 +14,19 @@ greedy in a second panel where there is one), a line per setting through the mea
 and a band over their intervals, the warm start first — the figures of the tables, not a second
 resampling.
 
-Usage: python3 benches/learning_curve.py CURVE.csv [--svg OUT.svg]      (standard library only)
+With `--variants "NAME:k=v,k=v ..."` (benches/ablation.sh's VARIANTS) the tables and the legend
+name each variant by its settings.
+
+Usage: python3 benches/learning_curve.py CURVE.csv [--svg OUT.svg] [--variants "..."]
+(standard library only)
 """
 import csv
 import random
+from html import escape
 import sys
 from collections import defaultdict
 
-from ablation import SETTINGS, with_variants
+from ablation import SETTINGS, variants_option, with_variants
 from rm_grid import boot, cell
 
 METRICS = [("held_out", "held-out"), ("held_out_greedy", "held-out greedy"),
@@ -76,10 +81,20 @@ def svg(curves, seeds, title, settings=SETTINGS):
                                   ("held_out_greedy", "held-out, greedy")) if curves.get(k)]
     pw, ph, ml, mt, mb = 420, 260, 48, 40, 42
     gap = 48
-    legend = [k for k in settings if k[0] in seeds]
-    per_row, row_h = 3, 14  # legend entries a row, and a row's height below the first
     width = ml + len(panels) * (pw + gap)
-    height = mt + ph + mb + 24 + row_h * ((max(len(legend), 1) - 1) // per_row)
+    # The legend flows in rows: each entry a swatch and its label (~6.5 px a character at 11 px,
+    # wider than the font's mean), the next where it ends, a new row where the figure does.
+    legend, x, row, row_h = [], ml, 0, 14
+    for key, name in settings:
+        if key not in seeds:
+            continue
+        label = f"{name} ({seeds[key]} seed{'s' if seeds[key] != 1 else ''})"
+        w = 18 + 6.5 * len(label)
+        if x > ml and x + w > width - 8:
+            x, row = ml, row + 1
+        legend.append((key, label, x, row))
+        x += w + 24
+    height = mt + ph + mb + 24 + row_h * row
     xs = sorted({x for c in curves.values() for pts in c.values() for x, *_ in pts})
     x0, x1 = min(xs), max(xs)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
@@ -112,12 +127,11 @@ def svg(curves, seeds, title, settings=SETTINGS):
             out.append(f'<polyline points="{line}" fill="none" stroke="{c}" stroke-width="2"/>')
             for x, m, *_ in pts:
                 out.append(f'<circle cx="{fx(x):.1f}" cy="{fy(m):.1f}" r="2.5" fill="{c}"/>')
-    for i, (key, name) in enumerate(legend):
-        y = mt + ph + mb + 10 + row_h * (i // per_row)
-        x = ml + (i % per_row) * 200
-        out.append(f'<rect x="{x}" y="{y - 9}" width="14" height="10" '
+    for key, label, x, row in legend:
+        y = mt + ph + mb + 10 + row_h * row
+        out.append(f'<rect x="{x:g}" y="{y - 9}" width="14" height="10" '
                    f'fill="{colour(key, settings)}"/>'
-                   f'<text x="{x + 18}" y="{y}">{name} ({seeds[key]} seeds)</text>')
+                   f'<text x="{x + 18:g}" y="{y}">{escape(label)}</text>')
     out.append("</svg>")
     return "\n".join(out) + "\n"
 
@@ -129,6 +143,7 @@ def main():
         i = args.index("--svg")
         out_svg = args[i + 1]
         del args[i:i + 2]
+    described = variants_option(args)
     rows = list(csv.DictReader(open(args[0])))
     curves = defaultdict(dict)  # metric -> setting -> [(x, mean, lo, hi)]
     seeds_of = {}
@@ -137,7 +152,7 @@ def main():
     for r in rows:
         runs[r["setting"]][int(r["seed"])][int(r["iter"])] = r
     warm = {s: its[0] for s, its in runs.get("warm", {}).items() if 0 in its}
-    settings, pairs = with_variants(runs)
+    settings, pairs = with_variants(runs, described)
     rng = random.Random(0)
     shown = [(k, n) for k, n in METRICS if any(num(r[k]) is not None for r in rows)]
     for key, name in settings:

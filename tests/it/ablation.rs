@@ -275,6 +275,10 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     assert!(err.contains("== abl-rmadapt-s0: kept in"), "{err}");
     assert!(!path("b/abl-rmadapt-s0").exists() && !path("b/pre-s0").exists());
     assert!(kept("abl-v-s0") && kept("e4-v-s0"));
+    // The tables and the figure name the variant by its settings.
+    assert!(out.contains("| v: rollout.n=2 |"), "{out}");
+    let figure = std::fs::read_to_string(path("out/learning_curve.svg")).unwrap();
+    assert!(figure.contains(">v: rollout.n=2 (1 seed)<"), "{figure}");
     let b = path("b").display().to_string();
     assert!(!rla(&["show", "--store", &b, "abl-v-s0"]).contains("branch of"));
     let after = provenance();
@@ -354,8 +358,10 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
 }
 
 /// `benches/learning_curve.py --svg`: with more settings than a legend row holds (three
-/// settings and a variant), every legend entry lies inside the figure (the fourth was drawn on
-/// its bottom edge, cut in half).
+/// settings and a variant named by its long settings, `--variants`), every legend entry lies
+/// inside the figure (the fourth was drawn on its bottom edge, cut in half) and no label runs
+/// into the next entry (they were 200 px apart, and "+ reward model + adaptation (3 seeds)" is
+/// wider).
 #[test]
 fn learning_curve_figure_holds_its_whole_legend() {
     let dir = tempfile::tempdir().unwrap();
@@ -380,6 +386,8 @@ fn learning_curve_figure_holds_its_whole_legend() {
         .arg(&csv)
         .arg("--svg")
         .arg(&svg)
+        .arg("--variants")
+        .arg("v:env.initial_tasks=32,rollout.slots_per_iter=8,reward.train_candidates=false")
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
@@ -394,12 +402,43 @@ fn learning_curve_figure_holds_its_whole_legend() {
         .filter(|l| l.contains(" seeds)</text>"))
         .collect();
     assert_eq!(legend.len(), 4, "{svg}");
-    for line in legend {
-        let text = &line[line.find("<text").unwrap()..];
+    assert!(
+        legend[3].contains(">v: env.initial_tasks=32, rollout.slots_per_iter=8, "),
+        "{}",
+        legend[3]
+    );
+    let width = attr(&svg, "width");
+    // (x, y, characters) of each label; 5.5 px a character is less than any sans-serif font's
+    // mean at 11 px, so a label ends at or after x + 5.5 × characters.
+    let labels: Vec<(f64, f64, usize)> = legend
+        .iter()
+        .map(|line| {
+            let text = &line[line.find("<text").unwrap()..];
+            let chars = text[text.find('>').unwrap() + 1..text.find("</text>").unwrap()]
+                .chars()
+                .count();
+            (attr(text, "x"), attr(text, "y"), chars)
+        })
+        .collect();
+    for (i, &(x, y, chars)) in labels.iter().enumerate() {
         // A baseline 4 px above the bottom edge leaves room for the descenders.
+        assert!(y + 4.0 <= height, "{} outside height {height}", legend[i]);
         assert!(
-            attr(text, "y") + 4.0 <= height,
-            "{line} outside height {height}"
+            x + 5.5 * chars as f64 <= width,
+            "{} past width {width}",
+            legend[i]
         );
+        if let Some(&(next_x, next_y, _)) = labels.get(i + 1) {
+            assert!(
+                next_y > y || x + 5.5 * chars as f64 + 18.0 <= next_x,
+                "{} runs into {}",
+                legend[i],
+                legend[i + 1]
+            );
+        }
     }
+    assert!(
+        labels[3].1 > labels[0].1,
+        "the long variant wraps to a second row: {labels:?}"
+    );
 }
