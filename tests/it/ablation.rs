@@ -8,17 +8,21 @@ use crate::Fixture;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 
+/// The fingerprint (`ablation_fingerprint.sql`, CSV) of the first iteration of
+/// benches/ablation.sh's `abl-rmadapt-s0` of `pipeline` (seed 0), with `sets` besides.
+fn first_iteration_fingerprint(f: &Fixture, pipeline: &str, sets: &[&str]) -> String {
+    let sets: Vec<&str> = ["run.seed=0"].iter().chain(sets).copied().collect();
+    f.run_pipeline(pipeline, "abl-rmadapt-s0", 1, &sets).ok();
+    let sql = format!("{ROOT}/pipelines/sql/ablation_fingerprint.sql");
+    f.rla(&["sql", "--format", "csv", "--file", &sql])
+        .ok()
+        .stdout
+}
+
 fn check(env: &str, iterations: u32) {
     let f = Fixture::new();
     let pipeline = format!("{ROOT}/pipelines/ablation/{env}.toml");
-    // The same command as benches/ablation.sh's `abl-rmadapt-s0`, one iteration.
-    f.run_pipeline(&pipeline, "abl-rmadapt-s0", 1, &["run.seed=0"])
-        .ok();
-    let sql = format!("{ROOT}/pipelines/sql/ablation_fingerprint.sql");
-    let got = f
-        .rla(&["sql", "--format", "csv", "--file", &sql])
-        .ok()
-        .stdout;
+    let got = first_iteration_fingerprint(&f, &pipeline, &[]);
     // The tables were measured on `avx512` CPUs (`fingerprint.csv`); another class of CPU
     // rounds differently from the first update on, and compares with its own fingerprint of the
     // same code (`fingerprint-<class>.csv`, written with RLA_PIPE_BLESS=1 on such a CPU while
@@ -90,7 +94,6 @@ fn check_smollm2_loop(env: &str) {
     crate::hf::byte_model(&rm, "LlamaForCausalLM", 52);
     let pipeline = format!("{ROOT}/pipelines/ablation/{env}-smollm2.toml");
     let sets = [
-        "run.seed=0".to_string(),
         format!("policy.init=hf:{}", policy.display()),
         format!("reward_model.init=hf:{}", rm.display()),
         "policy.inference_dtype=f32".into(),
@@ -100,15 +103,9 @@ fn check_smollm2_loop(env: &str) {
         "reward_model.context=4096".into(),
     ];
     let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
-    f.run_pipeline(&pipeline, "abl-rmadapt-s0", 1, &sets).ok();
-    let sql = format!("{ROOT}/pipelines/sql/ablation_fingerprint.sql");
-    let got = f
-        .rla(&["sql", "--format", "csv", "--file", &sql])
-        .ok()
-        .stdout;
-    let path = crate::reference_for_cpu(std::path::Path::new(&format!(
-        "{ROOT}/tests/golden/smollm2-loop-{env}.csv"
-    )));
+    let got = first_iteration_fingerprint(&f, &pipeline, &sets);
+    let avx512 = format!("{ROOT}/tests/golden/smollm2-loop-{env}.csv");
+    let path = crate::reference_for_cpu(std::path::Path::new(&avx512));
     if std::env::var_os("RLA_PIPE_BLESS").is_some() {
         std::fs::write(&path, &got).unwrap();
     }
@@ -120,7 +117,6 @@ fn check_smollm2_loop(env: &str) {
                 .find(|l| l.starts_with("demonstrations,"))
                 .map(str::to_string)
         };
-        let avx512 = format!("{ROOT}/tests/golden/smollm2-loop-{env}.csv");
         let want = std::fs::read_to_string(&avx512).unwrap();
         assert_eq!(
             demos(&got),
