@@ -560,6 +560,40 @@ pub struct UpdateConfig {
     /// written when 0, so runs made before the key existed keep their config hash.
     #[serde(skip_serializing_if = "is_zero")]
     pub target_kl: f64,
+    /// Whether a pretrained model's training attention recomputes its probabilities in the
+    /// backward pass instead of keeping `[rows, heads, queries, keys]` tensors per layer for it
+    /// (`model::hf::recompute`): less memory, one more `q kᵀ` product per layer backward, and
+    /// gradients equal up to the order of sums. `auto`: on `run.device = "cuda"` (where those
+    /// tensors are most of the update's memory), not on the CPU (whose balanced checkpointing
+    /// keeps only the scores, and where the product costs time). Not written when `auto`, so
+    /// runs made before the key existed keep their config hash.
+    #[serde(skip_serializing_if = "Switch::is_auto")]
+    pub recompute_attention: Switch,
+}
+
+/// `auto`, `on` or `off` (`update.recompute_attention`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Switch {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Switch {
+    fn is_auto(&self) -> bool {
+        *self == Switch::Auto
+    }
+
+    /// On or off, `auto` being `default`.
+    pub fn or(self, default: bool) -> bool {
+        match self {
+            Switch::Auto => default,
+            Switch::On => true,
+            Switch::Off => false,
+        }
+    }
 }
 
 /// `update.target_kl` at its default (off).
@@ -613,6 +647,7 @@ impl Default for UpdateConfig {
             threads: 1,
             checkpoint_dtype: CheckpointDtype::F32,
             target_kl: 0.0,
+            recompute_attention: Switch::Auto,
         }
     }
 }
@@ -625,6 +660,12 @@ impl UpdateConfig {
             Device::Cuda => self.cuda_micro_batch_tokens,
             _ => self.micro_batch_tokens,
         }
+    }
+
+    /// Whether training attention recomputes its probabilities on `device`
+    /// (`recompute_attention`; `auto`: on `cuda` only).
+    pub fn recomputes_attention(&self, device: Device) -> bool {
+        self.recompute_attention.or(device == Device::Cuda)
     }
 
     /// The section's own checks (keys `update.*`).

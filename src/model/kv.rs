@@ -10,11 +10,67 @@
 //! Otherwise (another backend, no room left, a shared buffer) [`append`] is `Tensor::cat`.
 //! Attention reads the view in place: burn-flex's products take strided operands.
 
+//!
+//! **On a GPU** (every backend but the CPU's, [`device_layout`]) the cache is a buffer per
+//! layer of a bucketed number of keys ([`capacity`]), zeros past the keys it holds: the model
+//! writes each step's keys into it with one `slice_assign` (in place: cubecl writes into a
+//! buffer it alone holds) and attends over the whole buffer, the keys past the filled ones
+//! hidden by the mask. Every decoding step of a call then has the same shapes, so its kernels
+//! are compiled once and its allocations are the same sizes step after step (with `cat`, every
+//! token allocated a cache one key longer, per layer, for keys and values). Set
+//! `RLA_PIPE_DEVICE_KV=cat` to grow the cache by concatenation there instead (a benchmark knob).
+
+use std::cell::Cell;
+
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Shape, Tensor, TensorData, TensorPrimitive};
 use burn_flex::{FlexTensor, Layout};
 
-use crate::model::backend::{Cpu, cast, cast_back, flex};
+use crate::model::backend::{Cpu, CpuTrain, cast, cast_back, flex};
+
+/// Keys per bucket of a device cache's buffers ([`capacity`]).
+pub const BUCKET: usize = 128;
+
+/// The keys a device cache's buffers hold room for when `keys` are needed: the next multiple
+/// of [`BUCKET`].
+pub fn capacity(keys: usize) -> usize {
+    keys.max(1).next_multiple_of(BUCKET)
+}
+
+thread_local! {
+    static FORCED: Cell<Option<bool>> = const { Cell::new(None) };
+}
+
+/// Force the device layout on (`Some(true)`), off, or back to the backend's choice (`None`)
+/// for forwards on this thread (tests: the layout on the CPU equals the CPU's own).
+#[doc(hidden)]
+pub fn force_device_layout(on: Option<bool>) {
+    FORCED.with(|f| f.set(on));
+}
+
+/// Whether caches of models on `B` take the device layout (see the module's documentation):
+/// every backend but the CPU's (inference and training), unless `RLA_PIPE_DEVICE_KV=cat`.
+pub fn device_layout<B: Backend>() -> bool {
+    if let Some(on) = FORCED.with(Cell::get) {
+        return on;
+    }
+    let id = std::any::TypeId::of::<B>();
+    if id == std::any::TypeId::of::<Cpu>() || id == std::any::TypeId::of::<CpuTrain>() {
+        return false;
+    }
+    static CAT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*CAT.get_or_init(|| std::env::var("RLA_PIPE_DEVICE_KV").is_ok_and(|v| v == "cat"))
+}
+
+/// `x [b, h, n, d]` followed by zeros up to `cap` keys (`x` itself when it has as many).
+pub fn padded<B: Backend>(x: Tensor<B, 4>, cap: usize) -> Tensor<B, 4> {
+    let [b, h, n, d] = x.dims();
+    if cap <= n {
+        return x;
+    }
+    let zeros = Tensor::zeros([b, h, cap - n, d], &x.device());
+    Tensor::cat(vec![x, zeros], 2)
+}
 
 fn tensor(x: FlexTensor) -> Tensor<Cpu, 4> {
     Tensor::from_primitive(TensorPrimitive::Float(x))

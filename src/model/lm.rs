@@ -10,17 +10,45 @@ use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::Backend;
 use burn::tensor::{Bool, Int, Tensor, TensorData};
 
-/// Keys and values of every layer for the positions seen so far: `[batch, heads, len, head_dim]`.
+/// Keys and values of every layer for the positions seen so far: `[batch, heads, len, head_dim]`
+/// (on the device layout, [`super::kv`], `len` is the buffer's room and `filled` the keys).
 #[derive(Debug, Clone)]
 pub struct KvCache<B: Backend> {
     pub layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>,
+    /// On the device layout ([`super::kv::device_layout`]): the keys the buffers hold, zeros
+    /// past them. `None`: the tensors hold exactly their keys.
+    pub filled: Option<usize>,
+    /// The keys [`Self::reserve`] asked room for, taken on the device layout when the model next
+    /// appends (a model that does not write in place ignores it).
+    pub want: usize,
 }
 
 impl<B: Backend> KvCache<B> {
+    /// A cache of these layers' keys and values (no room reserved).
+    pub fn new(layers: Vec<(Tensor<B, 4>, Tensor<B, 4>)>) -> KvCache<B> {
+        KvCache {
+            layers,
+            filled: None,
+            want: 0,
+        }
+    }
+
+    /// The keys the cache holds.
+    pub fn keys(&self) -> usize {
+        self.filled
+            .or_else(|| self.layers.first().map(|(k, _)| k.dims()[2]))
+            .unwrap_or(0)
+    }
+
     /// Room for `extra` more keys per layer, so that the next tokens' keys and values are
-    /// written in place instead of copying the whole cache every token ([`super::kv`]; the CPU
-    /// backend — elsewhere nothing changes). The cached values and shapes stay as they are.
+    /// written in place instead of copying the whole cache every token ([`super::kv`]). The
+    /// cached values stay as they are; on the CPU backend their shapes too, on the device
+    /// layout the model lays the buffers out when it next appends.
     pub fn reserve(&mut self, extra: usize) {
+        if super::kv::device_layout::<B>() {
+            self.want = self.want.max(self.keys() + extra);
+            return;
+        }
         for (k, v) in &mut self.layers {
             *k = super::kv::with_room(k.clone(), extra);
             *v = super::kv::with_room(v.clone(), extra);
@@ -46,6 +74,8 @@ impl<B: Backend> KvCache<B> {
                     )
                 })
                 .collect(),
+            filled: self.filled,
+            want: self.want,
         }
     }
 }
@@ -157,7 +187,7 @@ pub trait Lm<B: Backend> {
         let (toks, pos, mask, b, t) = padded_inputs(prompts);
         let lens: Vec<usize> = prompts.iter().map(|p| p.len().max(1)).collect();
         super::count::record(lens.iter().sum(), 0);
-        let mut cache = KvCache { layers: Vec::new() };
+        let mut cache = KvCache::new(Vec::new());
         let (tokens, positions, mask) = (
             int_tensor(toks, [b, t], device),
             int_tensor(pos, [b, t], device),
@@ -231,7 +261,7 @@ pub trait Lm<B: Backend> {
         let mut parts = vec![first_lp.gather(1, first_tok)];
         if lmax > 1 {
             super::count::record(conts.iter().map(|c| c.len() - 1).sum(), 0);
-            let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+            let tp = cache.keys();
             let t = lmax - 1;
             let mut toks = Vec::with_capacity(n * t);
             let mut pos = Vec::with_capacity(n * t);

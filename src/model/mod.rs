@@ -90,6 +90,9 @@ pub struct ModelSpec {
     pub inference_dtype: InferenceDtype,
     /// A pretrained model's frozen base in training (`update.base_dtype`, with adapters).
     pub train_dtype: InferenceDtype,
+    /// A pretrained model's training attention recomputes its probabilities in the backward
+    /// pass (`update.recompute_attention`, [`hf::recompute`]).
+    pub recompute_attention: bool,
 }
 
 /// `policy.action_mode = "generate"`: the policy writes a reply that names its action.
@@ -289,6 +292,7 @@ impl ModelSpec {
                     reward_model.inference_dtype
                 },
                 train_dtype: InferenceDtype::F32,
+                recompute_attention: false,
             });
         }
         let tokenizer = Tokenizer::for_config(path, words)?;
@@ -313,6 +317,7 @@ impl ModelSpec {
             checkpoint_dtype: CheckpointDtype::F32,
             inference_dtype: InferenceDtype::F32,
             train_dtype: InferenceDtype::F32,
+            recompute_attention: false,
         })
     }
 
@@ -355,7 +360,13 @@ impl ModelSpec {
         weights: &Weights,
         device: &B::Device,
     ) -> Result<AnyLm<B>> {
-        let model = weights.to_trainable::<B>(device)?;
+        let model = match weights.to_trainable::<B>(device)? {
+            AnyLm::Hf(mut m) => {
+                m.recompute_attention = self.recompute_attention;
+                AnyLm::Hf(m)
+            }
+            other => other,
+        };
         if self.train_dtype == InferenceDtype::F32 {
             return Ok(model);
         }

@@ -324,7 +324,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
         .flat_map(|p| std::iter::repeat_n(p, m))
         .collect();
     let n = rows.len();
-    let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let tp = cache.keys();
     let mut cache = cache.select_rows(&rows, device);
     // Room for the tokens to come, written in place ([`super::kv`]).
     cache.reserve(max_tokens);
@@ -381,7 +381,7 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
     device: &B::Device,
 ) -> Vec<Vec<Judgement>> {
     let p = lens.len();
-    let tp = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let tp = cache.keys();
     let v = model.vocab();
     let ctx = model.context();
     let mut draws = Draws::new(verdicts, v, seeds, m, temperature);

@@ -519,7 +519,7 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
     let fed: usize = row_len.iter().sum();
     record(fed, alone.saturating_sub(fed));
     // The reused keys/values, right-padded to `lc`.
-    let mut cache = KvCache { layers: Vec::new() };
+    let mut cache = KvCache::new(Vec::new());
     if lc > 0 {
         let shape = past
             .iter()
@@ -651,7 +651,7 @@ fn forward_reusing<B: Backend, M: Lm<B>>(
 pub fn batch_cache<B: Backend>(own: &[&SeqCache<B>], device: &B::Device) -> KvCache<B> {
     let tmax = own.iter().map(|o| o.tokens.len()).max().unwrap_or(1);
     let n_layers = own.first().map_or(0, |o| o.layers.len());
-    let mut batch = KvCache { layers: Vec::new() };
+    let mut batch = KvCache::new(Vec::new());
     for l in 0..n_layers {
         let pad = |t: &Tensor<B, 4>| {
             let [_, kv, len, hd] = t.dims();

@@ -46,6 +46,7 @@ pub fn model_spec(cfg: &Config, role: &str) -> Result<ModelSpec> {
     let words = crate::env::from_config(&cfg.env)?.vocabulary();
     let mut spec = ModelSpec::for_role(role, &cfg.policy, &cfg.reward_model, &words)?;
     spec.checkpoint_dtype = cfg.update.checkpoint_dtype;
+    spec.recompute_attention = cfg.update.recomputes_attention(cfg.run.device);
     if spec.lora.is_some() {
         spec.train_dtype = cfg.update.base_dtype;
     }

@@ -432,7 +432,7 @@ fn kv_cache_generation_equals_full_recomputation() {
         let arch_cfg = HfArch::from_dir(&dir).unwrap();
         assert_eq!(arch_cfg.vocab, VOCAB);
         let full = logits(&model, &[vec![3, 4, 5, 6]]);
-        let mut cache = hf::KvCache { layers: Vec::new() };
+        let mut cache = hf::KvCache::new(Vec::new());
         let d = Default::default();
         let ints = |v: Vec<i64>| {
             let n = v.len();
@@ -463,6 +463,137 @@ fn kv_cache_generation_equals_full_recomputation() {
             worst < 1e-5,
             "{arch}: cached vs full logits differ by {worst}"
         );
+    }
+}
+
+/// The GPU's key/value cache layout (`model::kv`: buffers of a bucketed number of keys written
+/// in place, the keys past the filled ones masked, and on decoding finished rows kept in the
+/// batch), forced on the CPU, against the CPU's own layout: the same tokens, and
+/// log-probabilities and logits within 1e-5 relative (the masked keys add exact zeros to the
+/// attention's sums, which burn's products may block differently). Covered: sampled and greedy
+/// replies with rows that stop at different steps, a reward model's m samples with a copied and
+/// with a shared prompt cache, and decoding steps that outgrow a bucket.
+#[test]
+fn device_cache_layout_follows_the_cpu_layout() {
+    use rla_pipe::model::kv::{BUCKET, force_device_layout};
+    use rla_pipe::model::lm::Lm;
+    use rla_pipe::model::reward::{self, Verdicts};
+    use rla_pipe::model::tokenizer::Tokenizer;
+    let f = Fixture::new();
+    let d = Default::default();
+    let close = |a: f64, b: f64, what: &str| {
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs().max(1.0),
+            "{what}: {a} vs {b}"
+        );
+    };
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![1, 5, 9, 33, 12, 40],
+        vec![7, 8],
+        vec![9, 10, 11, 12, 13, 14, 15, 16, 17],
+        vec![3, 30, 31],
+    ];
+    let seeds = [21u64, 22, 23, 24];
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let model = load(&dir);
+        let both = |run: &dyn Fn() -> Vec<(Vec<u32>, f64)>, what: &str| {
+            force_device_layout(Some(false));
+            let cpu = run();
+            force_device_layout(Some(true));
+            let device = run();
+            force_device_layout(None);
+            for (i, (a, b)) in cpu.iter().zip(&device).enumerate() {
+                assert_eq!(a.0, b.0, "{arch} {what}: prompt {i}'s tokens");
+                close(
+                    a.1,
+                    b.1,
+                    &format!("{arch} {what}: prompt {i}'s log-probability"),
+                );
+            }
+            cpu
+        };
+        for temperature in [0.0, 1.3] {
+            let s = Sampling {
+                temperature,
+                top_p: 0.95,
+                max_tokens: 10,
+                seed: 0,
+            };
+            let sample = |eos: &[u32]| hf::generate::sample(&model, &prompts, &seeds, eos, &s, &d);
+            // An end token that stops some rows early, others not at all: the CPU drops them
+            // from the batch, the device layout keeps them.
+            let free = both(&|| sample(&[]).unwrap(), "no end token");
+            let eos = [free[0].0[2], free[2].0[5]];
+            let stopped = both(&|| sample(&eos).unwrap(), "end tokens");
+            let lens: std::collections::BTreeSet<usize> =
+                stopped.iter().map(|(ids, _)| ids.len()).collect();
+            assert!(
+                lens.len() > 1,
+                "{arch}: rows stop at different steps: {lens:?}"
+            );
+        }
+        // A reward model's samples: each with a copy of its prompt's cache, and m samples on
+        // one shared prompt cache.
+        let tok = Tokenizer::words(&[]);
+        let (m, max_tokens, t) = (3, 6, 1.3);
+        let judged = |shared: bool| {
+            let v = Verdicts::Words(&tok);
+            let j = if shared {
+                let (last, cache, lens) = model.encode(&prompts, &d);
+                reward::generate_shared(&model, v, last, cache, &lens, &seeds, m, max_tokens, t, &d)
+            } else {
+                reward::generate(&model, v, &prompts, &seeds, m, max_tokens, t, &d)
+            };
+            j.into_iter()
+                .flatten()
+                .map(|j| (j.tokens, j.logprob))
+                .collect::<Vec<_>>()
+        };
+        both(&|| judged(false), "reward samples, copied prompt cache");
+        both(&|| judged(true), "reward samples, shared prompt cache");
+        // Steps past the bucket the reservation made: the buffers grow by a bucket.
+        let decode = || {
+            let prompt: Vec<u32> = (0..BUCKET as u32 - 3).map(|i| 3 + i % 60).collect();
+            let n = prompt.len();
+            let mut cache = hf::KvCache::new(Vec::new());
+            let ints = |v: Vec<i64>| {
+                let k = v.len();
+                int_tensor::<Cpu, 2>(v, [1, k], &d)
+            };
+            let _ = model.forward(
+                ints(prompt.iter().map(|&x| x as i64).collect()),
+                ints((0..n as i64).collect()),
+                bool_tensor(causal(n, 0), [1, n, n], &d),
+                Some(&mut cache),
+            );
+            cache.reserve(1);
+            let mut out = Vec::new();
+            for step in 0..6 {
+                let keys = n + step + 1;
+                let l: Vec<f32> = model
+                    .forward(
+                        ints(vec![5 + step as i64]),
+                        ints(vec![(n + step) as i64]),
+                        bool_tensor(vec![false; keys], [1, 1, keys], &d),
+                        Some(&mut cache),
+                    )
+                    .into_data()
+                    .to_vec()
+                    .unwrap();
+                assert_eq!(cache.keys(), keys, "{arch}: the cache holds every key");
+                out.push((vec![], l.iter().map(|&x| x as f64).sum::<f64>()));
+                out.extend(l.iter().map(|&x| (vec![], x as f64)));
+            }
+            let room = cache.layers[0].0.dims()[2];
+            (out, room)
+        };
+        force_device_layout(Some(true));
+        let (_, room) = decode();
+        force_device_layout(None);
+        assert_eq!(room, 2 * BUCKET, "{arch}: grown by a bucket");
+        both(&|| decode().0, "decoding past the bucket");
     }
 }
 

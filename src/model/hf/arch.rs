@@ -82,6 +82,10 @@ pub struct CausalLm<B: Backend> {
     /// ([`CausalLm::freeze_bf16`]): `update.base_dtype = "bf16"`.
     #[module(skip)]
     pub frozen: Option<std::sync::Arc<FrozenWeights>>,
+    /// Training attention that recomputes its probabilities in the backward pass instead of
+    /// keeping them ([`super::recompute`]): `update.recompute_attention`.
+    #[module(skip)]
+    pub recompute_attention: bool,
 }
 
 /// The most bytes of attention scores one call of CPU inference with burn's attention (a
@@ -332,6 +336,7 @@ impl<B: Backend> CausalLm<B> {
             lora: None,
             packed: None,
             frozen: None,
+            recompute_attention: false,
         }
     }
 
@@ -497,6 +502,41 @@ impl<B: Backend> CausalLm<B> {
         let g = h / kv;
         let [b, t] = tokens.dims();
         let tokens_device = tokens.device();
+        // The device layout ([`crate::model::kv`]): the cache's keys `n` in buffers of `cap`
+        // keys (laid out here on the first append after a `reserve`, grown by a bucket when
+        // full); this call's keys are written at `n`, and the mask hides the keys past `n + t`.
+        let mut mask = mask;
+        let mut slot = None;
+        if let Some(c) = cache.as_mut().filter(|c| {
+            !c.layers.is_empty()
+                && (c.filled.is_some() || c.want > 0)
+                && crate::model::kv::device_layout::<B>()
+        }) {
+            let n = c.keys();
+            let room = c.layers[0].0.dims()[2];
+            let need = (n + t).max(c.want);
+            if c.filled.is_none() || need > room {
+                let cap = crate::model::kv::capacity(need);
+                for (k, v) in &mut c.layers {
+                    *k = crate::model::kv::padded(k.clone(), cap);
+                    *v = crate::model::kv::padded(v.clone(), cap);
+                }
+            }
+            let cap = c.layers[0].0.dims()[2];
+            let keys = mask.dims()[2];
+            assert_eq!(
+                keys,
+                n + t,
+                "the mask covers the cached keys and the new ones"
+            );
+            if cap > keys {
+                let hidden = vec![true; b * t * (cap - keys)];
+                let pad = bool_tensor::<B, 3>(hidden, [b, t, cap - keys], &tokens_device);
+                mask = Tensor::cat(vec![mask, pad], 2);
+            }
+            c.filled = Some(n);
+            slot = Some(n);
+        }
         let keys = mask.dims()[2];
         let mut x = self
             .model
@@ -612,8 +652,16 @@ impl<B: Backend> CausalLm<B> {
             let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
             if let Some(layers) = &mut old {
                 let (ck, cv) = layers.next().expect("a cached layer per layer");
-                k = crate::model::kv::append(ck, k);
-                v = crate::model::kv::append(cv, v);
+                match slot {
+                    Some(n) => {
+                        k = ck.slice_assign([0..b, 0..kv, n..n + t, 0..hd], k);
+                        v = cv.slice_assign([0..b, 0..kv, n..n + t, 0..hd], v);
+                    }
+                    None => {
+                        k = crate::model::kv::append(ck, k);
+                        v = crate::model::kv::append(cv, v);
+                    }
+                }
             }
             fresh.push((k.clone(), v.clone()));
             // Query head j·g + i reads key/value head j: fold the g heads into the rows.
@@ -622,24 +670,27 @@ impl<B: Backend> CausalLm<B> {
             // move back.
             let attend =
                 |q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, r0: usize, r1: usize| {
-                    let scores = q.matmul(k.swap_dims(2, 3));
-                    let weights = match (&bias, &hidden_keys) {
-                        (Some(bias), _) if r1 - r0 == b => {
-                            softmax(scores.mul_scalar(scale) + bias.clone(), 3)
+                    let rows = |bias: &Tensor<B, 4>| match r1 - r0 == b {
+                        true => bias.clone(),
+                        false => bias.clone().narrow(0, r0, r1 - r0),
+                    };
+                    match (&bias, &hidden_keys) {
+                        (Some(bias), _) if self.recompute_attention => {
+                            super::recompute::attention(q, k, v, rows(bias), scale)
                         }
-                        (Some(bias), _) => softmax(
-                            scores.mul_scalar(scale) + bias.clone().narrow(0, r0, r1 - r0),
-                            3,
-                        ),
+                        (Some(bias), _) => {
+                            let scores = q.matmul(k.swap_dims(2, 3));
+                            softmax(scores.mul_scalar(scale) + rows(bias), 3).matmul(v)
+                        }
                         (None, Some(hidden)) => super::softmax::masked_softmax(
-                            scores,
+                            q.matmul(k.swap_dims(2, 3)),
                             &hidden.as_bytes()[r0 * t * keys..r1 * t * keys],
                             t,
                             scale as f32,
-                        ),
+                        )
+                        .matmul(v),
                         (None, None) => unreachable!("a bias or a mask"),
-                    };
-                    weights.matmul(v)
+                    }
                 };
             let attended = match (&hidden_keys, chunk) {
                 (Some(hidden), _) if fused => {
@@ -680,6 +731,9 @@ impl<B: Backend> CausalLm<B> {
         }
         if let Some(c) = cache {
             c.layers = fresh;
+            if let Some(n) = slot {
+                c.filled = Some(n + t);
+            }
         }
         self.model.norm.forward(x)
     }

@@ -138,38 +138,38 @@ fn draw(sorted: impl Iterator<Item = (usize, f64)> + Clone, top_p: f64, rng: &mu
     last as u32
 }
 
-/// Each live row's next token and its log-probability, rows on parallel threads (each row
-/// draws from its own generator, so the tokens do not depend on how rows are split).
-fn pick_rows(last: &[Vec<f32>], live: &[usize], s: &Sampling, rngs: &mut [Rng]) -> Vec<(u32, f64)> {
+/// Each live row's next token and its log-probability: `rows` holds each row's logits and its
+/// generator's index in `rngs`. Rows on parallel threads (each row draws from its own
+/// generator, so the tokens do not depend on how rows are split).
+fn pick_rows(rows: &[(&[f32], usize)], s: &Sampling, rngs: &mut [Rng]) -> Vec<(u32, f64)> {
     let one = |logits: &[f32], rng: &mut Rng| {
         let tok = pick(logits, s, rng);
         (tok, log_prob(logits, tok, s.temperature))
     };
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if live.len() < 2 || threads < 2 {
-        return live
+    if rows.len() < 2 || threads < 2 {
+        return rows
             .iter()
-            .enumerate()
-            .map(|(slot, &r)| one(&last[slot], &mut rngs[r]))
+            .map(|&(logits, r)| one(logits, &mut rngs[r]))
             .collect();
     }
-    let mut mine: Vec<Rng> = live.iter().map(|&r| rngs[r].clone()).collect();
-    let per = live.len().div_ceil(threads);
-    let mut out = vec![(0u32, 0.0f64); live.len()];
+    let mut mine: Vec<Rng> = rows.iter().map(|&(_, r)| rngs[r].clone()).collect();
+    let per = rows.len().div_ceil(threads);
+    let mut out = vec![(0u32, 0.0f64); rows.len()];
     std::thread::scope(|scope| {
-        for ((rows, rngs), outs) in last
+        for ((rows, rngs), outs) in rows
             .chunks(per)
             .zip(mine.chunks_mut(per))
             .zip(out.chunks_mut(per))
         {
             scope.spawn(move || {
-                for ((logits, rng), o) in rows.iter().zip(rngs).zip(outs) {
+                for (((logits, _), rng), o) in rows.iter().zip(rngs).zip(outs) {
                     *o = one(logits, rng);
                 }
             });
         }
     });
-    for (&r, rng) in live.iter().zip(mine) {
+    for (&(_, r), rng) in rows.iter().zip(mine) {
         rngs[r] = rng;
     }
     out
@@ -251,7 +251,7 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
             (last, cache)
         }
     };
-    let t0 = cache.layers.first().map_or(0, |(k, _)| k.dims()[2]);
+    let t0 = cache.keys();
     // Room for every token this call may append: each is then written in place, not the
     // whole cache copied per token ([`crate::model::kv`]).
     cache.reserve(s.max_tokens);
@@ -260,44 +260,57 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
         .to_vec()
         .map_err(|e| Error::Model(format!("reading logits: {e:?}")))?;
     let mut last: Vec<Vec<f32>> = logits.chunks(vocab).map(|c| c.to_vec()).collect();
-    // The prompts still generating, in batch-row order.
-    let mut live: Vec<usize> = (0..prompts.len()).collect();
+    // Cache row i continues prompt `rows[i]`; `live` are the cache rows still generating. On
+    // the CPU the finished rows leave the cache; on the device layout ([`crate::model::kv`])
+    // they stay (their outputs unread), so that every step has the same shapes.
+    let compact = !crate::model::kv::device_layout::<B>();
+    let mut rows: Vec<usize> = (0..prompts.len()).collect();
+    let mut live: Vec<usize> = rows.clone();
+    let mut next: Vec<u32> = vec![0; rows.len()];
     for step in 0..s.max_tokens {
-        let mut next = Vec::with_capacity(live.len());
         let mut keep = Vec::with_capacity(live.len());
-        let picked = pick_rows(&last, &live, s, &mut rngs);
-        for (slot, (&r, (tok, lp))) in live.iter().zip(picked).enumerate() {
+        let picking: Vec<(&[f32], usize)> = live
+            .iter()
+            .map(|&slot| (last[slot].as_slice(), rows[slot]))
+            .collect();
+        let picked = pick_rows(&picking, s, &mut rngs);
+        for (&slot, (tok, lp)) in live.iter().zip(picked) {
+            let r = rows[slot];
             out[r].0.push(tok);
             out[r].1 += lp;
+            next[slot] = tok;
             if !eos.contains(&tok) && step + 1 < s.max_tokens {
                 keep.push(slot);
-                next.push(tok);
             }
         }
         if keep.is_empty() {
             break;
         }
-        if keep.len() != live.len() {
+        if keep.len() != live.len() && compact {
             cache = cache.select_rows(&keep, device);
             cache.reserve(s.max_tokens - step);
-            live = keep.iter().map(|&slot| live[slot]).collect();
+            rows = keep.iter().map(|&slot| rows[slot]).collect();
+            next = keep.iter().map(|&slot| next[slot]).collect();
+            live = (0..rows.len()).collect();
+        } else {
+            live = keep;
         }
         // Row r's new token sits at position len_r + step and sees its prompt (keys < len_r)
         // and its generated tokens (keys t0 ..= t0 + step).
         let keys = t0 + step + 1;
-        let positions: Vec<i64> = live
+        let positions: Vec<i64> = rows
             .iter()
             .map(|&r| (prompts[r].len() + step) as i64)
             .collect();
-        let mut mask = Vec::with_capacity(live.len() * keys);
-        for &r in &live {
+        let mut mask = Vec::with_capacity(rows.len() * keys);
+        for &r in &rows {
             for k in 0..keys {
                 mask.push(!(k < prompts[r].len() || k >= t0));
             }
         }
         let tokens: Vec<i64> = next.iter().map(|&t| t as i64).collect();
-        let n = live.len();
-        crate::model::count::record(n, 0);
+        let n = rows.len();
+        crate::model::count::record(live.len(), 0);
         let logits = model.forward(
             int_tensor(tokens, [n, 1], device),
             int_tensor(positions, [n, 1], device),
@@ -379,7 +392,12 @@ mod tests {
         };
         let fresh = || (0..9).map(|r| Rng::new(100 + r)).collect::<Vec<_>>();
         let mut threaded = fresh();
-        let got = pick_rows(&last, &live, &s, &mut threaded);
+        let rows: Vec<(&[f32], usize)> = live
+            .iter()
+            .enumerate()
+            .map(|(slot, &r)| (last[slot].as_slice(), r))
+            .collect();
+        let got = pick_rows(&rows, &s, &mut threaded);
         let mut one = fresh();
         for (slot, &r) in live.iter().enumerate() {
             let tok = pick(&last[slot], &s, &mut one[r]);

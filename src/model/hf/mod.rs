@@ -20,6 +20,7 @@ pub mod generate;
 pub mod heads;
 pub mod lora;
 pub mod prompt;
+pub mod recompute;
 pub mod silu;
 pub mod softmax;
 pub mod tokenizer;
