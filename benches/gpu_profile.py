@@ -61,6 +61,15 @@ KERNEL = re.compile(r"^\|\s*([0-9.]+)(ns|µs|us|ms|s)\s*\|\s*(.+?)\s*$")
 UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
+# The variants a lease measures when none are named: a smaller GPU's backward passes, and each
+# GPU change since the last lease against its predecessor — the key/value cache grown by
+# concatenation (before bucketed buffers written in place, src/model/kv.rs) and training
+# attention that keeps its probabilities (before recomputing them, src/model/hf/recompute.rs).
+DEFAULT_VARIANTS = ["mb512=update.cuda_micro_batch_tokens=512", "kvcat=env:RLA_PIPE_DEVICE_KV=cat",
+                    "keepattn=update.recompute_attention=off"]
+DEFAULT_GENERATE = ["kvcat=RLA_PIPE_DEVICE_KV=cat"]
+
+
 # `--budget` seconds for the whole script: each step's limit is cut to what is left (less a
 # reserve for the summary), so that the summary is always printed.
 DEADLINE = [float("inf")]
@@ -249,14 +258,15 @@ def main():
     ap.add_argument("--skip", default="", help="comma-separated steps to skip (cold,pytorch,kernels,variants,generate,cpu)")
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=KEY=VALUE[,KEY=VALUE...]: one more cuda iteration with these sets, timed "
-                         "beside the first (default: mb512=update.cuda_micro_batch_tokens=512, the backward passes "
-                         "of a smaller GPU)")
+                         "beside the first (default: DEFAULT_VARIANTS: a smaller GPU's backward passes, the old "
+                         "key/value cache, attention that keeps its probabilities)")
     ap.add_argument("--device", default="cuda", help="the device of every run but `cpu` (cpu: to check this "
                     "script on a machine without a GPU)")
     ap.add_argument("--real-weights", action="store_true",
                     help="use MODEL's own weights instead of random ones (needs its model.safetensors)")
     ap.add_argument("--generate-variant", action="append", default=[],
-                    help="NAME=VAR=VALUE[,VAR=VALUE...]: the generation comparison again with this environment")
+                    help="NAME=VAR=VALUE[,VAR=VALUE...]: the generation comparison again with this environment "
+                         "(default: DEFAULT_GENERATE, the key/value cache grown by concatenation)")
     ap.add_argument("--generate-runs", type=int, default=1,
                     help="run the generation comparison this many times; the last is reported")
     ap.add_argument("--profile-variant", default=None,
@@ -282,9 +292,9 @@ def main():
     model = os.path.abspath(a.model) if a.real_weights else random_model(a.model)
     if not a.real_weights:
         log(f"random SmolLM2-shaped weights: {time.perf_counter() - t:.1f} s")
-    variants = [v.split("=", 1) for v in (a.variant or ["mb512=update.cuda_micro_batch_tokens=512"])]
+    variants = [v.split("=", 1) for v in (a.variant or DEFAULT_VARIANTS)]
     gen_variants = [("", {})] + [(n, dict(kv.split("=", 1) for kv in rest.split(",")))
-                                 for n, rest in (v.split("=", 1) for v in a.generate_variant)]
+                                 for n, rest in (v.split("=", 1) for v in (a.generate_variant or DEFAULT_GENERATE))]
     dump = tempfile.mkdtemp(prefix="gpu-dump-")
     bench = {"RLA_PIPE_BENCH_ADVANTAGE": "0"}
 

@@ -44,6 +44,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
             }
         }
     }
+    cuda_cache_layout_and_recomputed_attention(&f);
     let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
     sets.push("run.device=cuda");
     f.run_pipeline(GRIDNAV, "gpu", 1, &sets).ok();
@@ -55,6 +56,97 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
         stages.parse::<u32>().unwrap() >= 8,
         "{stages} stages committed"
     );
+}
+
+/// On CUDA, against the same device's other path: greedy replies with the key/value cache in
+/// bucketed buffers written in place (`model::kv`, the default there) give the tokens of the
+/// cache grown by concatenation (`RLA_PIPE_DEVICE_KV=cat`'s path), log-probabilities within
+/// 5e-3; training attention that recomputes its probabilities (`update.recompute_attention`)
+/// gives the plain graph's log-probabilities within 5e-3 and every gradient within 1e-3 of the
+/// largest (TF32 products, sums in another order).
+fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
+    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::tensor::Tensor;
+    use rla_pipe::model::GpuTrain;
+    use rla_pipe::model::hf::{self, Sampling};
+    use rla_pipe::model::kv::force_device_layout;
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![1, 5, 9, 33, 12],
+        vec![7, 8],
+        vec![9, 10, 11, 12, 13, 14, 15],
+    ];
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        max_tokens: 10,
+        seed: 0,
+    };
+    struct Grads<'a> {
+        grads: &'a <GpuTrain as burn::tensor::backend::AutodiffBackend>::Gradients,
+        out: Vec<f32>,
+    }
+    impl ModuleVisitor<GpuTrain> for Grads<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<GpuTrain, D>>) {
+            if let Some(g) = param.grad(self.grads) {
+                self.out.extend(g.into_data().to_vec::<f32>().unwrap());
+            }
+        }
+    }
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let gpu = load_on::<Gpu>(&dir);
+        let d = Default::default();
+        let seeds = [1u64, 2, 3];
+        force_device_layout(Some(false));
+        let cat = hf::generate::sample(&gpu, &prompts, &seeds, &[], &greedy, &d).unwrap();
+        force_device_layout(None);
+        let room = hf::generate::sample(&gpu, &prompts, &seeds, &[], &greedy, &d).unwrap();
+        for ((a, x), (b, y)) in cat.iter().zip(&room) {
+            assert_eq!(
+                a, b,
+                "{arch}: greedy tokens, concatenated vs bucketed cache"
+            );
+            assert!(
+                (x - y).abs() <= 5e-3,
+                "{arch}: reply log-probability {x} vs {y}"
+            );
+        }
+        let run = |recompute: bool| {
+            let mut model = load_on::<GpuTrain>(&dir);
+            model.recompute_attention = recompute;
+            let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
+            let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
+            let n = keep.len();
+            let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
+            let loss = (lp.clone().reshape([n]) * mask).sum();
+            let grads = loss.backward();
+            let mut g = Grads {
+                grads: &grads,
+                out: vec![],
+            };
+            model.visit(&mut g);
+            (policy::to_host(lp), g.out)
+        };
+        let (plain, plain_grads) = run(false);
+        let (ours, our_grads) = run(true);
+        for (a, b) in plain.iter().flatten().zip(ours.iter().flatten()) {
+            assert!(
+                (a - b).abs() <= 5e-3,
+                "{arch}: log-probability {a} vs {b} recomputed"
+            );
+        }
+        let top = plain_grads.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = plain_grads
+            .iter()
+            .zip(&our_grads)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            top > 0.0 && worst <= 1e-3 * top,
+            "{arch}: gradients differ by {worst} (largest {top})"
+        );
+    }
 }
 
 /// Runs wherever the tests are built with `--features cuda`: on a machine without a usable
