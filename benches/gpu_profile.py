@@ -23,7 +23,9 @@ from a seed, the same shapes a learning run's update has.
 3. `pytorch` (run after 4 and 5): benches/smollm2_update.py on that dump with PyTorch on the
    same GPU — the same samples, prefix-tree rows, PPO loss, clipping and AdamW; full f32.
 4. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
-   `nocache=env:RLA_PIPE_KERNEL_CACHE=off`): the iteration with other settings, timed beside 2,
+   `nocache=env:RLA_PIPE_KERNEL_CACHE=off`; by default DEFAULT_VARIANTS below: 512-token
+   backward passes, and each GPU change not yet measured against its predecessor): the
+   iteration with other settings, timed beside 2,
    each with its update's optimizer-step seconds from its own dump; `--pytorch-variant NAME`
    runs step 3 on that variant's dump too.
 5. `kernels`: the same iteration (or `--profile-variant NAME`'s, after the variants, so that
@@ -35,7 +37,8 @@ from a seed, the same shapes a learning run's update has.
    it): an upper bound on the device's time.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
-   `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment.
+   `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment (by default
+   DEFAULT_GENERATE: the key/value cache grown by concatenation).
 7. `cpu`: the iteration on the machine's CPU cores, for the GPU/CPU ratio.
 
 Every run also counts its model calls per stage (`model call` lines at debug level,
