@@ -563,7 +563,8 @@ pub struct UpdateConfig {
     /// Whether a pretrained model's training attention recomputes its probabilities in the
     /// backward pass instead of keeping `[rows, heads, queries, keys]` tensors per layer for it
     /// (`model::hf::recompute`): less memory, one more `q kᵀ` product per layer backward, and
-    /// gradients equal up to the order of sums. `auto`: on `run.device = "cuda"` (where those
+    /// gradients equal up to the order of sums (f32 attention; with `base_dtype = "bf16"` the
+    /// CPU's fused masked softmax keeps its own). `auto`: on `run.device = "cuda"` (where those
     /// tensors are most of the update's memory), not on the CPU (whose balanced checkpointing
     /// keeps only the scores, and where the product costs time). Not written when `auto`, so
     /// runs made before the key existed keep their config hash.
