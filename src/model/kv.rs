@@ -1,4 +1,4 @@
-//! The key/value cache grown in place while generating (the CPU backend).
+//! The key/value cache grown in place while generating: on the CPU backend and on a GPU.
 //!
 //! Each generated token appends one key and one value per layer to the cache. With
 //! `Tensor::cat` that copies the whole cache every token: for 16 rows of a 609-token prompt on
@@ -7,9 +7,8 @@
 //! buffer with room for `extra` more, as a view of its first `n` keys (the same values, shape
 //! and meaning: every reader sees `[b, h, n, d]`); [`append`] then writes the new keys after
 //! them and widens the view — no copy, when the buffer has room and the view is its only owner.
-//! Otherwise (another backend, no room left, a shared buffer) [`append`] is `Tensor::cat`.
+//! Otherwise (no room left, a shared buffer; other backends: below) [`append`] is `Tensor::cat`.
 //! Attention reads the view in place: burn-flex's products take strided operands.
-
 //!
 //! **On a GPU** (every backend but the CPU's, [`device_layout`]) the cache is a buffer per
 //! layer of a bucketed number of keys ([`capacity`]), zeros past the keys it holds: the model
