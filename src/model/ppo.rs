@@ -45,6 +45,10 @@ pub struct PpoSettings {
     /// the pre-update snapshot (measured by that step's forward, before it moves anything)
     /// exceeds 1.5 × this — Stable-Baselines3's rule. 0: every planned step is taken.
     pub target_kl: f64,
+    /// The gradient norm's squared sums stay on the device and cross to the host at once
+    /// (`run.device = "cuda"`: one synchronisation per step, [`global_norm`]); otherwise each
+    /// parameter's is read in turn (the CPU's bits).
+    pub norm_on_device: bool,
 }
 
 /// How the optimizer steps cover the samples (`update.schedule`).
@@ -277,7 +281,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         if s.target_kl > 0.0 && kl_v > 1.5 * s.target_kl {
             break;
         }
-        let norm = global_norm(&model, &summed);
+        let norm = global_norm(&model, &summed, s.norm_on_device);
         if norm > s.grad_clip {
             model.visit(&mut Scale {
                 grads: &mut summed,
@@ -394,16 +398,17 @@ pub fn split_by_tokens(micro: Vec<Vec<usize>>, sizes: &[usize], budget: usize) -
 /// Elements from which burn-flex's `sum` runs in parallel (`sum_f32_contiguous`).
 const PARALLEL_SUM: usize = 4 * 1024 * 1024;
 
-/// The global norm of a model's gradients: [`SquaredNorm`] on the CPU; on a GPU every
-/// parameter's squared sum stays on the device and all of them cross to the host at once
-/// ([`DeviceNorm`]: one synchronisation per optimizer step instead of one per parameter, 272
-/// for SmolLM2-135M, and no copy of the embedding's gradient), summed there in parameter
-/// order in f64 as on the CPU.
+/// The global norm of a model's gradients: [`SquaredNorm`] on the CPU; on a GPU
+/// (`on_device`) every parameter's squared sum stays on the device and all of them cross to the
+/// host at once ([`DeviceNorm`]: one synchronisation per optimizer step instead of one per
+/// parameter, 272 for SmolLM2-135M, and no copy of the embedding's gradient), summed there in
+/// parameter order in f64 as on the CPU.
 fn global_norm<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &GradientsParams,
+    on_device: bool,
 ) -> f64 {
-    if !super::backend::is_cuda::<B>() {
+    if !on_device {
         let mut norm = SquaredNorm { grads, sq: 0.0 };
         model.visit(&mut norm);
         return norm.sq.sqrt();
@@ -515,6 +520,7 @@ mod tests {
             micro_tokens: 0,
             threads: 1,
             target_kl: 0.0,
+            norm_on_device: false,
         }
     }
 
@@ -572,7 +578,7 @@ mod tests {
         let x = Tensor::<CpuTrain, 2>::ones([3, 2048], &dev).mul_scalar(0.01);
         let loss = big.forward(x).powi_scalar(2).sum();
         let grads = GradientsParams::from_grads(loss.backward(), &big);
-        let host = global_norm(&big, &grads);
+        let host = global_norm(&big, &grads, false);
         let device = device_norm(&big, &grads);
         assert!(host > 0.0);
         assert!((host - device).abs() <= 1e-6 * host, "{host} vs {device}");
