@@ -67,9 +67,11 @@ UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # The variants a lease measures when none are named: a smaller GPU's backward passes, and each
 # GPU change since the last lease against its predecessor — the key/value cache grown by
 # concatenation (before bucketed buffers written in place, src/model/kv.rs) and training
-# attention that keeps its probabilities (before recomputing them, src/model/hf/recompute.rs).
+# attention that keeps its probabilities (before recomputing them, src/model/hf/recompute.rs) —
+# and one not yet adopted: training with balanced checkpointing (src/model/backend.rs).
 DEFAULT_VARIANTS = ["mb512=update.cuda_micro_batch_tokens=512", "kvcat=env:RLA_PIPE_DEVICE_KV=cat",
-                    "keepattn=update.recompute_attention=off"]
+                    "keepattn=update.recompute_attention=off",
+                    "balanced=env:RLA_PIPE_CUDA_CHECKPOINTING=balanced"]
 DEFAULT_GENERATE = ["kvcat=RLA_PIPE_DEVICE_KV=cat"]
 
 

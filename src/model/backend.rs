@@ -22,6 +22,22 @@ pub type Gpu = burn::backend::Cuda;
 /// The CUDA backend with autodiff (training).
 #[cfg(feature = "cuda")]
 pub type GpuTrain = burn::backend::Autodiff<Gpu>;
+/// [`GpuTrain`] with the CPU's balanced checkpointing (memory-bound operations recomputed in
+/// the backward pass instead of kept: less memory, more kernel launches), chosen at run time
+/// by `RLA_PIPE_CUDA_CHECKPOINTING=balanced` so that one binary measures both
+/// (`benches/gpu_profile.py`'s `balanced` variant).
+#[cfg(feature = "cuda")]
+pub type GpuTrainBalanced = burn::backend::Autodiff<
+    Gpu,
+    burn::backend::autodiff::checkpoint::strategy::BalancedCheckpointing,
+>;
+
+/// Whether `RLA_PIPE_CUDA_CHECKPOINTING=balanced` asks for [`GpuTrainBalanced`].
+#[cfg(feature = "cuda")]
+pub fn cuda_balanced() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("RLA_PIPE_CUDA_CHECKPOINTING").is_ok_and(|v| v == "balanced"))
+}
 
 /// `x` as a `U`, when `T` is `U`; else `x` back (how the CPU backends' fused operations find
 /// their backend's path in generic code: [`on_cpu`], [`super::kv`]).
@@ -105,7 +121,11 @@ macro_rules! on_backend {
             #[cfg(feature = "cuda")]
             $crate::model::Device::Cuda => match $crate::model::backend::cuda_ready() {
                 Ok(()) => {
-                    let r = $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*);
+                    let r = if $crate::model::backend::cuda_balanced() {
+                        $f::<$crate::model::backend::GpuTrainBalanced>(&Default::default(), $($arg),*)
+                    } else {
+                        $f::<$crate::model::GpuTrain>(&Default::default(), $($arg),*)
+                    };
                     $crate::model::backend::release_gpu_memory();
                     r
                 }

@@ -169,8 +169,12 @@ pub fn attention<B: Backend>(
     };
     #[cfg(feature = "cuda")]
     let all = {
-        use crate::model::backend::GpuTrain;
-        match cast::<_, (T<GpuTrain>, T<GpuTrain>, T<GpuTrain>, T<GpuTrain>)>(all) {
+        use crate::model::backend::{GpuTrain, GpuTrainBalanced as Balanced};
+        let all = match cast::<_, (T<GpuTrain>, T<GpuTrain>, T<GpuTrain>, T<GpuTrain>)>(all) {
+            Ok((q, k, v, b)) => return cast_back(tracked(q, k, v, b, scale)),
+            Err(all) => all,
+        };
+        match cast::<_, (T<Balanced>, T<Balanced>, T<Balanced>, T<Balanced>)>(all) {
             Ok((q, k, v, b)) => return cast_back(tracked(q, k, v, b, scale)),
             Err(all) => all,
         }
