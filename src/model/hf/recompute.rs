@@ -4,10 +4,10 @@
 //! forward), instead of the graph keeping `exp(·)` and the probabilities (burn's operations,
 //! without checkpointing: the GPU's training backend) or the scores (balanced checkpointing:
 //! the CPU's) — per layer, for the whole backward pass. That is most of a long packed row's
-//! memory in training: with 8M attention entries a call (the GPU's budget, [`crate::model::tree`])
-//! and SmolLM2's 9 heads, 288 MB per tensor per layer, 30 layers. What it keeps is the size of
-//! `q`, `k` and `v`. The price: one more `q kᵀ` product and its softmax per layer in the backward
-//! pass.
+//! memory in training: with 8M attention entries a call (the GPU's budget,
+//! [`crate::model::tree`]) and SmolLM2's 9 heads, up to 288 MB per tensor per layer, 30
+//! layers. What it keeps is the size of `q`, `k` and `v`. The price: one more `q kᵀ` product
+//! and its softmax per layer in the backward pass.
 //!
 //! The forward runs burn's operations of [`burn::tensor::activation::softmax`] in its order, so
 //! its values equal the plain graph's to the bit; the gradients use the closed form
