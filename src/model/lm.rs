@@ -55,6 +55,32 @@ impl<B: Backend> KvCache<B> {
         }
     }
 
+    /// On the device layout ([`super::kv::device_layout`]), once [`Self::reserve`] asked for
+    /// room or the buffers are laid out: room for `t` new keys (the buffers laid out, or grown
+    /// by a bucket), counted as filled; returns where they go (the keys held before them) and
+    /// the keys the buffers hold room for. `None`: the tensors hold exactly their keys, and the
+    /// new ones are appended.
+    pub fn device_slot(&mut self, t: usize) -> Option<(usize, usize)> {
+        if self.layers.is_empty()
+            || (self.filled.is_none() && self.want == 0)
+            || !super::kv::device_layout::<B>()
+        {
+            return None;
+        }
+        let n = self.keys();
+        let room = self.layers[0].0.dims()[2];
+        let need = (n + t).max(self.want);
+        if self.filled.is_none() || need > room {
+            let cap = super::kv::capacity(need);
+            for (k, v) in &mut self.layers {
+                *k = super::kv::padded(k.clone(), cap);
+                *v = super::kv::padded(v.clone(), cap);
+            }
+        }
+        self.filled = Some(n + t);
+        Some((n, self.layers[0].0.dims()[2]))
+    }
+
     /// The cache with its batch rows reordered / repeated: row r of the result is row
     /// `rows[r]` of this cache.
     pub fn select_rows(&self, rows: &[usize], device: &B::Device) -> KvCache<B> {

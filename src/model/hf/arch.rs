@@ -502,27 +502,11 @@ impl<B: Backend> CausalLm<B> {
         let g = h / kv;
         let [b, t] = tokens.dims();
         let tokens_device = tokens.device();
-        // The device layout ([`crate::model::kv`]): the cache's keys `n` in buffers of `cap`
-        // keys (laid out here on the first append after a `reserve`, grown by a bucket when
-        // full); this call's keys are written at `n`, and the mask hides the keys past `n + t`.
+        // The device layout ([`crate::model::kv`]): this call's keys are written at `slot`, the
+        // cache's keys so far, in buffers of `cap` keys; the mask hides the keys past them.
         let mut mask = mask;
-        let mut slot = None;
-        if let Some(c) = cache.as_mut().filter(|c| {
-            !c.layers.is_empty()
-                && (c.filled.is_some() || c.want > 0)
-                && crate::model::kv::device_layout::<B>()
-        }) {
-            let n = c.keys();
-            let room = c.layers[0].0.dims()[2];
-            let need = (n + t).max(c.want);
-            if c.filled.is_none() || need > room {
-                let cap = crate::model::kv::capacity(need);
-                for (k, v) in &mut c.layers {
-                    *k = crate::model::kv::padded(k.clone(), cap);
-                    *v = crate::model::kv::padded(v.clone(), cap);
-                }
-            }
-            let cap = c.layers[0].0.dims()[2];
+        let slot = cache.as_mut().and_then(|c| c.device_slot(t));
+        if let Some((n, cap)) = slot {
             let keys = mask.dims()[2];
             assert_eq!(
                 keys,
@@ -534,8 +518,6 @@ impl<B: Backend> CausalLm<B> {
                 let pad = bool_tensor::<B, 3>(hidden, [b, t, cap - keys], &tokens_device);
                 mask = Tensor::cat(vec![mask, pad], 2);
             }
-            c.filled = Some(n);
-            slot = Some(n);
         }
         let keys = mask.dims()[2];
         let mut x = self
@@ -653,7 +635,7 @@ impl<B: Backend> CausalLm<B> {
             if let Some(layers) = &mut old {
                 let (ck, cv) = layers.next().expect("a cached layer per layer");
                 match slot {
-                    Some(n) => {
+                    Some((n, _)) => {
                         k = ck.slice_assign([0..b, 0..kv, n..n + t, 0..hd], k);
                         v = cv.slice_assign([0..b, 0..kv, n..n + t, 0..hd], v);
                     }
@@ -731,9 +713,6 @@ impl<B: Backend> CausalLm<B> {
         }
         if let Some(c) = cache {
             c.layers = fresh;
-            if let Some(n) = slot {
-                c.filled = Some(n + t);
-            }
         }
         self.model.norm.forward(x)
     }
