@@ -65,7 +65,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
 /// gives the plain graph's log-probabilities within 5e-3 and every gradient within 1e-3 of the
 /// largest (TF32 products, sums in another order).
 fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
-    use burn::module::{Module, ModuleVisitor, Param};
+    use burn::module::Module;
     use burn::tensor::Tensor;
     use rla_pipe::model::GpuTrain;
     use rla_pipe::model::hf::{self, Sampling};
@@ -81,17 +81,6 @@ fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
         max_tokens: 10,
         seed: 0,
     };
-    struct Grads<'a> {
-        grads: &'a <GpuTrain as burn::tensor::backend::AutodiffBackend>::Gradients,
-        out: Vec<f32>,
-    }
-    impl ModuleVisitor<GpuTrain> for Grads<'_> {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<GpuTrain, D>>) {
-            if let Some(g) = param.grad(self.grads) {
-                self.out.extend(g.into_data().to_vec::<f32>().unwrap());
-            }
-        }
-    }
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
@@ -121,12 +110,12 @@ fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
             let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
             let loss = (lp.clone().reshape([n]) * mask).sum();
             let grads = loss.backward();
-            let mut g = Grads {
+            let mut g = crate::prefix::Grads {
                 grads: &grads,
                 out: vec![],
             };
             model.visit(&mut g);
-            (policy::to_host(lp), g.out)
+            (policy::to_host(lp), g.out.concat())
         };
         let (plain, plain_grads) = run(false);
         let (ours, our_grads) = run(true);

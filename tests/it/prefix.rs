@@ -104,14 +104,15 @@ fn host(t: &Tensor<B, 1>) -> Vec<f32> {
     t.clone().into_data().to_vec().unwrap()
 }
 
-/// Every parameter's gradient, flattened, in visiting order.
-struct Grads<'a> {
-    grads: &'a <B as AutodiffBackend>::Gradients,
-    out: Vec<Vec<f32>>,
+/// Every parameter's gradient, flattened, in visiting order (on any training backend: the GPU
+/// check uses it too).
+pub(crate) struct Grads<'a, A: AutodiffBackend> {
+    pub(crate) grads: &'a A::Gradients,
+    pub(crate) out: Vec<Vec<f32>>,
 }
 
-impl ModuleVisitor<B> for Grads<'_> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
+impl<A: AutodiffBackend> ModuleVisitor<A> for Grads<'_, A> {
+    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
         let g = param
             .grad(self.grads)
             .map(|g| g.into_data().to_vec::<f32>().unwrap())
