@@ -45,6 +45,8 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
         }
     }
     cuda_cache_layout_and_recomputed_attention(&f);
+    cuda_kernels_follow_the_reference();
+    cuda_kernels_train_as_burns_operations(&f);
     let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
     sets.push("run.device=cuda");
     f.run_pipeline(GRIDNAV, "gpu", 1, &sets).ok();
@@ -135,6 +137,172 @@ fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
             top > 0.0 && worst <= 1e-3 * top,
             "{arch}: gradients differ by {worst} (largest {top})"
         );
+    }
+}
+
+/// The GPU's kernels (`model::hf::cube`) against the same operations composed of burn's
+/// (`kernels::Reference`) on the device, forward and backward, at SmolLM2's widths and a head's:
+/// within 1e-5 of the largest entry (f32 throughout, sums in another order).
+fn cuda_kernels_follow_the_reference() {
+    use burn::tensor::{Distribution, Tensor};
+    use rla_pipe::model::hf::cube::Cube;
+    use rla_pipe::model::hf::kernels::{Kernels, Reference};
+    type G = Gpu;
+    let d = Default::default();
+    let random = |shape: Vec<usize>| -> Tensor<G, 1> {
+        let n: usize = shape.iter().product();
+        Tensor::random([n], Distribution::Uniform(-2.0, 2.0), &d)
+    };
+    let close = |a: Vec<f32>, b: Vec<f32>, what: &str| {
+        assert_eq!(a.len(), b.len(), "{what}: sizes");
+        let top = b.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = a
+            .iter()
+            .zip(&b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            top > 0.0 && worst <= 1e-5 * top,
+            "{what}: kernel and reference differ by {worst} (largest {top})"
+        );
+    };
+    let values = |x: Tensor<G, 2>| -> Vec<f32> { x.into_data().to_vec().unwrap() };
+    for (rows, width) in [(1000, 576), (333, 64)] {
+        let x = random(vec![rows, width]).reshape([rows, width]);
+        let gamma = random(vec![width]);
+        let g = random(vec![rows, width]).reshape([rows, width]);
+        let (yk, rk) = Cube::rms_norm(x.clone(), gamma.clone(), 1e-5);
+        let (yr, rr) = Reference::rms_norm(x.clone(), gamma.clone(), 1e-5);
+        close(values(yk), values(yr), "rms_norm");
+        close(
+            values(rk.clone().unsqueeze_dim(1)),
+            values(rr.unsqueeze_dim(1)),
+            "rms_norm's r",
+        );
+        let (dk, gk) = Cube::rms_norm_backward(g.clone(), x.clone(), gamma.clone(), rk.clone());
+        let (dr, gr) = Reference::rms_norm_backward(g, x, gamma, rk);
+        close(values(dk), values(dr), "rms_norm backward: x");
+        close(values(gk), values(gr), "rms_norm backward: gamma's terms");
+    }
+    let (b, t, n, hd) = (2, 5, 9, 64);
+    let x = random(vec![b, t, n, hd]).reshape([b, t, n, hd]);
+    let cos = random(vec![b, t, 1, hd]).reshape([b, t, 1, hd]);
+    let sin = random(vec![b, t, 1, hd]).reshape([b, t, 1, hd]);
+    for transpose in [false, true] {
+        let k = Cube::rope(x.clone(), cos.clone(), sin.clone(), transpose);
+        let r = Reference::rope(x.clone(), cos.clone(), sin.clone(), transpose);
+        close(
+            values(k.reshape([b * t, n * hd])),
+            values(r.reshape([b * t, n * hd])),
+            &format!("rope (transpose: {transpose})"),
+        );
+    }
+    // Attention's softmax over 130 keys (more than a plane's 32 units, not a multiple), a
+    // bias hiding about a third of them (−∞), never a whole row.
+    let dims = [2, 3, 7, 130];
+    let s4 = |x: Tensor<G, 1>| x.reshape(dims);
+    let scores = s4(random(dims.to_vec()));
+    let hide = s4(random(dims.to_vec())).lower_elem(-0.7);
+    let mut bias = Tensor::<G, 4>::zeros(dims, &d).mask_fill(hide, f32::NEG_INFINITY);
+    bias = bias.slice_assign([0..2, 0..3, 0..7, 0..1], Tensor::zeros([2, 3, 7, 1], &d));
+    let rows4 = |x: Tensor<G, 4>| values(x.reshape([42, 130]));
+    let rows1 = |x: Tensor<G, 4>| values(x.reshape([42, 1]));
+    let (pk, mk, sk) = Cube::softmax(scores.clone(), bias.clone(), 0.125);
+    let (pr, mr, sr) = Reference::softmax(scores.clone(), bias.clone(), 0.125);
+    close(rows4(pk.clone()), rows4(pr.clone()), "softmax");
+    close(rows1(mk.clone()), rows1(mr), "softmax's max");
+    close(rows1(sk.clone()), rows1(sr), "softmax's sum");
+    let again = Cube::softmax_again(scores.clone(), bias.clone(), mk.clone(), sk.clone(), 0.125);
+    let want = Reference::softmax_again(scores, bias, mk, sk, 0.125);
+    close(rows4(again), rows4(want), "softmax again");
+    let dp = s4(random(dims.to_vec()));
+    let row = s4(random(dims.to_vec())).narrow(3, 0, 1);
+    close(
+        rows4(Cube::softmax_backward(
+            pk.clone(),
+            dp.clone(),
+            row.clone(),
+            0.125,
+        )),
+        rows4(Reference::softmax_backward(pk, dp, row, 0.125)),
+        "softmax backward",
+    );
+
+    let shape = [3, 7, 1536];
+    let three = || random(shape.to_vec()).reshape(shape);
+    let (gate, up, g) = (three().mul_scalar(4.0), three(), three());
+    let flat = |x: Tensor<G, 3>| values(x.reshape([21, 1536]));
+    close(
+        flat(Cube::silu_mul(gate.clone(), up.clone())),
+        flat(Reference::silu_mul(gate.clone(), up.clone())),
+        "silu_mul",
+    );
+    let (kg, ku) = Cube::silu_mul_backward(g.clone(), gate.clone(), up.clone());
+    let (rg, ru) = Reference::silu_mul_backward(g, gate, up);
+    close(flat(kg), flat(rg), "silu_mul backward: gate");
+    close(flat(ku), flat(ru), "silu_mul backward: up");
+}
+
+/// A whole model on the GPU's training backend with its kernels (the default) and without
+/// (`RLA_PIPE_CUDA_KERNELS=off`'s path): log-probabilities within 5e-3 and every gradient
+/// within 1e-3 of the largest (TF32 products, sums in another order); and greedy replies on the
+/// inference backend with the same tokens.
+fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
+    use burn::module::Module;
+    use burn::tensor::Tensor;
+    use rla_pipe::model::GpuTrain;
+    use rla_pipe::model::hf::fused::force_kernels;
+    use rla_pipe::model::hf::{self, Sampling};
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        max_tokens: 10,
+        seed: 0,
+    };
+    let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 33, 12], vec![7, 8]];
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let run = |kernels: bool| {
+            force_kernels(Some(kernels));
+            let model = load_on::<GpuTrain>(&dir);
+            let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
+            let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
+            let n = keep.len();
+            let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
+            let grads = (lp.clone().reshape([n]) * mask).sum().backward();
+            let mut g = crate::prefix::Grads {
+                grads: &grads,
+                out: vec![],
+            };
+            model.visit(&mut g);
+            let gpu = load_on::<Gpu>(&dir);
+            let d = Default::default();
+            let replies = hf::generate::sample(&gpu, &prompts, &[1, 2], &[], &greedy, &d).unwrap();
+            force_kernels(None);
+            (policy::to_host(lp), g.out.concat(), replies)
+        };
+        let (plain, plain_grads, plain_replies) = run(false);
+        let (ours, our_grads, our_replies) = run(true);
+        for (a, b) in plain.iter().flatten().zip(ours.iter().flatten()) {
+            assert!(
+                (a - b).abs() <= 5e-3,
+                "{arch}: log-probability {a} vs {b} with the kernels"
+            );
+        }
+        let top = plain_grads.iter().fold(0f32, |m, x| m.max(x.abs()));
+        let worst = plain_grads
+            .iter()
+            .zip(&our_grads)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            top > 0.0 && worst <= 1e-3 * top,
+            "{arch}: gradients differ by {worst} (largest {top}) with the kernels"
+        );
+        for ((a, _), (b, _)) in plain_replies.iter().zip(&our_replies) {
+            assert_eq!(a, b, "{arch}: greedy tokens with and without the kernels");
+        }
     }
 }
 

@@ -283,6 +283,96 @@ fn recomputed_attention_trains_as_the_plain_graph() {
     }
 }
 
+/// The GPU's one-kernel operations (`model::hf::fused`: RMSNorm, RoPE, the MLP's activation,
+/// each an autodiff operation with its closed-form gradient), run on the CPU with burn's
+/// operations in place of the kernels (`force_reference`), through packed prefix trees on tiny
+/// Llama, Qwen2 and Qwen3 (Qwen3: the per-head q/k norms too): log-probabilities within 1e-5
+/// relative and every parameter's gradient (the norms' scales included) within 1e-5 of the
+/// largest of burn's graph; and without autodiff (the inference backend) the logits within
+/// 1e-5 of the largest and greedy replies with the same tokens (decoding steps run the
+/// attention's softmax too). The bits differ (`x · r` against burn's `x / rms`): the path ran.
+#[test]
+fn fused_operations_train_as_the_plain_graph() {
+    use rla_pipe::model::hf::fused::force_reference;
+    use rla_pipe::model::hf::{self, Sampling};
+    let f = Fixture::new();
+    let (prompts, responses) = samples();
+    let seeds: Vec<u64> = (0..prompts.len() as u64).collect();
+    let greedy = Sampling {
+        temperature: 0.0,
+        top_p: 1.0,
+        max_tokens: 6,
+        seed: 0,
+    };
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let run = |fused: bool| {
+            let model = load_on::<B>(&dir);
+            force_reference(fused);
+            let lps = packed(&model, &prompts, &responses, 0.8);
+            force_reference(false);
+            let values: Vec<f32> = lps.iter().flat_map(host).collect();
+            let grads = loss(&lps).backward();
+            let mut g = Grads {
+                grads: &grads,
+                out: vec![],
+            };
+            burn::module::Module::visit(&model, &mut g);
+            let plain = load_on::<rla_pipe::model::Cpu>(&dir);
+            let d = Default::default();
+            force_reference(fused);
+            let logits = plain.forward_full(&prompts, &d);
+            // Decoding steps: the attention's softmax too.
+            let replies = hf::generate::sample(&plain, &prompts, &seeds, &[], &greedy, &d);
+            force_reference(false);
+            let logits: Vec<f32> = logits.into_data().to_vec().unwrap();
+            (values, g.out, logits, replies.unwrap())
+        };
+        let (plain, plain_grads, plain_logits, plain_replies) = run(false);
+        let (ours, our_grads, our_logits, our_replies) = run(true);
+        for ((a, x), (b, y)) in our_replies.iter().zip(&plain_replies) {
+            assert_eq!(a, b, "{arch}: greedy tokens");
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "{arch}: reply log-probability {x} fused vs {y}"
+            );
+        }
+        for (x, y) in ours.iter().zip(&plain) {
+            assert!(
+                (x - y).abs() <= 1e-5 * y.abs().max(1.0),
+                "{arch}: log-probability {x} fused vs {y}"
+            );
+        }
+        assert_ne!(
+            ours.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            plain.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+            "{arch}: the fused operations ran (their rounding differs)"
+        );
+        let top = |v: &[f32]| v.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+        let scale = top(&plain_grads.concat());
+        assert!(scale > 1e-3, "{arch}: gradients are not trivially zero");
+        assert_eq!(our_grads.len(), plain_grads.len());
+        for (p, (a, b)) in our_grads.iter().zip(&plain_grads).enumerate() {
+            assert_eq!(a.len(), b.len(), "{arch}: parameter {p}");
+            for (x, y) in a.iter().zip(b) {
+                assert!(
+                    (x - y).abs() <= 1e-5 * scale,
+                    "{arch}: parameter {p} gradient {x} fused vs {y} (largest {scale})"
+                );
+            }
+        }
+        let scale = top(&plain_logits);
+        for (x, y) in our_logits.iter().zip(&plain_logits) {
+            assert!(
+                (x - y).abs() <= 1e-5 * scale,
+                "{arch}: logit {x} fused vs {y} (largest {scale})"
+            );
+        }
+        assert_ne!(our_logits, plain_logits, "{arch}: inference ran them too");
+    }
+}
+
 /// A reward model's m samples continuing from one shared prompt cache (a tree mask over the
 /// samples' tokens, [`reward::generate_shared`]) — also after the prompt reused the keys of
 /// an earlier prompt it extends ([`encode_reusing`]) — draw the same tokens as samples that

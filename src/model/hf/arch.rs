@@ -267,16 +267,27 @@ fn rope<B: Backend>(x: Tensor<B, 4>, cos: &Tensor<B, 4>, sin: &Tensor<B, 4>) -> 
     x * cos.clone() + rotated * sin.clone()
 }
 
-/// [`rope`] in one pass on the CPU backend (`rla_amx::rope`, from the tables `[b, t, 1, hd]`:
+/// RMSNorm over the last dimension: one kernel on the GPU ([`super::fused`]), burn's
+/// operations elsewhere.
+fn norm<B: Backend, const D: usize>(n: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B, D> {
+    super::fused::rms_norm(x, &n.gamma, n.epsilon).unwrap_or_else(|x| n.forward(x))
+}
+
+/// [`rope`] as one kernel on the GPU ([`super::fused`]), or in one pass on the CPU backend (`rla_amx::rope`, from the tables `[b, t, 1, hd]`:
 /// the same products and sum, so the same bits), instead of a concatenation and three
-/// element-wise operations; the training backend and the GPU keep [`rope`], with the tables
-/// repeated over the heads (`repeated`: computed only there).
+/// element-wise operations; the CPU's training backend (and the GPU with
+/// `RLA_PIPE_CUDA_KERNELS=off`) keeps [`rope`], with the tables repeated over the heads
+/// (`repeated`: computed only there).
 fn rotary<B: Backend>(
     x: Tensor<B, 4>,
     tables: &(Tensor<B, 4>, Tensor<B, 4>),
     repeated: impl FnOnce() -> (Tensor<B, 4>, Tensor<B, 4>),
 ) -> Tensor<B, 4> {
     use crate::model::backend::{Cpu, cast, cast_back};
+    let x = match super::fused::rope(x, &tables.0, &tables.1) {
+        Ok(y) => return y,
+        Err(x) => x,
+    };
     match cast::<Tensor<B, 4>, Tensor<Cpu, 4>>(x) {
         Ok(x) => {
             let device = x.device();
@@ -584,13 +595,13 @@ impl<B: Backend> CausalLm<B> {
         let scale_lora = self.lora.as_ref().map_or(0.0, LoraSpec::scale);
         for (l, layer) in self.model.layers.iter().enumerate() {
             let att = &layer.self_attn;
-            let normed = layer.input_layernorm.forward(x.clone());
+            let normed = norm(&layer.input_layernorm, x.clone());
             // `[b, t, n·hd]` → `[b, n, t, hd]`, normed and rotated (RoPE) while still
             // `[b, t, n, hd]`, then moved in one copy ([`super::heads`]).
-            let split = |y: Tensor<B, 3>, n: usize, norm: &Option<RmsNorm<B>>, rotate: bool| {
+            let split = |y: Tensor<B, 3>, n: usize, qk_norm: &Option<RmsNorm<B>>, rotate: bool| {
                 let y = y.reshape([b, t, n, hd]);
-                let y = match norm {
-                    Some(norm) => norm.forward(y),
+                let y = match qk_norm {
+                    Some(n) => norm(n, y),
                     None => y,
                 };
                 let y = match rotate {
@@ -662,7 +673,10 @@ impl<B: Backend> CausalLm<B> {
                         }
                         (Some(bias), _) => {
                             let scores = q.matmul(k.swap_dims(2, 3));
-                            softmax(scores.mul_scalar(scale) + rows(bias), 3).matmul(v)
+                            // One kernel on the GPU ([`super::fused`]).
+                            super::fused::softmax(scores, rows(bias), scale)
+                                .unwrap_or_else(|(s, b)| softmax(s.mul_scalar(scale) + b, 3))
+                                .matmul(v)
                         }
                         (None, Some(hidden)) => super::softmax::masked_softmax(
                             q.matmul(k.swap_dims(2, 3)),
@@ -699,7 +713,7 @@ impl<B: Backend> CausalLm<B> {
             let out =
                 super::heads::swap_middle(attended.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
             x = x + p(out, &att.o_proj, "o_proj");
-            let normed = layer.post_attention_layernorm.forward(x.clone());
+            let normed = norm(&layer.post_attention_layernorm, x.clone());
             let mlp = &layer.mlp;
             if let Some(packed) = packed {
                 x = x + mlp_packed(normed, mlp, &packed[4..7]);
@@ -714,7 +728,7 @@ impl<B: Backend> CausalLm<B> {
         if let Some(c) = cache {
             c.layers = fresh;
         }
-        self.model.norm.forward(x)
+        norm(&self.model.norm, x)
     }
 
     /// Logits `[b, t, vocab]` of whole right-padded sequences (no cache): position `i` of row

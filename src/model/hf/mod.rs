@@ -15,9 +15,13 @@ pub mod adapter;
 pub mod arch;
 pub mod attention;
 pub mod config;
+#[cfg(feature = "cuda")]
+pub mod cube;
 pub mod frozen;
+pub mod fused;
 pub mod generate;
 pub mod heads;
+pub mod kernels;
 pub mod lora;
 pub mod prompt;
 pub mod recompute;

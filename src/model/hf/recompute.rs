@@ -23,7 +23,9 @@ use burn::backend::autodiff::ops::{Backward, Ops, OpsKind};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorPrimitive};
 
+use super::kernels::{Kernels, Reference};
 use crate::model::backend::{CpuTrain, cast, cast_back};
+use std::marker::PhantomData;
 
 /// The forward's values, and what the backward needs: each query row's max and sum of exps.
 struct Forward<B: Backend> {
@@ -45,21 +47,24 @@ fn scores<B: Backend>(
         + bias.clone()
 }
 
-/// The attention on a training backend's inner backend, with the operations burn's autodiff
-/// differentiates for [`burn::tensor::activation::softmax`], in their order (the plain graph's
-/// bits; a backend's own softmax, as the CPU's, may round otherwise).
-fn forward<B: Backend>(
+/// `q kᵀ`.
+fn products<B: Backend>(q: &Tensor<B, 4>, k: &Tensor<B, 4>) -> Tensor<B, 4> {
+    q.clone().matmul(k.clone().swap_dims(2, 3))
+}
+
+/// The attention on a training backend's inner backend. With [`Reference`], the operations
+/// burn's autodiff differentiates for [`burn::tensor::activation::softmax`], in their order
+/// (the plain graph's bits; a backend's own softmax, as the CPU's, may round otherwise); on the
+/// GPU the softmax is one kernel ([`super::fused`]).
+fn forward<B: Backend, K: Kernels<B>>(
     q: &Tensor<B, 4>,
     k: &Tensor<B, 4>,
     v: &Tensor<B, 4>,
     bias: &Tensor<B, 4>,
     scale: f64,
 ) -> Forward<B> {
-    let s = scores(q, k, bias, scale);
-    let max = s.clone().detach().max_dim(3);
-    let exp = (s - max.clone()).exp();
-    let sum = exp.clone().sum_dim(3);
-    let out = (exp / sum.clone()).matmul(v.clone());
+    let (p, max, sum) = K::softmax(products(q, k), bias.clone(), scale);
+    let out = p.matmul(v.clone());
     Forward { out, max, sum }
 }
 
@@ -77,11 +82,12 @@ struct Kept<B: Backend> {
 }
 
 #[derive(Debug)]
-struct Attention {
+struct Attention<K> {
     scale: f64,
+    kernels: PhantomData<fn() -> K>,
 }
 
-impl<B: Backend> Backward<B, 3> for Attention {
+impl<B: Backend, K: Kernels<B>> Backward<B, 3> for Attention<K> {
     type State = Kept<B>;
 
     fn backward(self, ops: Ops<Self::State, 3>, grads: &mut Gradients, _: &mut Checkpointer) {
@@ -97,7 +103,7 @@ impl<B: Backend> Backward<B, 3> for Attention {
         let d_out =
             Tensor::<B, 4>::from_primitive(TensorPrimitive::Float(grads.consume::<B>(&ops.node)));
         // The forward's probabilities, recomputed with its operations (the same bits).
-        let p = (scores(&q, &k, &bias, self.scale) - max).exp() / sum;
+        let p = K::softmax_again(products(&q, &k), bias, max, sum, self.scale);
         let [to_q, to_k, to_v] = ops.parents;
         let tensor = |g: Tensor<B, 4>| g.into_primitive().tensor();
         if let Some(node) = to_v {
@@ -107,7 +113,7 @@ impl<B: Backend> Backward<B, 3> for Attention {
         // dS = P ⊙ (dP − rowsum(dP ⊙ P)), with rowsum(dP ⊙ P) = rowsum(dO ⊙ O).
         let row = (d_out.clone() * out).sum_dim(3);
         let d_p = d_out.matmul(v.swap_dims(2, 3));
-        let d_s = (p * (d_p - row)).mul_scalar(self.scale);
+        let d_s = K::softmax_backward(p, d_p, row, self.scale);
         if let Some(node) = to_q {
             grads.register::<B>(node.id, tensor(d_s.clone().matmul(k)));
         }
@@ -118,7 +124,7 @@ impl<B: Backend> Backward<B, 3> for Attention {
 }
 
 /// The attention on the training backend `Autodiff<I, C>`, as one tracked operation.
-fn tracked<I: Backend, C: CheckpointStrategy>(
+fn tracked<I: Backend, C: CheckpointStrategy, K: Kernels<I>>(
     q: Tensor<Autodiff<I, C>, 4>,
     k: Tensor<Autodiff<I, C>, 4>,
     v: Tensor<Autodiff<I, C>, 4>,
@@ -127,9 +133,13 @@ fn tracked<I: Backend, C: CheckpointStrategy>(
 ) -> Tensor<Autodiff<I, C>, 4> {
     let inner = |x: &Tensor<Autodiff<I, C>, 4>| x.clone().inner();
     let (qi, ki, vi, bi) = (inner(&q), inner(&k), inner(&v), inner(&bias));
-    let f = forward(&qi, &ki, &vi, &bi, scale);
+    let f = forward::<I, K>(&qi, &ki, &vi, &bi, scale);
     let node = |x: Tensor<Autodiff<I, C>, 4>| x.into_primitive().tensor().node;
-    let prepared = (Attention { scale })
+    let attention = Attention::<K> {
+        scale,
+        kernels: PhantomData,
+    };
+    let prepared = attention
         .prepare::<C>([node(q), node(k), node(v)])
         .compute_bound()
         .stateful();
@@ -164,18 +174,22 @@ pub fn attention<B: Backend>(
     type T<B> = Tensor<B, 4>;
     let all = (q, k, v, bias);
     let all = match cast::<_, (T<CpuTrain>, T<CpuTrain>, T<CpuTrain>, T<CpuTrain>)>(all) {
-        Ok((q, k, v, b)) => return cast_back(tracked(q, k, v, b, scale)),
+        Ok((q, k, v, b)) => return cast_back(tracked::<_, _, Reference>(q, k, v, b, scale)),
         Err(all) => all,
     };
     #[cfg(feature = "cuda")]
     let all = {
+        use super::cube::Cube;
         use crate::model::backend::{GpuTrain, GpuTrainBalanced as Balanced};
+        let on = super::fused::gpu_kernels();
         let all = match cast::<_, (T<GpuTrain>, T<GpuTrain>, T<GpuTrain>, T<GpuTrain>)>(all) {
-            Ok((q, k, v, b)) => return cast_back(tracked(q, k, v, b, scale)),
+            Ok((q, k, v, b)) if on => return cast_back(tracked::<_, _, Cube>(q, k, v, b, scale)),
+            Ok((q, k, v, b)) => return cast_back(tracked::<_, _, Reference>(q, k, v, b, scale)),
             Err(all) => all,
         };
         match cast::<_, (T<Balanced>, T<Balanced>, T<Balanced>, T<Balanced>)>(all) {
-            Ok((q, k, v, b)) => return cast_back(tracked(q, k, v, b, scale)),
+            Ok((q, k, v, b)) if on => return cast_back(tracked::<_, _, Cube>(q, k, v, b, scale)),
+            Ok((q, k, v, b)) => return cast_back(tracked::<_, _, Reference>(q, k, v, b, scale)),
             Err(all) => all,
         }
     };

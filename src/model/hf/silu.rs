@@ -3,7 +3,8 @@
 //! `expf` per value), its product and the tensors between them, forward and backward. Its
 //! backward (`rla_amx::silu_mul_backward`) is an autodiff operation of its own on the CPU
 //! training backend, and a forward without autodiff (inference, the update's snapshot pass)
-//! runs the same kernel, so both compute the same bits. Other backends (GPU) keep burn's.
+//! runs the same kernel, so both compute the same bits. The GPU runs its own kernel
+//! ([`super::fused`]); other backends keep burn's.
 
 use burn::backend::autodiff::NodeId;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
@@ -98,6 +99,11 @@ fn tracked(gate: Tensor<CpuTrain, 3>, up: Tensor<CpuTrain, 3>) -> Tensor<CpuTrai
 
 /// `silu(gate) · up`, element by element (`[b, t, hidden]` each).
 pub fn silu_mul<B: Backend>(gate: Tensor<B, 3>, up: Tensor<B, 3>) -> Tensor<B, 3> {
+    // The GPU's kernel ([`super::fused`]).
+    let (gate, up) = match super::fused::silu_mul(gate, up) {
+        Ok(y) => return y,
+        Err(both) => both,
+    };
     match (cast::<_, Tensor<CpuTrain, 3>>(gate), cast(up)) {
         (Ok(g), Ok(u)) => cast_back(tracked(g, u)),
         (Err(g), Err(u)) => match (cast::<_, Tensor<Cpu, 3>>(g), cast(u)) {
