@@ -197,6 +197,7 @@ pub(crate) fn gpu_kernels() -> bool {
 
 /// Whether models on `B` run this module's operations: on the GPU (unless turned off), or
 /// anywhere when [`force_reference`] (a cheap check before any reshaping).
+#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn applies<B: Backend>() -> bool {
     #[cfg(feature = "cuda")]
     if crate::model::backend::is_cuda::<B>() && kernels_on() {
