@@ -93,7 +93,7 @@ fn main() -> anyhow::Result<()> {
         threads: 1,
         // Behaviour cloning, as the warm start: no snapshot to stay near.
         target_kl: 0.0,
-        norm_on_device: false,
+        gpu: false,
     };
     let dev = Default::default();
     let (trained, metrics) =

@@ -14,6 +14,7 @@
 //! are bytes with a fixed layout, so equal weights give equal bytes and the engine can store
 //! them content-addressed and verify their digests.
 
+pub mod adamw;
 pub mod amx;
 pub mod any_lm;
 pub mod backend;

@@ -8,7 +8,8 @@
 //! recomputed here with the same code path as training, so the first step's ratio is exactly 1.
 
 use burn::module::{AutodiffModule, ModuleVisitor, Param};
-use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamW, GradientsParams, Optimizer};
 use burn::tensor::Tensor;
 use burn::tensor::backend::{AutodiffBackend, Backend};
 
@@ -45,10 +46,12 @@ pub struct PpoSettings {
     /// the pre-update snapshot (measured by that step's forward, before it moves anything)
     /// exceeds 1.5 × this — Stable-Baselines3's rule. 0: every planned step is taken.
     pub target_kl: f64,
-    /// The gradient norm's squared sums stay on the device and cross to the host at once
-    /// (`run.device = "cuda"`: one synchronisation per step, [`global_norm`]); otherwise each
-    /// parameter's is read in turn (the CPU's bits).
-    pub norm_on_device: bool,
+    /// The update runs on a GPU (`run.device = "cuda"`): the gradient norm's squared sums stay
+    /// on the device and cross to the host at once (one synchronisation per step,
+    /// [`global_norm`]), and AdamW's step is one kernel per parameter
+    /// ([`super::adamw::FusedAdamW`], unless `RLA_PIPE_CUDA_KERNELS=off`); otherwise each parameter's sum is read in turn and
+    /// burn's AdamW steps (the CPU's bits).
+    pub gpu: bool,
 }
 
 /// How the optimizer steps cover the samples (`update.schedule`).
@@ -222,10 +225,11 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     if steps.is_empty() {
         return (model, metrics);
     }
-    let mut optim = AdamWConfig::new()
-        .with_weight_decay(s.weight_decay as f32)
-        .with_epsilon(s.adam_eps as f32)
-        .init::<B, M>();
+    let adam = super::adamw::FusedAdamW::new(s.weight_decay, s.adam_eps);
+    let mut optim = match s.gpu && super::hf::fused::gpu_kernels() {
+        true => Adam::Fused(adam.init::<B, M>()),
+        false => Adam::Burn(adam.burn().init::<B, M>()),
+    };
     let threads = s.threads.max(1);
     for micro in steps {
         let total: usize = micro.iter().map(Vec::len).sum();
@@ -281,7 +285,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         if s.target_kl > 0.0 && kl_v > 1.5 * s.target_kl {
             break;
         }
-        let norm = global_norm(&model, &summed, s.norm_on_device);
+        let norm = global_norm(&model, &summed, s.gpu);
         if norm > s.grad_clip {
             model.visit(&mut Scale {
                 grads: &mut summed,
@@ -306,6 +310,21 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         });
     }
     (model, metrics)
+}
+
+/// The optimizer: burn's AdamW, or on the GPU the same step as one kernel per parameter.
+enum Adam<B: AutodiffBackend, M: AutodiffModule<B>> {
+    Burn(OptimizerAdaptor<AdamW, M, B>),
+    Fused(OptimizerAdaptor<super::adamw::FusedAdamW, M, B>),
+}
+
+impl<B: AutodiffBackend, M: AutodiffModule<B>> Adam<B, M> {
+    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> M {
+        match self {
+            Adam::Burn(o) => o.step(lr, model, grads),
+            Adam::Fused(o) => o.step(lr, model, grads),
+        }
+    }
 }
 
 /// One micro-batch's loss terms and its gradient (weighted by `w` when the step has several).
@@ -520,7 +539,7 @@ mod tests {
             micro_tokens: 0,
             threads: 1,
             target_kl: 0.0,
-            norm_on_device: false,
+            gpu: false,
         }
     }
 

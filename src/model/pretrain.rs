@@ -89,7 +89,7 @@ mod tests {
             minibatch: 8,
             schedule: Schedule::Fixed,
             target_kl: 0.0,
-            norm_on_device: false,
+            gpu: false,
         }
     }
 

@@ -157,7 +157,7 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
             _ => cfg.update.threads,
         }, // Behaviour cloning: no snapshot to stay near.
         target_kl: 0.0,
-        norm_on_device: cfg.run.device == crate::model::Device::Cuda,
+        gpu: cfg.run.device == crate::model::Device::Cuda,
     }
 }
 

@@ -96,7 +96,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
             _ => cfg.update.threads,
         },
         target_kl: cfg.update.target_kl,
-        norm_on_device: cfg.run.device == crate::model::Device::Cuda,
+        gpu: cfg.run.device == crate::model::Device::Cuda,
     }
 }
 

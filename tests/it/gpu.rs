@@ -46,6 +46,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
     }
     cuda_cache_layout_and_recomputed_attention(&f);
     cuda_kernels_follow_the_reference();
+    cuda_fused_adamw_follows_burns();
     cuda_kernels_train_as_burns_operations(&f);
     let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
     sets.push("run.device=cuda");
@@ -241,6 +242,51 @@ fn cuda_kernels_follow_the_reference() {
     let (rg, ru) = Reference::silu_mul_backward(g, gate, up);
     close(flat(kg), flat(rg), "silu_mul backward: gate");
     close(flat(ku), flat(ru), "silu_mul backward: up");
+}
+
+/// AdamW as one kernel per parameter (`model::adamw`, the update's optimizer on `cuda`) against
+/// burn's AdamW on the device: three steps of a linear layer with weight decay, the parameters
+/// within 1e-5 of the largest (f32 element-wise either way, another rounding of the divisions).
+fn cuda_fused_adamw_follows_burns() {
+    use burn::nn::LinearConfig;
+    use burn::optim::{GradientsParams, Optimizer};
+    use burn::tensor::{Distribution, Tensor};
+    use rla_pipe::model::GpuTrain;
+    use rla_pipe::model::adamw::FusedAdamW;
+    let d = Default::default();
+    let start = LinearConfig::new(64, 48).init::<GpuTrain>(&d);
+    let x = Tensor::<GpuTrain, 2>::random([16, 64], Distribution::Uniform(-1.0, 1.0), &d);
+    let adam = FusedAdamW::new(0.01, 1e-8);
+    let run = |fused: bool| {
+        let mut model = start.clone();
+        let mut burn = adam.burn().init::<GpuTrain, burn::nn::Linear<GpuTrain>>();
+        let mut ours = adam.clone().init::<GpuTrain, burn::nn::Linear<GpuTrain>>();
+        for step in 0..3 {
+            let y = model.forward(x.clone());
+            let loss = (y.clone() * y).sum().mul_scalar(step as f32 + 1.0);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            model = match fused {
+                true => ours.step(1e-2, model, grads),
+                false => burn.step(1e-2, model, grads),
+            };
+        }
+        let w: Vec<f32> = model.weight.val().into_data().to_vec().unwrap();
+        let b: Vec<f32> = model.bias.unwrap().val().into_data().to_vec().unwrap();
+        [w, b].concat()
+    };
+    let (ours, theirs) = (run(true), run(false));
+    let top = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = ours
+        .iter()
+        .zip(&theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        top > 0.0 && worst <= 1e-5 * top,
+        "fused AdamW differs from burn's by {worst} (largest {top})"
+    );
+    let before: Vec<f32> = start.weight.val().into_data().to_vec().unwrap();
+    assert_ne!(&ours[..before.len()], &before[..], "the parameters moved");
 }
 
 /// A whole model on the GPU's training backend with its kernels (the default) and without

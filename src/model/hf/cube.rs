@@ -183,6 +183,50 @@ mod kernel {
         ds[i] = p[i] * (dp[i] - row[i / keys]) * scale;
     }
 
+    /// AdamW's step of one parameter, one unit per value (`first`: no moments yet).
+    #[cube(launch)]
+    #[allow(clippy::too_many_arguments)]
+    pub fn adamw_kernel<F: Float + CubeElement>(
+        p: &Tensor<F>,
+        g: &Tensor<F>,
+        m: &Tensor<F>,
+        v: &Tensor<F>,
+        p_out: &mut Tensor<F>,
+        m_out: &mut Tensor<F>,
+        v_out: &mut Tensor<F>,
+        n: usize,
+        beta_1: F,
+        beta_2: F,
+        factor_1: F,
+        factor_2: F,
+        correct_1: F,
+        correct_2: F,
+        epsilon: F,
+        keep: F,
+        lr: F,
+        #[comptime] first: bool,
+    ) {
+        let i = ABSOLUTE_POS;
+        if i >= n {
+            terminate!();
+        }
+        let gi = g[i];
+        let m1 = if first {
+            gi * factor_1
+        } else {
+            m[i] * beta_1 + gi * factor_1
+        };
+        let m2 = if first {
+            gi * gi * factor_2
+        } else {
+            v[i] * beta_2 + gi * gi * factor_2
+        };
+        m_out[i] = m1;
+        v_out[i] = m2;
+        let delta = (m1 / correct_1) / (F::sqrt(m2 / correct_2) + epsilon);
+        p_out[i] = p[i] * keep - delta * lr;
+    }
+
     /// RoPE, rotate-half: `y_i = x_i c_j + x_ρ(i) s_j` (`j = i mod hd`, `ρ` swaps the halves of
     /// a head); `transpose`: `y_i = x_i c_j + x_ρ(i) s_ρ(j)`.
     #[cube(launch)]
@@ -521,4 +565,65 @@ impl Kernels<Gpu> for Cube {
         );
         tensor(ds)
     }
+}
+
+/// AdamW's scalars for [`adamw`] (`model::adamw`: `factor`s are `1 − β`, `correct`s the bias
+/// corrections `1 − βᵗ`, `keep` the decay `1 − lr · weight_decay`).
+pub struct AdamWScalars {
+    pub beta_1: f32,
+    pub beta_2: f32,
+    pub factor_1: f32,
+    pub factor_2: f32,
+    pub correct_1: f32,
+    pub correct_2: f32,
+    pub epsilon: f32,
+    pub keep: f32,
+    pub lr: f32,
+}
+
+/// One parameter's AdamW step in one kernel: the new parameter and moments.
+pub fn adamw<const D: usize>(
+    p: Tensor<Gpu, D>,
+    g: Tensor<Gpu, D>,
+    moments: Option<(Tensor<Gpu, D>, Tensor<Gpu, D>)>,
+    k: AdamWScalars,
+) -> (Tensor<Gpu, D>, Tensor<Gpu, D>, Tensor<Gpu, D>) {
+    let dims = p.dims();
+    let n = dims.iter().product();
+    let first = moments.is_none();
+    let (p, g) = (storage(p), storage(g));
+    // The first step reads no moments: the gradient stands in for them.
+    let (m, v) = match moments {
+        Some((m, v)) => (storage(m), storage(v)),
+        None => (g.clone(), g.clone()),
+    };
+    let (p_out, m_out, v_out) = (empty(&p, &dims), empty(&p, &dims), empty(&p, &dims));
+    if n == 0 {
+        return (tensor(p_out), tensor(m_out), tensor(v_out));
+    }
+    let (count, dim) = cubes(&p, n);
+    kernel::adamw_kernel::launch::<f32, Runtime>(
+        &p.client.clone(),
+        count,
+        dim,
+        p.into_tensor_arg(),
+        g.into_tensor_arg(),
+        m.into_tensor_arg(),
+        v.into_tensor_arg(),
+        p_out.clone().into_tensor_arg(),
+        m_out.clone().into_tensor_arg(),
+        v_out.clone().into_tensor_arg(),
+        n,
+        k.beta_1,
+        k.beta_2,
+        k.factor_1,
+        k.factor_2,
+        k.correct_1,
+        k.correct_2,
+        k.epsilon,
+        k.keep,
+        k.lr,
+        first,
+    );
+    (tensor(p_out), tensor(m_out), tensor(v_out))
 }

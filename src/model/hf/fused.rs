@@ -188,11 +188,14 @@ fn kernels_on() -> bool {
     *ON.get_or_init(|| std::env::var("RLA_PIPE_CUDA_KERNELS").map_or(true, |v| v != "off"))
 }
 
-/// Whether the GPU runs its kernels (`RLA_PIPE_CUDA_KERNELS`, [`force_kernels`]): for the
-/// attention's softmax in [`super::recompute`].
-#[cfg(feature = "cuda")]
+/// Whether the GPU runs its kernels (`RLA_PIPE_CUDA_KERNELS`, [`force_kernels`]; never
+/// without `cuda`): for the attention's softmax in [`super::recompute`] and the update's AdamW
+/// (`model::adamw`).
 pub(crate) fn gpu_kernels() -> bool {
-    kernels_on()
+    #[cfg(feature = "cuda")]
+    return kernels_on();
+    #[cfg(not(feature = "cuda"))]
+    false
 }
 
 /// Whether models on `B` run this module's operations: on the GPU (unless turned off), or

@@ -1,0 +1,266 @@
+//! AdamW as one kernel per parameter on the GPU.
+//!
+//! burn's AdamW composes each parameter's step of element-wise operations — the two moments'
+//! products and sums, the square, the bias corrections, the square root, the division, the
+//! decay and the update: about fifteen kernels per parameter tensor, 272 tensors for
+//! SmolLM2-135M, every optimizer step. On a GPU bound by launches (docs/src/real-models.md,
+//! "Where the time goes") that is as many launches as a model call's forward and backward
+//! once the layers' memory-bound operations are one kernel each ([`super::hf::fused`]).
+//! [`FusedAdamW`] is burn's AdamW (decoupled weight decay, bias-corrected moments; no AMSGrad,
+//! no cautious decay, no clipping of its own: `ppo::train` clips the global norm itself) with the whole step of a parameter in one
+//! kernel on `cuda`; on every other backend it runs burn's operations in burn's order — the same
+//! bits as burn's AdamW (the test) — which is also what the kernel is checked against on a
+//! device. `ppo::train` uses it on `cuda` only (`PpoSettings::gpu`); the CPU keeps burn's
+//! optimizer.
+
+use burn::optim::adaptor::OptimizerAdaptor;
+use burn::optim::{AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, SimpleOptimizer};
+use burn::tensor::Tensor;
+use burn::tensor::backend::{AutodiffBackend, Backend};
+
+/// AdamW's constants ([`AdamWConfig`]'s).
+#[derive(Clone, Debug)]
+pub struct FusedAdamW {
+    beta_1: f32,
+    beta_2: f32,
+    epsilon: f32,
+    weight_decay: f32,
+}
+
+impl FusedAdamW {
+    /// AdamW with burn's default moments' decays (0.9, 0.999).
+    pub fn new(weight_decay: f64, epsilon: f64) -> FusedAdamW {
+        FusedAdamW {
+            beta_1: 0.9,
+            beta_2: 0.999,
+            epsilon: epsilon as f32,
+            weight_decay: weight_decay as f32,
+        }
+    }
+
+    /// burn's AdamW with the same constants (the CPU's optimizer).
+    pub fn burn(&self) -> AdamWConfig {
+        AdamWConfig::new()
+            .with_beta_1(self.beta_1)
+            .with_beta_2(self.beta_2)
+            .with_epsilon(self.epsilon)
+            .with_weight_decay(self.weight_decay)
+    }
+
+    /// For a module's parameters.
+    pub fn init<B: AutodiffBackend, M: burn::module::AutodiffModule<B>>(
+        self,
+    ) -> OptimizerAdaptor<FusedAdamW, M, B> {
+        OptimizerAdaptor::from(self)
+    }
+}
+
+/// One step's scalars: what the kernel takes, and burn's operations use in their order.
+struct Step {
+    time: usize,
+    factor_1: f32,
+    factor_2: f32,
+    correct_1: f32,
+    correct_2: f32,
+    decay: f64,
+}
+
+impl FusedAdamW {
+    fn scalars(&self, lr: LearningRate, time: usize) -> Step {
+        let t = time as i32;
+        Step {
+            time,
+            factor_1: 1.0 - self.beta_1,
+            factor_2: 1.0 - self.beta_2,
+            correct_1: 1f32 - self.beta_1.powi(t),
+            correct_2: 1f32 - self.beta_2.powi(t),
+            decay: lr * f64::from(self.weight_decay),
+        }
+    }
+
+    /// The step with burn's operations, in the order of burn's AdamW (its bits).
+    fn reference<B: Backend, const D: usize>(
+        &self,
+        lr: LearningRate,
+        p: Tensor<B, D>,
+        g: Tensor<B, D>,
+        moments: Option<(Tensor<B, D>, Tensor<B, D>)>,
+        k: &Step,
+    ) -> (Tensor<B, D>, Tensor<B, D>, Tensor<B, D>) {
+        let (m, v) = match moments {
+            Some((m, v)) => (
+                m.mul_scalar(self.beta_1)
+                    .add(g.clone().mul_scalar(k.factor_1)),
+                v.mul_scalar(self.beta_2)
+                    .add(g.square().mul_scalar(k.factor_2)),
+            ),
+            None => (
+                g.clone().mul_scalar(k.factor_1),
+                g.square().mul_scalar(k.factor_2),
+            ),
+        };
+        let m_hat = m.clone().div_scalar(k.correct_1);
+        let v_hat = v.clone().div_scalar(k.correct_2);
+        let delta = m_hat.div(v_hat.sqrt().add_scalar(self.epsilon));
+        let p = match k.decay == 0.0 {
+            true => p,
+            false => p.mul_scalar(1.0 - k.decay),
+        };
+        (p - delta.mul_scalar(lr), m, v)
+    }
+}
+
+impl<B: Backend> SimpleOptimizer<B> for FusedAdamW {
+    type State<const D: usize> = AdamWState<B, D>;
+
+    fn step<const D: usize>(
+        &self,
+        lr: LearningRate,
+        tensor: Tensor<B, D>,
+        grad: Tensor<B, D>,
+        state: Option<Self::State<D>>,
+    ) -> (Tensor<B, D>, Option<Self::State<D>>) {
+        let (time, moments) = match state {
+            Some(s) => (
+                s.momentum.time + 1,
+                Some((s.momentum.moment_1, s.momentum.moment_2)),
+            ),
+            None => (1, None),
+        };
+        let k = self.scalars(lr, time);
+        let (p, m, v) = self.dispatch(lr, tensor, grad, moments, &k);
+        let state = AdamWState::new(AdaptiveMomentumState::new(k.time, m, v));
+        (p, Some(state))
+    }
+
+    fn to_device<const D: usize>(mut state: Self::State<D>, device: &B::Device) -> Self::State<D> {
+        let m = &mut state.momentum;
+        m.moment_1 = m.moment_1.clone().to_device(device);
+        m.moment_2 = m.moment_2.clone().to_device(device);
+        state
+    }
+}
+
+/// The new parameter and moments.
+type Moved<B, const D: usize> = (Tensor<B, D>, Tensor<B, D>, Tensor<B, D>);
+
+impl FusedAdamW {
+    /// The kernel on `cuda`, burn's operations elsewhere.
+    fn dispatch<B: Backend, const D: usize>(
+        &self,
+        lr: LearningRate,
+        p: Tensor<B, D>,
+        g: Tensor<B, D>,
+        moments: Option<(Tensor<B, D>, Tensor<B, D>)>,
+        k: &Step,
+    ) -> Moved<B, D> {
+        #[cfg(feature = "cuda")]
+        {
+            use crate::model::backend::{Gpu, cast, cast_back};
+            type Args<B, const D: usize> = (
+                Tensor<B, D>,
+                Tensor<B, D>,
+                Option<(Tensor<B, D>, Tensor<B, D>)>,
+            );
+            match cast::<Args<B, D>, Args<Gpu, D>>((p, g, moments)) {
+                Ok((p, g, moments)) => {
+                    let moved: Moved<Gpu, D> = self.kernel(lr, p, g, moments, k);
+                    cast_back(moved)
+                }
+                Err((p, g, moments)) => self.reference(lr, p, g, moments, k),
+            }
+        }
+        #[cfg(not(feature = "cuda"))]
+        self.reference(lr, p, g, moments, k)
+    }
+
+    #[cfg(feature = "cuda")]
+    fn kernel<const D: usize>(
+        &self,
+        lr: LearningRate,
+        p: Tensor<crate::model::backend::Gpu, D>,
+        g: Tensor<crate::model::backend::Gpu, D>,
+        moments: Option<(
+            Tensor<crate::model::backend::Gpu, D>,
+            Tensor<crate::model::backend::Gpu, D>,
+        )>,
+        k: &Step,
+    ) -> Moved<crate::model::backend::Gpu, D> {
+        crate::model::hf::cube::adamw(
+            p,
+            g,
+            moments,
+            crate::model::hf::cube::AdamWScalars {
+                beta_1: self.beta_1,
+                beta_2: self.beta_2,
+                factor_1: k.factor_1,
+                factor_2: k.factor_2,
+                correct_1: k.correct_1,
+                correct_2: k.correct_2,
+                epsilon: self.epsilon,
+                keep: (1.0 - k.decay) as f32,
+                lr: lr as f32,
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::backend::CpuTrain;
+    use burn::module::{Module, Param};
+    use burn::optim::{GradientsParams, Optimizer};
+
+    #[derive(Module, Debug)]
+    struct Two<B: Backend> {
+        a: Param<Tensor<B, 2>>,
+        b: Param<Tensor<B, 1>>,
+    }
+
+    fn values<B: Backend, const D: usize>(x: Tensor<B, D>) -> Vec<u32> {
+        let v: Vec<f32> = x.into_data().to_vec().unwrap();
+        v.iter().map(|x| x.to_bits()).collect()
+    }
+
+    /// Four steps of the fused AdamW off the GPU (burn's operations in burn's order) give burn's
+    /// AdamW's parameters to the bit, with and without weight decay.
+    #[test]
+    fn the_fused_adamw_is_burns_off_the_gpu() {
+        type B = CpuTrain;
+        let device = Default::default();
+        for decay in [0.0, 0.01] {
+            let start = || Two::<B> {
+                a: Param::from_tensor(crate::model::transformer::float_tensor(
+                    (0..12).map(|i| (i as f32 * 0.37).sin()).collect(),
+                    [3, 4],
+                    &device,
+                )),
+                b: Param::from_tensor(crate::model::transformer::float_tensor(
+                    vec![0.5, -1.5, 2.0],
+                    [3],
+                    &device,
+                )),
+            };
+            let adam = FusedAdamW::new(decay, 1e-8);
+            let run = |fused: bool| {
+                let mut model = start();
+                let mut burn = adam.burn().init::<B, Two<B>>();
+                let mut ours = adam.clone().init::<B, Two<B>>();
+                for step in 0..4 {
+                    let x = model.a.val().sin().sum() * (step as f32 + 1.0)
+                        + (model.b.val() * model.b.val()).sum();
+                    let grads = GradientsParams::from_grads(x.backward(), &model);
+                    model = match fused {
+                        true => ours.step(1e-2, model, grads),
+                        false => burn.step(1e-2, model, grads),
+                    };
+                }
+                (values(model.a.val()), values(model.b.val()))
+            };
+            let (ours, burn) = (run(true), run(false));
+            assert_eq!(ours, burn, "weight decay {decay}");
+            assert_ne!(ours.0, values(start().a.val()), "the parameters moved");
+        }
+    }
+}
