@@ -2,16 +2,17 @@
 //!
 //! burn's AdamW composes each parameter's step of element-wise operations — the two moments'
 //! products and sums, the square, the bias corrections, the square root, the division, the
-//! decay and the update: about fifteen kernels per parameter tensor, 272 tensors for
-//! SmolLM2-135M, every optimizer step. On a GPU bound by launches (docs/src/real-models.md,
-//! "Where the time goes") that is as many launches as a model call's forward and backward
-//! once the layers' memory-bound operations are one kernel each ([`super::hf::fused`]).
+//! decay and the update: about fifteen operations, each a kernel on the GPU, per parameter
+//! tensor (272 for SmolLM2-135M), every optimizer step. On a GPU bound by launches
+//! (docs/src/real-models.md, "Where the time goes") that is of the order of a model call's
+//! forward and backward once the layers' memory-bound operations are one kernel each
+//! ([`super::hf::fused`]).
 //! [`FusedAdamW`] is burn's AdamW (decoupled weight decay, bias-corrected moments; no AMSGrad,
-//! no cautious decay, no clipping of its own: `ppo::train` clips the global norm itself) with the whole step of a parameter in one
-//! kernel on `cuda`; on every other backend it runs burn's operations in burn's order — the same
-//! bits as burn's AdamW (the test) — which is also what the kernel is checked against on a
-//! device. `ppo::train` uses it on `cuda` only (`PpoSettings::gpu`); the CPU keeps burn's
-//! optimizer.
+//! no cautious decay, no clipping of its own: `ppo::train` clips the global norm itself) with
+//! the whole step of a parameter in one kernel on `cuda`; on every other backend it runs
+//! burn's operations in burn's order — the same bits as burn's AdamW (the test), which is also
+//! what the kernel is checked against on a device. `ppo::train` uses it on `cuda` only
+//! (`PpoSettings::gpu`, unless `RLA_PIPE_CUDA_KERNELS=off`); the CPU keeps burn's optimizer.
 
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, SimpleOptimizer};

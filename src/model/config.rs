@@ -494,6 +494,18 @@ impl RewardModelConfig {
     }
 }
 
+/// How the optimizer steps cover the samples (`update.schedule`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    /// `steps` steps, each on a minibatch of `minibatch` samples of a seeded shuffle, cycled.
+    Fixed,
+    /// Exactly one pass over a seeded shuffle of the samples, split into `steps` equal parts;
+    /// each part is one optimizer step whose gradient is accumulated over micro-batches of
+    /// `minibatch` samples (the reference: 4 accumulated steps, one epoch).
+    OnePass,
+}
+
 /// `[update]`: the PPO optimizer (both models; ε and β are in `[reward]`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -501,7 +513,7 @@ pub struct UpdateConfig {
     /// `fixed`: `*_steps` optimizer steps, each on a minibatch of a seeded shuffle of the
     /// included samples (cycled); `one_pass` (the reference): exactly one pass over the included
     /// samples as `*_steps` accumulated optimizer steps.
-    pub schedule: crate::model::ppo::Schedule,
+    pub schedule: Schedule,
     /// Policy optimizer steps per iteration.
     pub policy_steps: u32,
     /// Reward-model optimizer steps per iteration.
@@ -631,7 +643,7 @@ impl LogprobTemperature {
 impl Default for UpdateConfig {
     fn default() -> Self {
         UpdateConfig {
-            schedule: crate::model::ppo::Schedule::Fixed,
+            schedule: Schedule::Fixed,
             policy_steps: 48,
             rm_steps: 48,
             minibatch: 256,

@@ -54,17 +54,7 @@ pub struct PpoSettings {
     pub gpu: bool,
 }
 
-/// How the optimizer steps cover the samples (`update.schedule`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Schedule {
-    /// `steps` steps, each on a minibatch of `minibatch` samples of a seeded shuffle, cycled.
-    Fixed,
-    /// Exactly one pass over a seeded shuffle of the samples, split into `steps` equal parts;
-    /// each part is one optimizer step whose gradient is accumulated over micro-batches of
-    /// `minibatch` samples (the reference: 4 accumulated steps, one epoch).
-    OnePass,
-}
+pub use super::config::Schedule;
 
 /// The samples of every optimizer step, as micro-batches whose gradients are summed (weighted
 /// by size) before the step.

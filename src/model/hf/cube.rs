@@ -1,5 +1,6 @@
-//! The kernels of [`super::fused`] ([`super::kernels::Kernels`]) on burn-cuda, written in cubecl (compiled at run time by
-//! NVRTC, cached on disk with the other kernels).
+//! The kernels of [`super::fused`] ([`super::kernels::Kernels`]) and of the update's AdamW
+//! (`model::adamw`) on burn-cuda, written in cubecl (compiled at run time by NVRTC, cached on
+//! disk with the other kernels).
 //!
 //! Each reads and writes contiguous f32 tensors (its inputs made contiguous first: a no-op for
 //! the layouts the model passes). RMSNorm's and the softmax's are one plane (a warp of 32

@@ -1,10 +1,10 @@
-//! A layer's memory-bound operations as one GPU kernel each: RMSNorm, RoPE and the gated MLP's
-//! `silu(gate) · up`, forward and backward.
+//! A layer's memory-bound operations as one GPU kernel each: RMSNorm, RoPE, the gated MLP's
+//! `silu(gate) · up` and attention's softmax, forward and backward.
 //!
 //! On a GPU the time of a small model's call is the host's, not the device's: each kernel
 //! launched costs ~30 µs of host whatever it computes (docs/src/real-models.md, "Where the time
-//! goes"), and burn composes these three from element-wise operations — RMSNorm's square, mean,
-//! add, square root, division and product, each differentiated operation by operation in the
+//! goes"), and burn composes these from element-wise operations — RMSNorm's square, mean, add,
+//! square root, division and product, each differentiated operation by operation in the
 //! backward pass; RoPE's two halves, concatenation, two products and a sum. Here each is one
 //! kernel forward and one backward ([`super::cube`]), its backward an autodiff operation of its
 //! own with the closed-form gradients:
@@ -13,7 +13,9 @@
 //!   `dx = r · (g ⊙ γ) − x · r³ · mean(g ⊙ γ ⊙ x)`, `dγ = Σ_rows g ⊙ x · r`;
 //! - RoPE in the rotate-half layout, `y_j = x_j c_j + x_{ρ(j)} s_j` (`ρ` swaps the halves, `s`
 //!   the sine table with its first half negated): `dx_j = g_j c_j + g_{ρ(j)} s_{ρ(j)}`;
-//! - `y = silu(a) · u`, `σ = sigmoid(a)`: `du = g · a σ`, `da = g · u σ (1 + a (1 − σ))`.
+//! - `y = silu(a) · u`, `σ = sigmoid(a)`: `du = g · a σ`, `da = g · u σ (1 + a (1 − σ))`;
+//! - the softmax: [`softmax`] for inference here, and inside training attention's own autodiff
+//!   operation ([`super::recompute`]), whose backward recomputes the probabilities.
 //!
 //! [`Kernels`] names the operations; [`Reference`] computes them with burn's operations on any
 //! backend, the GPU's kernels implement them on burn-cuda (`--features cuda`). The CPU keeps its
@@ -282,8 +284,9 @@ type NormArgs<B> = (Tensor<B, 2>, Tensor<B, 1>);
 type RopeArgs<B> = (Tensor<B, 4>, Tensor<B, 4>, Tensor<B, 4>);
 type SiluArgs<B> = (Tensor<B, 3>, Tensor<B, 3>);
 
-/// RMSNorm of `x [.., d]` over its last dimension, times the scale `gamma [d]`, as one operation where
-/// the backend has it (the GPU's kernels); `Err` with the inputs back elsewhere.
+/// RMSNorm of `x [.., d]` over its last dimension, times the scale `gamma [d]`, as one
+/// operation where the backend has it (the GPU's kernels); `Err` with the inputs back
+/// elsewhere.
 pub fn rms_norm<B: Backend, const D: usize>(
     x: Tensor<B, D>,
     gamma: &Param<Tensor<B, 1>>,
