@@ -49,8 +49,8 @@ pub struct PpoSettings {
     /// The update runs on a GPU (`run.device = "cuda"`): the gradient norm's squared sums stay
     /// on the device and cross to the host at once (one synchronisation per step,
     /// [`global_norm`]), and AdamW's step is one kernel per parameter
-    /// ([`super::adamw::FusedAdamW`], unless `RLA_PIPE_CUDA_KERNELS=off`); otherwise each parameter's sum is read in turn and
-    /// burn's AdamW steps (the CPU's bits).
+    /// ([`super::adamw::FusedAdamW`], unless `RLA_PIPE_CUDA_KERNELS=off`); otherwise each
+    /// parameter's sum is read in turn and burn's AdamW steps (the CPU's bits).
     pub gpu: bool,
 }
 

@@ -275,9 +275,9 @@ fn norm<B: Backend, const D: usize>(n: &RmsNorm<B>, x: Tensor<B, D>) -> Tensor<B
 
 /// [`rope`] as one kernel on the GPU ([`super::fused`]), or in one pass on the CPU backend
 /// (`rla_amx::rope`, from the tables `[b, t, 1, hd]`: the same products and sum, so the same
-/// bits), instead of a concatenation and three element-wise operations; the CPU's training backend (and the GPU with
-/// `RLA_PIPE_CUDA_KERNELS=off`) keeps [`rope`], with the tables repeated over the heads
-/// (`repeated`: computed only there).
+/// bits), instead of a concatenation and three element-wise operations; the CPU's training
+/// backend (and the GPU with `RLA_PIPE_CUDA_KERNELS=off`) keeps [`rope`], with the tables
+/// repeated over the heads (`repeated`: computed only there).
 fn rotary<B: Backend>(
     x: Tensor<B, 4>,
     tables: &(Tensor<B, 4>, Tensor<B, 4>),

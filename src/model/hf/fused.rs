@@ -6,7 +6,7 @@
 //! goes"), and burn composes these from element-wise operations — RMSNorm's square, mean, add,
 //! square root, division and product, each differentiated operation by operation in the
 //! backward pass; RoPE's two halves, concatenation, two products and a sum. Here each is one
-//! kernel forward and one backward ([`super::cube`]), its backward an autodiff operation of its
+//! kernel forward and one backward (`hf::cube`), its backward an autodiff operation of its
 //! own with the closed-form gradients:
 //!
 //! - RMSNorm, `y = x · r · γ` with `r = (mean(x²) + ε)^(−1/2)` per row:

@@ -1,5 +1,5 @@
 //! The operations of [`super::fused`] by name ([`Kernels`]), composed of burn's on any backend
-//! ([`Reference`]: the closed forms the GPU's kernels, [`super::cube`], are checked against).
+//! ([`Reference`]: the closed forms the GPU's kernels, `hf::cube`, are checked against).
 
 use burn::tensor::Tensor;
 use burn::tensor::activation::sigmoid;

@@ -13,7 +13,9 @@
 //! its values equal the plain graph's to the bit; the gradients use the closed form
 //! `dS = P ⊙ (dP − rowsum(dO ⊙ O))` instead of differentiating each operation, equal up to the
 //! order of floating-point sums (the test: 1e-5 relative to the largest entry).
-//! `update.recompute_attention` turns it on (by default on `cuda`).
+//! `update.recompute_attention` turns it on (by default on `cuda`). On `cuda` the softmax, its
+//! recomputation and `dS` are one kernel each ([`super::fused`], [`super::kernels`]); the
+//! CPU runs [`super::kernels::Reference`], burn's operations in the order above.
 
 use burn::backend::Autodiff;
 use burn::backend::autodiff::checkpoint::base::Checkpointer;
