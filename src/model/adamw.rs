@@ -13,6 +13,9 @@
 //! burn's operations in burn's order — the same bits as burn's AdamW (the test), which is also
 //! what the kernel is checked against on a device. `ppo::train` uses it on `cuda` only
 //! (`PpoSettings::gpu`, unless `RLA_PIPE_CUDA_KERNELS=off`); the CPU keeps burn's optimizer.
+//! The global-norm clip's factor is applied inside the step too
+//! ([`FusedAdamW::scale_gradients`]), where burn's optimizer needs a pass over every gradient
+//! first.
 
 use burn::optim::adaptor::OptimizerAdaptor;
 use burn::optim::{AdamWConfig, AdamWState, AdaptiveMomentumState, LearningRate, SimpleOptimizer};
@@ -26,6 +29,9 @@ pub struct FusedAdamW {
     beta_2: f32,
     epsilon: f32,
     weight_decay: f32,
+    /// The factor the next step multiplies every gradient by first (the global-norm clip's,
+    /// [`FusedAdamW::scale_gradients`]; f64 bits), shared by the optimizer's clones.
+    grad_scale: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl FusedAdamW {
@@ -36,7 +42,20 @@ impl FusedAdamW {
             beta_2: 0.999,
             epsilon: epsilon as f32,
             weight_decay: weight_decay as f32,
+            grad_scale: std::sync::Arc::new(1f64.to_bits().into()),
         }
+    }
+
+    /// Multiply the gradients of the steps from now on by `by` inside the step's kernel (the
+    /// global-norm clip, which burn's AdamW needs as a pass over every gradient first); 1: as
+    /// they are.
+    pub fn scale_gradients(&self, by: f64) {
+        self.grad_scale
+            .store(by.to_bits(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn grad_scale(&self) -> f64 {
+        f64::from_bits(self.grad_scale.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// burn's AdamW with the same constants (the CPU's optimizer).
@@ -59,6 +78,7 @@ impl FusedAdamW {
 /// One step's scalars: what the kernel takes, and burn's operations use in their order.
 struct Step {
     time: usize,
+    grad_scale: f64,
     factor_1: f32,
     factor_2: f32,
     correct_1: f32,
@@ -71,6 +91,7 @@ impl FusedAdamW {
         let t = time as i32;
         Step {
             time,
+            grad_scale: self.grad_scale(),
             factor_1: 1.0 - self.beta_1,
             factor_2: 1.0 - self.beta_2,
             correct_1: 1f32 - self.beta_1.powi(t),
@@ -88,6 +109,11 @@ impl FusedAdamW {
         moments: Option<(Tensor<B, D>, Tensor<B, D>)>,
         k: &Step,
     ) -> (Tensor<B, D>, Tensor<B, D>, Tensor<B, D>) {
+        // As the clip's pass over the gradients did (`ppo`'s `Scale`).
+        let g = match k.grad_scale == 1.0 {
+            true => g,
+            false => g.mul_scalar(k.grad_scale),
+        };
         let (m, v) = match moments {
             Some((m, v)) => (
                 m.mul_scalar(self.beta_1)
@@ -201,6 +227,7 @@ impl FusedAdamW {
                 epsilon: self.epsilon,
                 keep: (1.0 - k.decay) as f32,
                 lr: lr as f32,
+                grad_scale: k.grad_scale as f32,
             },
         )
     }
@@ -225,7 +252,8 @@ mod tests {
     }
 
     /// Four steps of the fused AdamW off the GPU (burn's operations in burn's order) give burn's
-    /// AdamW's parameters to the bit, with and without weight decay.
+    /// AdamW's parameters to the bit, with and without weight decay; and a step with the clip's
+    /// factor inside gives burn's on gradients scaled first.
     #[test]
     fn the_fused_adamw_is_burns_off_the_gpu() {
         type B = CpuTrain;
@@ -261,6 +289,38 @@ mod tests {
             };
             let (ours, burn) = (run(true), run(false));
             assert_eq!(ours, burn, "weight decay {decay}");
+            // The clip's factor inside the step equals burn's AdamW on scaled gradients (at a
+            // second step: Adam's first is invariant to the gradient's scale).
+            let scaled = |fused: bool| {
+                let mut model = start();
+                let mut ours = adam.clone().init::<B, Two<B>>();
+                let mut burn = adam.burn().init::<B, Two<B>>();
+                for by in [1.0, 0.37] {
+                    let x = model.a.val().sin().sum() + (model.b.val() * model.b.val()).sum();
+                    let mut grads = GradientsParams::from_grads(x.backward(), &model);
+                    model = match fused {
+                        true => {
+                            adam.scale_gradients(by);
+                            let model = ours.step(1e-2, model, grads);
+                            adam.scale_gradients(1.0);
+                            model
+                        }
+                        false => {
+                            let g = grads.remove::<crate::model::Cpu, 2>(model.a.id).unwrap();
+                            grads.register(model.a.id, g.mul_scalar(by));
+                            let g = grads.remove::<crate::model::Cpu, 1>(model.b.id).unwrap();
+                            grads.register(model.b.id, g.mul_scalar(by));
+                            burn.step(1e-2, model, grads)
+                        }
+                    };
+                }
+                (values(model.a.val()), values(model.b.val()))
+            };
+            assert_eq!(
+                scaled(true),
+                scaled(false),
+                "scaled gradients, decay {decay}"
+            );
             assert_ne!(ours.0, values(start().a.val()), "the parameters moved");
         }
     }

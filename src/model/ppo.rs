@@ -217,7 +217,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     }
     let adam = super::adamw::FusedAdamW::new(s.weight_decay, s.adam_eps);
     let mut optim = match s.gpu && super::hf::fused::gpu_kernels() {
-        true => Adam::Fused(adam.init::<B, M>()),
+        true => Adam::Fused(adam.clone().init::<B, M>()),
         false => Adam::Burn(adam.burn().init::<B, M>()),
     };
     let threads = s.threads.max(1);
@@ -276,11 +276,18 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
             break;
         }
         let norm = global_norm(&model, &summed, s.gpu);
-        if norm > s.grad_clip {
-            model.visit(&mut Scale {
+        let by = match norm > s.grad_clip {
+            true => s.grad_clip / (norm + 1e-6),
+            false => 1.0,
+        };
+        match &optim {
+            // The fused step scales each gradient itself (no pass over them first).
+            Adam::Fused(_) => adam.scale_gradients(by),
+            Adam::Burn(_) if by != 1.0 => model.visit(&mut Scale {
                 grads: &mut summed,
-                by: s.grad_clip / (norm + 1e-6),
-            });
+                by,
+            }),
+            Adam::Burn(_) => {}
         }
         model = optim.step(s.lr, model, summed);
         // A GPU backend's memory pools keep every page they once allocated, and the

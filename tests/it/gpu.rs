@@ -245,8 +245,9 @@ fn cuda_kernels_follow_the_reference() {
 }
 
 /// AdamW as one kernel per parameter (`model::adamw`, the update's optimizer on `cuda`) against
-/// burn's AdamW on the device: three steps of a linear layer with weight decay, the parameters
-/// within 1e-5 of the largest (f32 element-wise either way, another rounding of the divisions).
+/// burn's AdamW on the device: three steps of a linear layer with weight decay, the second with
+/// its gradients clipped (scaled inside the fused step, before burn's), the parameters within
+/// 1e-5 of the largest (f32 element-wise either way, another rounding of the divisions).
 fn cuda_fused_adamw_follows_burns() {
     use burn::nn::LinearConfig;
     use burn::optim::{GradientsParams, Optimizer};
@@ -264,10 +265,24 @@ fn cuda_fused_adamw_follows_burns() {
         for step in 0..3 {
             let y = model.forward(x.clone());
             let loss = (y.clone() * y).sum().mul_scalar(step as f32 + 1.0);
-            let grads = GradientsParams::from_grads(loss.backward(), &model);
+            let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+            // The second step's gradients clipped (the factor inside the fused step).
+            let by = if step == 1 { 0.5 } else { 1.0 };
             model = match fused {
-                true => ours.step(1e-2, model, grads),
-                false => burn.step(1e-2, model, grads),
+                true => {
+                    adam.scale_gradients(by);
+                    let model = ours.step(1e-2, model, grads);
+                    adam.scale_gradients(1.0);
+                    model
+                }
+                false => {
+                    let (w, b) = (model.weight.id, model.bias.as_ref().unwrap().id);
+                    let g = grads.remove::<Gpu, 2>(w).unwrap();
+                    grads.register(w, g.mul_scalar(by));
+                    let g = grads.remove::<Gpu, 1>(b).unwrap();
+                    grads.register(b, g.mul_scalar(by));
+                    burn.step(1e-2, model, grads)
+                }
             };
         }
         let w: Vec<f32> = model.weight.val().into_data().to_vec().unwrap();

@@ -205,13 +205,14 @@ mod kernel {
         epsilon: F,
         keep: F,
         lr: F,
+        grad_scale: F,
         #[comptime] first: bool,
     ) {
         let i = ABSOLUTE_POS;
         if i >= n {
             terminate!();
         }
-        let gi = g[i];
+        let gi = g[i] * grad_scale;
         let m1 = if first {
             gi * factor_1
         } else {
@@ -580,6 +581,8 @@ pub struct AdamWScalars {
     pub epsilon: f32,
     pub keep: f32,
     pub lr: f32,
+    /// The gradient's factor (the global-norm clip's; 1: none).
+    pub grad_scale: f32,
 }
 
 /// One parameter's AdamW step in one kernel: the new parameter and moments.
@@ -624,6 +627,7 @@ pub fn adamw<const D: usize>(
         k.epsilon,
         k.keep,
         k.lr,
+        k.grad_scale,
         first,
     );
     (tensor(p_out), tensor(m_out), tensor(v_out))
