@@ -26,6 +26,68 @@ fn rows() -> Vec<TreeRow> {
     ]
 }
 
+/// The largest difference between `ours` and `theirs`, within `tol` of `theirs`' largest entry
+/// (not all zero), or the failure named by `what`.
+fn within(ours: &[f32], theirs: &[f32], tol: f32, what: &str) {
+    assert_eq!(ours.len(), theirs.len(), "{what}: sizes");
+    let top = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let worst = ours
+        .iter()
+        .zip(theirs)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        top > 0.0 && worst <= tol * top,
+        "{what}: differ by {worst} (largest {top})"
+    );
+}
+
+/// A tiny model on the GPU's training backend (`set` adjusts it after loading): the packed
+/// rows' log-probabilities and every parameter's gradient of their sum.
+fn trained(
+    dir: &std::path::Path,
+    set: impl FnOnce(&mut rla_pipe::model::hf::CausalLm<rla_pipe::model::GpuTrain>),
+) -> (Vec<Vec<f32>>, Vec<f32>) {
+    use burn::module::Module;
+    use burn::tensor::Tensor;
+    use rla_pipe::model::GpuTrain;
+    let mut model = load_on::<GpuTrain>(dir);
+    set(&mut model);
+    let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
+    let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
+    let n = keep.len();
+    let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
+    let grads = (lp.clone().reshape([n]) * mask).sum().backward();
+    let mut g = crate::prefix::Grads {
+        grads: &grads,
+        out: vec![],
+    };
+    model.visit(&mut g);
+    (policy::to_host(lp), g.out.concat())
+}
+
+/// Two of [`trained`]'s results agree as the GPU's paths must: log-probabilities within 5e-3,
+/// every gradient within 1e-3 of the largest (TF32 products, sums in another order).
+fn same_training(
+    arch: &str,
+    what: &str,
+    plain: &(Vec<Vec<f32>>, Vec<f32>),
+    ours: &(Vec<Vec<f32>>, Vec<f32>),
+) {
+    for (a, b) in plain.0.iter().flatten().zip(ours.0.iter().flatten()) {
+        assert!(
+            (a - b).abs() <= 5e-3,
+            "{arch}: log-probability {a} vs {b} {what}"
+        );
+    }
+    within(
+        &ours.1,
+        &plain.1,
+        1e-3,
+        &format!("{arch}: gradients {what}"),
+    );
+}
+
 #[test]
 #[ignore = "needs an NVIDIA GPU (cargo test --features cuda --test it gpu -- --ignored)"]
 fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
@@ -68,9 +130,6 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
 /// gives the plain graph's log-probabilities within 5e-3 and every gradient within 1e-3 of the
 /// largest (TF32 products, sums in another order).
 fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
-    use burn::module::Module;
-    use burn::tensor::Tensor;
-    use rla_pipe::model::GpuTrain;
     use rla_pipe::model::hf::{self, Sampling};
     use rla_pipe::model::kv::force_device_layout;
     let prompts: Vec<Vec<u32>> = vec![
@@ -104,40 +163,9 @@ fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
                 "{arch}: reply log-probability {x} vs {y}"
             );
         }
-        let run = |recompute: bool| {
-            let mut model = load_on::<GpuTrain>(&dir);
-            model.recompute_attention = recompute;
-            let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
-            let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
-            let n = keep.len();
-            let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
-            let loss = (lp.clone().reshape([n]) * mask).sum();
-            let grads = loss.backward();
-            let mut g = crate::prefix::Grads {
-                grads: &grads,
-                out: vec![],
-            };
-            model.visit(&mut g);
-            (policy::to_host(lp), g.out.concat())
-        };
-        let (plain, plain_grads) = run(false);
-        let (ours, our_grads) = run(true);
-        for (a, b) in plain.iter().flatten().zip(ours.iter().flatten()) {
-            assert!(
-                (a - b).abs() <= 5e-3,
-                "{arch}: log-probability {a} vs {b} recomputed"
-            );
-        }
-        let top = plain_grads.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let worst = plain_grads
-            .iter()
-            .zip(&our_grads)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(
-            top > 0.0 && worst <= 1e-3 * top,
-            "{arch}: gradients differ by {worst} (largest {top})"
-        );
+        let plain = trained(&dir, |_| {});
+        let ours = trained(&dir, |m| m.recompute_attention = true);
+        same_training(arch, "recomputed", &plain, &ours);
     }
 }
 
@@ -155,17 +183,7 @@ fn cuda_kernels_follow_the_reference() {
         Tensor::random([n], Distribution::Uniform(-2.0, 2.0), &d)
     };
     let close = |a: Vec<f32>, b: Vec<f32>, what: &str| {
-        assert_eq!(a.len(), b.len(), "{what}: sizes");
-        let top = b.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let worst = a
-            .iter()
-            .zip(&b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0f32, f32::max);
-        assert!(
-            top > 0.0 && worst <= 1e-5 * top,
-            "{what}: kernel and reference differ by {worst} (largest {top})"
-        );
+        within(&a, &b, 1e-5, &format!("{what}: kernel against reference"))
     };
     let values = |x: Tensor<G, 2>| -> Vec<f32> { x.into_data().to_vec().unwrap() };
     for (rows, width) in [(1000, 576), (333, 64)] {
@@ -290,16 +308,7 @@ fn cuda_fused_adamw_follows_burns() {
         [w, b].concat()
     };
     let (ours, theirs) = (run(true), run(false));
-    let top = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
-    let worst = ours
-        .iter()
-        .zip(&theirs)
-        .map(|(a, b)| (a - b).abs())
-        .fold(0f32, f32::max);
-    assert!(
-        top > 0.0 && worst <= 1e-5 * top,
-        "fused AdamW differs from burn's by {worst} (largest {top})"
-    );
+    within(&ours, &theirs, 1e-5, "fused AdamW against burn's");
     let before: Vec<f32> = start.weight.val().into_data().to_vec().unwrap();
     assert_ne!(&ours[..before.len()], &before[..], "the parameters moved");
 }
@@ -309,9 +318,6 @@ fn cuda_fused_adamw_follows_burns() {
 /// within 1e-3 of the largest (TF32 products, sums in another order); and greedy replies on the
 /// inference backend with the same tokens.
 fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
-    use burn::module::Module;
-    use burn::tensor::Tensor;
-    use rla_pipe::model::GpuTrain;
     use rla_pipe::model::hf::fused::force_kernels;
     use rla_pipe::model::hf::{self, Sampling};
     let greedy = Sampling {
@@ -326,41 +332,16 @@ fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
         tiny_model(&dir, arch, "F32");
         let run = |kernels: bool| {
             force_kernels(Some(kernels));
-            let model = load_on::<GpuTrain>(&dir);
-            let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
-            let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
-            let n = keep.len();
-            let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
-            let grads = (lp.clone().reshape([n]) * mask).sum().backward();
-            let mut g = crate::prefix::Grads {
-                grads: &grads,
-                out: vec![],
-            };
-            model.visit(&mut g);
+            let training = trained(&dir, |_| {});
             let gpu = load_on::<Gpu>(&dir);
             let d = Default::default();
             let replies = hf::generate::sample(&gpu, &prompts, &[1, 2], &[], &greedy, &d).unwrap();
             force_kernels(None);
-            (policy::to_host(lp), g.out.concat(), replies)
+            (training, replies)
         };
-        let (plain, plain_grads, plain_replies) = run(false);
-        let (ours, our_grads, our_replies) = run(true);
-        for (a, b) in plain.iter().flatten().zip(ours.iter().flatten()) {
-            assert!(
-                (a - b).abs() <= 5e-3,
-                "{arch}: log-probability {a} vs {b} with the kernels"
-            );
-        }
-        let top = plain_grads.iter().fold(0f32, |m, x| m.max(x.abs()));
-        let worst = plain_grads
-            .iter()
-            .zip(&our_grads)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
-        assert!(
-            top > 0.0 && worst <= 1e-3 * top,
-            "{arch}: gradients differ by {worst} (largest {top}) with the kernels"
-        );
+        let (plain, plain_replies) = run(false);
+        let (ours, our_replies) = run(true);
+        same_training(arch, "with the kernels", &plain, &ours);
         for ((a, _), (b, _)) in plain_replies.iter().zip(&our_replies) {
             assert_eq!(a, b, "{arch}: greedy tokens with and without the kernels");
         }
