@@ -26,8 +26,8 @@ fn rows() -> Vec<TreeRow> {
     ]
 }
 
-/// The largest difference between `ours` and `theirs`, within `tol` of `theirs`' largest entry
-/// (not all zero), or the failure named by `what`.
+/// Asserts that `ours` differs from `theirs` by at most `tol` times `theirs`' largest entry
+/// (which is not zero); `what` names the failure.
 fn within(ours: &[f32], theirs: &[f32], tol: f32, what: &str) {
     assert_eq!(ours.len(), theirs.len(), "{what}: sizes");
     let top = theirs.iter().fold(0f32, |m, x| m.max(x.abs()));
