@@ -466,6 +466,60 @@ fn kv_cache_generation_equals_full_recomputation() {
     }
 }
 
+/// Greedy tokens picked on the device (`hf::generate`: each row's first maximum and its
+/// log-probability computed there, only they read to the host: the GPU's path), forced on the
+/// CPU, against the host's picks from the logits: the same tokens and reply log-probabilities
+/// within 1e-5 relative (f32 sums on the device, f64 on the host), with rows that stop at
+/// different steps; a sampled reply (temperature > 0) keeps the host's path, bit for bit.
+#[test]
+fn device_greedy_picks_follow_the_hosts() {
+    use rla_pipe::model::hf::generate::force_device_greedy;
+    let f = Fixture::new();
+    let d = Default::default();
+    let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 33, 12, 40], vec![7, 8], vec![3, 30, 31]];
+    let seeds = [21u64, 22, 23];
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let model = load(&dir);
+        for temperature in [0.0, 0.9] {
+            let s = Sampling {
+                temperature,
+                top_p: 1.0,
+                max_tokens: 8,
+                seed: 0,
+            };
+            // Each reply ends at a token it would otherwise emit at step 3, so that rows stop
+            // at different steps.
+            let free = hf::generate::sample(&model, &prompts, &seeds, &[], &s, &d).unwrap();
+            let eos: Vec<u32> = free.iter().take(1).map(|(t, _)| t[3]).collect();
+            let run = |device: bool| {
+                force_device_greedy(Some(device));
+                let out = hf::generate::sample(&model, &prompts, &seeds, &eos, &s, &d).unwrap();
+                force_device_greedy(None);
+                out
+            };
+            let (host, device) = (run(false), run(true));
+            for ((a, x), (b, y)) in host.iter().zip(&device) {
+                assert_eq!(a, b, "{arch} at T = {temperature}: tokens");
+                match temperature > 0.0 {
+                    true => assert_eq!(x.to_bits(), y.to_bits(), "{arch}: sampled, host path"),
+                    false => assert!(
+                        (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                        "{arch}: greedy reply log-probability {x} on the host vs {y}"
+                    ),
+                }
+            }
+            let lengths: std::collections::BTreeSet<usize> =
+                host.iter().map(|(t, _)| t.len()).collect();
+            assert!(
+                lengths.len() > 1 || temperature > 0.0,
+                "{arch}: rows stop apart"
+            );
+        }
+    }
+}
+
 /// The GPU's key/value cache layout (`model::kv`: buffers of a bucketed number of keys written
 /// in place, the keys past the filled ones masked, and on decoding finished rows kept in the
 /// batch), forced on the CPU, against the CPU's own layout: the same tokens, and

@@ -23,7 +23,8 @@
 //! unchanged. The tests check the closed forms and the autodiff operations on the CPU with
 //! [`Reference`] (against burn's graph; forced through a whole model: [`force_reference`]);
 //! the GPU check compares the kernels with [`Reference`] on the device.
-//! `RLA_PIPE_CUDA_KERNELS=off` keeps burn's operations on the GPU (a benchmark knob).
+//! `RLA_PIPE_CUDA_KERNELS=off` keeps burn's operations on the GPU (a benchmark knob; also
+//! burn's AdamW, `model::adamw`, and greedy picks on the host, [`super::generate`]).
 
 use std::cell::Cell;
 use std::marker::PhantomData;

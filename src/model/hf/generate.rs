@@ -6,6 +6,7 @@
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
 use crate::model::lm::{KvCache, Lm, bool_tensor, int_tensor};
+use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 /// How tokens are picked.
@@ -255,11 +256,7 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
     // Room for every token this call may append: each is then written in place, not the
     // whole cache copied per token ([`crate::model::kv`]).
     cache.reserve(s.max_tokens);
-    let logits: Vec<f32> = last
-        .into_data()
-        .to_vec()
-        .map_err(|e| Error::Model(format!("reading logits: {e:?}")))?;
-    let mut last: Vec<Vec<f32>> = logits.chunks(vocab).map(|c| c.to_vec()).collect();
+    let mut last = Next::read(last, s, vocab)?;
     // Cache row i continues prompt `rows[i]`; `live` are the cache rows still generating. On
     // the CPU the finished rows leave the cache; on the device layout ([`crate::model::kv`])
     // they stay (their outputs unread), so that every step has the same shapes.
@@ -269,11 +266,16 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
     let mut next: Vec<u32> = vec![0; rows.len()];
     for step in 0..s.max_tokens {
         let mut keep = Vec::with_capacity(live.len());
-        let picking: Vec<(&[f32], usize)> = live
-            .iter()
-            .map(|&slot| (last[slot].as_slice(), rows[slot]))
-            .collect();
-        let picked = pick_rows(&picking, s, &mut rngs);
+        let picked = match &last {
+            Next::Logits(last) => {
+                let picking: Vec<(&[f32], usize)> = live
+                    .iter()
+                    .map(|&slot| (last[slot].as_slice(), rows[slot]))
+                    .collect();
+                pick_rows(&picking, s, &mut rngs)
+            }
+            Next::Greedy(picks) => live.iter().map(|&slot| picks[slot]).collect(),
+        };
         for (&slot, (tok, lp)) in live.iter().zip(picked) {
             let r = rows[slot];
             out[r].0.push(tok);
@@ -317,13 +319,55 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
             bool_tensor(mask, [n, 1, keys], device),
             Some(&mut cache),
         );
+        last = Next::read(logits.reshape([n, vocab]), s, vocab)?;
+    }
+    Ok(out)
+}
+
+thread_local! {
+    static DEVICE_GREEDY: std::cell::Cell<Option<bool>> = const { std::cell::Cell::new(None) };
+}
+
+/// Pick greedy tokens on the device on any backend (`Some(true)`), never, or as the backend
+/// chooses (`None`) on this thread (tests: the device's picks equal the host's on the CPU).
+#[doc(hidden)]
+pub fn force_device_greedy(on: Option<bool>) {
+    DEVICE_GREEDY.with(|f| f.set(on));
+}
+
+/// The next token of every cache row: its logits read to the host, where [`pick_rows`]
+/// samples; or, greedy on a GPU, each row's token and log-probability picked on the device, so
+/// that two values a row cross instead of the vocabulary's (`RLA_PIPE_CUDA_KERNELS=off` reads
+/// the logits, as before).
+enum Next {
+    Logits(Vec<Vec<f32>>),
+    Greedy(Vec<(u32, f64)>),
+}
+
+impl Next {
+    fn read<B: Backend>(logits: Tensor<B, 2>, s: &Sampling, vocab: usize) -> Result<Next> {
+        let on_device = DEVICE_GREEDY.with(std::cell::Cell::get).unwrap_or_else(|| {
+            crate::model::backend::is_cuda::<B>() && super::fused::gpu_kernels()
+        });
+        if s.temperature <= 0.0 && on_device {
+            // The first maximum's log-probability: −log Σ exp(l − max).
+            let max = logits.clone().max_dim(1);
+            let ids = logits.clone().argmax(1);
+            let lp = (logits - max).exp().sum_dim(1).log().neg();
+            let ids = ids.into_data();
+            let lp = lp.into_data();
+            let ids = ids.iter::<i64>().map(|i| i as u32);
+            let lp = lp.iter::<f64>();
+            return Ok(Next::Greedy(ids.zip(lp).collect()));
+        }
         let logits: Vec<f32> = logits
             .into_data()
             .to_vec()
             .map_err(|e| Error::Model(format!("reading logits: {e:?}")))?;
-        last = logits.chunks(vocab).map(|c| c.to_vec()).collect();
+        Ok(Next::Logits(
+            logits.chunks(vocab).map(|c| c.to_vec()).collect(),
+        ))
     }
-    Ok(out)
 }
 
 #[cfg(test)]
