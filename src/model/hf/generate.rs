@@ -350,15 +350,18 @@ impl Next {
             crate::model::backend::is_cuda::<B>() && super::fused::gpu_kernels()
         });
         if s.temperature <= 0.0 && on_device {
-            // The first maximum's log-probability: −log Σ exp(l − max).
+            // A maximum (on ties, the backend's argmax: the host takes the lowest id) and its
+            // log-probability, −log Σ exp(l − max); read in one transfer, the ids as f32
+            // (exact below 2²⁴, far above any vocabulary).
             let max = logits.clone().max_dim(1);
-            let ids = logits.clone().argmax(1);
+            let ids = logits.clone().argmax(1).float();
             let lp = (logits - max).exp().sum_dim(1).log().neg();
-            let ids = ids.into_data();
-            let lp = lp.into_data();
-            let ids = ids.iter::<i64>().map(|i| i as u32);
-            let lp = lp.iter::<f64>();
-            return Ok(Next::Greedy(ids.zip(lp).collect()));
+            let both: Vec<f32> = Tensor::cat(vec![ids, lp], 1)
+                .into_data()
+                .to_vec()
+                .map_err(|e| Error::Model(format!("reading picks: {e:?}")))?;
+            let picks = both.chunks(2).map(|p| (p[0] as u32, f64::from(p[1])));
+            return Ok(Next::Greedy(picks.collect()));
         }
         let logits: Vec<f32> = logits
             .into_data()
