@@ -41,8 +41,8 @@ from a seed, the same shapes a learning run's update has.
 6. `generate`: `rla-pipe model generate` (greedy, KV cache, one batched forward per token) at
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
    `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment (by default
-   DEFAULT_GENERATE: the key/value cache grown by concatenation; burn's operations for
-   RMSNorm, RoPE and the activation).
+   DEFAULT_GENERATE: burn's operations for RMSNorm, RoPE, the activation and the softmax, and
+   greedy picks on the host; the key/value cache grown by concatenation).
 7. `cpu`: the iteration on the machine's CPU cores, for the GPU/CPU ratio.
 
 Every run also counts its model calls per stage (`model call` lines at debug level,
@@ -72,9 +72,10 @@ UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # GPU change since the last lease against its predecessor — the key/value cache grown by
 # concatenation (before bucketed buffers written in place, src/model/kv.rs) and training
 # attention that keeps its probabilities (before recomputing them, src/model/hf/recompute.rs),
-# RMSNorm, RoPE and the MLP's activation as burn's operations (before one kernel each,
-# src/model/hf/fused.rs) — and one not yet adopted: training with balanced checkpointing
-# (src/model/backend.rs).
+# RMSNorm, RoPE, the MLP's activation and attention's softmax as burn's operations, burn's AdamW
+# and greedy picks on the host (before one kernel each, src/model/hf/fused.rs and
+# src/model/adamw.rs, and picks on the device) — and one not yet adopted: training with balanced
+# checkpointing (src/model/backend.rs).
 # The newest change first: a lease whose budget runs out keeps the comparisons that matter most.
 DEFAULT_VARIANTS = ["burnops=env:RLA_PIPE_CUDA_KERNELS=off", "keepattn=update.recompute_attention=off",
                     "kvcat=env:RLA_PIPE_DEVICE_KV=cat", "mb512=update.cuda_micro_batch_tokens=512",
@@ -278,8 +279,8 @@ def main():
                     help="use MODEL's own weights instead of random ones (needs its model.safetensors)")
     ap.add_argument("--generate-variant", action="append", default=[],
                     help="NAME=VAR=VALUE[,VAR=VALUE...]: the generation comparison again with this environment "
-                         "(default: DEFAULT_GENERATE, the key/value cache grown by concatenation, "
-                         "burn's operations for RMSNorm, RoPE and the activation)")
+                         "(default: DEFAULT_GENERATE: burn's operations and host picks; the key/value "
+                         "cache grown by concatenation)")
     ap.add_argument("--generate-runs", type=int, default=1,
                     help="run the generation comparison this many times; the last is reported")
     ap.add_argument("--profile-variant", default=None,
