@@ -306,10 +306,7 @@ mod tests {
                             model
                         }
                         false => {
-                            let g = grads.remove::<crate::model::Cpu, 2>(model.a.id).unwrap();
-                            grads.register(model.a.id, g.mul_scalar(by));
-                            let g = grads.remove::<crate::model::Cpu, 1>(model.b.id).unwrap();
-                            grads.register(model.b.id, g.mul_scalar(by));
+                            crate::model::ppo::scale_gradients(&model, &mut grads, by);
                             burn.step(1e-2, model, grads)
                         }
                     };

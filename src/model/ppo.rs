@@ -283,10 +283,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         match &optim {
             // The fused step scales each gradient itself (no pass over them first).
             Adam::Fused(_) => adam.scale_gradients(by),
-            Adam::Burn(_) if by != 1.0 => model.visit(&mut Scale {
-                grads: &mut summed,
-                by,
-            }),
+            Adam::Burn(_) if by != 1.0 => scale_gradients(&model, &mut summed, by),
             Adam::Burn(_) => {}
         }
         model = optim.step(s.lr, model, summed);
@@ -494,6 +491,16 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
     }
 }
 
+/// Multiply every gradient of `model`'s parameters in `grads` by `by` (the global-norm clip's
+/// pass over them, before burn's AdamW steps).
+pub fn scale_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    grads: &mut GradientsParams,
+    by: f64,
+) {
+    model.visit(&mut Scale { grads, by });
+}
+
 /// Multiplies every gradient by `by` (global-norm clipping).
 struct Scale<'a> {
     grads: &'a mut GradientsParams,
@@ -582,7 +589,6 @@ mod tests {
         assert!(plan(0, &s, 1).is_empty());
     }
 
-    /// The tiny policy the update tests train: a 4 → 3 linear map with fixed weights, no bias.
     /// The GPU's gradient norm (the parameters' squared sums on the device, one transfer)
     /// equals the CPU's (per parameter, the largest summed on the host) within 1e-6 relative,
     /// on a model with a parameter above the CPU's host-sum threshold and small ones.
@@ -602,6 +608,7 @@ mod tests {
         assert_eq!(device_norm(&big, &empty), 0.0);
     }
 
+    /// The tiny policy the update tests train: a 4 → 3 linear map with fixed weights, no bias.
     fn tiny_linear() -> burn::nn::Linear<CpuTrain> {
         let mut lin: burn::nn::Linear<CpuTrain> =
             burn::nn::LinearConfig::new(4, 3).init(&Default::default());

@@ -294,11 +294,7 @@ fn cuda_fused_adamw_follows_burns() {
                     model
                 }
                 false => {
-                    let (w, b) = (model.weight.id, model.bias.as_ref().unwrap().id);
-                    let g = grads.remove::<Gpu, 2>(w).unwrap();
-                    grads.register(w, g.mul_scalar(by));
-                    let g = grads.remove::<Gpu, 1>(b).unwrap();
-                    grads.register(b, g.mul_scalar(by));
+                    rla_pipe::model::ppo::scale_gradients(&model, &mut grads, by);
                     burn.step(1e-2, model, grads)
                 }
             };
