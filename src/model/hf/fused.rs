@@ -181,9 +181,13 @@ pub fn force_reference(on: bool) {
     REFERENCE.with(|f| f.set(on));
 }
 
-/// Whether the GPU runs this module's kernels (not `RLA_PIPE_CUDA_KERNELS=off`).
-#[cfg(feature = "cuda")]
-fn kernels_on() -> bool {
+/// Whether the GPU runs its kernels (not `RLA_PIPE_CUDA_KERNELS=off`, unless [`force_kernels`];
+/// never without `cuda`): this module's, the attention's softmax in [`super::recompute`], the
+/// update's AdamW (`model::adamw`) and greedy picks on the device ([`super::generate`]).
+pub(crate) fn gpu_kernels() -> bool {
+    if !cfg!(feature = "cuda") {
+        return false;
+    }
     if let Some(on) = KERNELS.with(Cell::get) {
         return on;
     }
@@ -191,25 +195,10 @@ fn kernels_on() -> bool {
     *ON.get_or_init(|| std::env::var("RLA_PIPE_CUDA_KERNELS").map_or(true, |v| v != "off"))
 }
 
-/// Whether the GPU runs its kernels (`RLA_PIPE_CUDA_KERNELS`, [`force_kernels`]; never
-/// without `cuda`): for the attention's softmax in [`super::recompute`] and the update's AdamW
-/// (`model::adamw`).
-pub(crate) fn gpu_kernels() -> bool {
-    #[cfg(feature = "cuda")]
-    return kernels_on();
-    #[cfg(not(feature = "cuda"))]
-    false
-}
-
 /// Whether models on `B` run this module's operations: on the GPU (unless turned off), or
 /// anywhere when [`force_reference`] (a cheap check before any reshaping).
-#[cfg_attr(not(feature = "cuda"), allow(clippy::extra_unused_type_parameters))]
 fn applies<B: Backend>() -> bool {
-    #[cfg(feature = "cuda")]
-    if crate::model::backend::is_cuda::<B>() && kernels_on() {
-        return true;
-    }
-    REFERENCE.with(Cell::get)
+    (crate::model::backend::is_cuda::<B>() && gpu_kernels()) || REFERENCE.with(Cell::get)
 }
 
 /// `f` of `args` on the backend of this module's operations: `plain(args)` without autodiff,
@@ -244,7 +233,7 @@ macro_rules! dispatch {
         #[cfg(feature = "cuda")]
         let args = {
             use crate::model::backend::{Gpu, GpuTrain, GpuTrainBalanced};
-            match kernels_on() {
+            match gpu_kernels() {
                 true => {
                     let args = match cast::<_, $T<Gpu>>(args) {
                         Ok($a) => {
