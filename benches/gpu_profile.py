@@ -69,16 +69,18 @@ UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 # The variants a lease measures when none are named: a smaller GPU's backward passes, and each
-# GPU change since the last lease against its predecessor — the key/value cache grown by
-# concatenation (before bucketed buffers written in place, src/model/kv.rs) and training
-# attention that keeps its probabilities (before recomputing them, src/model/hf/recompute.rs),
-# RMSNorm, RoPE, the MLP's activation and attention's softmax as burn's operations, burn's AdamW
-# and greedy picks on the host (before one kernel each, src/model/hf/fused.rs and
-# src/model/adamw.rs, and picks on the device) — and one not yet adopted: training with balanced
-# checkpointing (src/model/backend.rs).
+# GPU change since the last lease against its predecessor — training that keeps every layer's
+# activations (before per-layer checkpointing, src/model/hf/checkpointed.rs), the key/value
+# cache grown by concatenation (before bucketed buffers written in place, src/model/kv.rs) and
+# training attention that keeps its probabilities (before recomputing them,
+# src/model/hf/recompute.rs), RMSNorm, RoPE, the MLP's activation and attention's softmax as
+# burn's operations, burn's AdamW and greedy picks on the host (before one kernel each,
+# src/model/hf/fused.rs and src/model/adamw.rs, and picks on the device) — and one not yet
+# adopted: training with balanced checkpointing (src/model/backend.rs).
 # The newest change first: a lease whose budget runs out keeps the comparisons that matter most.
-DEFAULT_VARIANTS = ["burnops=env:RLA_PIPE_CUDA_KERNELS=off", "keepattn=update.recompute_attention=off",
-                    "kvcat=env:RLA_PIPE_DEVICE_KV=cat", "mb512=update.cuda_micro_batch_tokens=512",
+DEFAULT_VARIANTS = ["keeplayers=update.checkpoint_layers=off", "burnops=env:RLA_PIPE_CUDA_KERNELS=off",
+                    "keepattn=update.recompute_attention=off", "kvcat=env:RLA_PIPE_DEVICE_KV=cat",
+                    "mb512=update.cuda_micro_batch_tokens=512",
                     "balanced=env:RLA_PIPE_CUDA_CHECKPOINTING=balanced"]
 DEFAULT_GENERATE = ["burnops=RLA_PIPE_CUDA_KERNELS=off", "kvcat=RLA_PIPE_DEVICE_KV=cat"]
 

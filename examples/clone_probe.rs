@@ -94,6 +94,7 @@ fn main() -> anyhow::Result<()> {
         // Behaviour cloning, as the warm start: no snapshot to stay near.
         target_kl: 0.0,
         gpu: false,
+        checkpoint_layers: false,
     };
     let dev = Default::default();
     let (trained, metrics) =

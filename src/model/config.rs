@@ -582,9 +582,20 @@ pub struct UpdateConfig {
     /// runs made before the key existed keep their config hash.
     #[serde(skip_serializing_if = "Switch::is_auto")]
     pub recompute_attention: Switch,
+    /// Whether a pretrained model's training calls keep only each layer's input and recompute
+    /// the layer in its backward pass (`model::hf::checkpointed`), instead of keeping every
+    /// layer's activations until the backward pass: memory for the layers' activations falls
+    /// to one `[tokens, hidden]` tensor per layer, for one more forward pass of the layers;
+    /// gradients equal up to the order of sums. `auto`: on `run.device = "cuda"` (where one
+    /// backward pass per minibatch holds tens of thousands of tokens' activations), not on the
+    /// CPU (whose 512-token passes and balanced checkpointing keep them small, and whose
+    /// committed updates keep their bits). Not written when `auto`, so runs made before the key
+    /// existed keep their config hash.
+    #[serde(skip_serializing_if = "Switch::is_auto")]
+    pub checkpoint_layers: Switch,
 }
 
-/// `auto`, `on` or `off` (`update.recompute_attention`).
+/// `auto`, `on` or `off` (`update.recompute_attention`, `update.checkpoint_layers`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Switch {
@@ -661,6 +672,7 @@ impl Default for UpdateConfig {
             checkpoint_dtype: CheckpointDtype::F32,
             target_kl: 0.0,
             recompute_attention: Switch::Auto,
+            checkpoint_layers: Switch::Auto,
         }
     }
 }
@@ -679,6 +691,12 @@ impl UpdateConfig {
     /// (`recompute_attention`; `auto`: on `cuda` only).
     pub fn recomputes_attention(&self, device: Device) -> bool {
         self.recompute_attention.or(device == Device::Cuda)
+    }
+
+    /// Whether training calls checkpoint their layers on `device` (`checkpoint_layers`;
+    /// `auto`: on `cuda` only).
+    pub fn checkpoints_layers(&self, device: Device) -> bool {
+        self.checkpoint_layers.or(device == Device::Cuda)
     }
 
     /// The section's own checks (keys `update.*`).

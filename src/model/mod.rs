@@ -30,6 +30,7 @@ pub mod ppo;
 pub mod pretrain;
 pub mod prompt;
 pub mod reward;
+pub mod tape;
 pub mod tokenizer;
 pub mod transformer;
 pub mod tree;

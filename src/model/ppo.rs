@@ -52,6 +52,10 @@ pub struct PpoSettings {
     /// ([`super::adamw::FusedAdamW`], unless `RLA_PIPE_CUDA_KERNELS=off`); otherwise each
     /// parameter's sum is read in turn and burn's AdamW steps (the CPU's bits).
     pub gpu: bool,
+    /// A pretrained model's training calls keep only their layers' inputs, and each layer's
+    /// backward pass recomputes it (`update.checkpoint_layers`,
+    /// [`super::hf::checkpointed`]): less memory for one more forward pass of the layers.
+    pub checkpoint_layers: bool,
 }
 
 pub use super::config::Schedule;
@@ -228,7 +232,8 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         for group in micro.chunks(threads) {
             let one = |m: &M, batch: &[usize]| {
                 let w = batch.len() as f64 / total as f64;
-                micro_batch(m, batch, (micro.len() > 1).then_some(w), &loss_of)
+                let w = (micro.len() > 1).then_some(w);
+                micro_batch(m, batch, w, s.checkpoint_layers, &loss_of)
             };
             // Each result is added to the sum as soon as it is there (in micro-batch order), so
             // at most one micro-batch's gradients wait beside the sum.
@@ -334,23 +339,52 @@ fn micro_batch<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     batch: &[usize],
     w: Option<f64>,
+    checkpoint_layers: bool,
     loss_of: &impl Fn(&M, &[usize]) -> (Tensor<B, 1>, Tensor<B, 1>, Tensor<B, 1>, u64),
 ) -> MicroResult {
     let scalar = |t: Tensor<B, 1>| f64::from(t.into_scalar().elem::<f32>());
-    let (loss, kl, clip, tokens) = loss_of(model, batch);
+    let ((loss, kl, clip, tokens), deferred) = match checkpoint_layers {
+        true => super::tape::record(|| loss_of(model, batch)),
+        false => (loss_of(model, batch), Vec::new()),
+    };
     let (loss_v, kl, clip) = (scalar(loss.clone()), scalar(kl), scalar(clip));
     let loss = match w {
         Some(w) => loss.mul_scalar(w),
         None => loss,
     };
-    let grads = GradientsParams::from_grads(loss.backward(), model);
     MicroResult {
         loss: loss_v,
         kl,
         clip,
         tokens,
-        grads,
+        grads: gradients(model, loss, deferred),
     }
+}
+
+/// The gradients of `loss` for `model`'s parameters: its backward pass, then the deferred
+/// passes of the checkpointed calls that made it ([`super::tape`]), summed in.
+pub fn gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+    model: &M,
+    loss: Tensor<B, 1>,
+    deferred: Vec<super::tape::Deferred>,
+) -> GradientsParams {
+    let mut grads = loss.backward();
+    // Each part is summed in as soon as it is there: one layer's gradients wait beside the sum.
+    let mut summed = GradientsParams::new();
+    let add = |part: GradientsParams, into: &mut GradientsParams| {
+        model.visit(&mut Accumulate::<B> {
+            grads: part,
+            into,
+            _b: std::marker::PhantomData,
+        })
+    };
+    for pass in deferred {
+        for part in pass(&mut grads) {
+            add(part, &mut summed);
+        }
+    }
+    add(GradientsParams::from_grads(grads, model), &mut summed);
+    summed
 }
 
 /// Adds a micro-batch's gradient of every float parameter to `into` (parameter order, so
@@ -544,6 +578,7 @@ mod tests {
             threads: 1,
             target_kl: 0.0,
             gpu: false,
+            checkpoint_layers: false,
         }
     }
 

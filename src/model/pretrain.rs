@@ -90,6 +90,7 @@ mod tests {
             schedule: Schedule::Fixed,
             target_kl: 0.0,
             gpu: false,
+            checkpoint_layers: false,
         }
     }
 

@@ -158,6 +158,7 @@ fn settings(cfg: &Config, samples: usize, epochs: u32) -> PpoSettings {
         }, // Behaviour cloning: no snapshot to stay near.
         target_kl: 0.0,
         gpu: cfg.run.device == crate::model::Device::Cuda,
+        checkpoint_layers: cfg.update.checkpoints_layers(cfg.run.device),
     }
 }
 

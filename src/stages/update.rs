@@ -97,6 +97,7 @@ fn settings(cfg: &Config, lr: f64, steps: u32) -> PpoSettings {
         },
         target_kl: cfg.update.target_kl,
         gpu: cfg.run.device == crate::model::Device::Cuda,
+        checkpoint_layers: cfg.update.checkpoints_layers(cfg.run.device),
     }
 }
 

@@ -43,24 +43,32 @@ fn within(ours: &[f32], theirs: &[f32], tol: f32, what: &str) {
 }
 
 /// A tiny model on the GPU's training backend (`set` adjusts it after loading): the packed
-/// rows' log-probabilities and every parameter's gradient of their sum.
+/// rows' log-probabilities and every parameter's gradient of their sum; with `layers`, the
+/// layers checkpointed (`update.checkpoint_layers`: the forward recorded, the layers' backward
+/// passes deferred).
 fn trained(
     dir: &std::path::Path,
+    layers: bool,
     set: impl FnOnce(&mut rla_pipe::model::hf::CausalLm<rla_pipe::model::GpuTrain>),
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
     use burn::module::Module;
     use burn::tensor::Tensor;
-    use rla_pipe::model::GpuTrain;
+    use rla_pipe::model::{GpuTrain, ppo, tape};
     let mut model = load_on::<GpuTrain>(dir);
     set(&mut model);
-    let (lp, valid) = tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
+    let forward = || tree_logprobs(&model, &rows(), None, 1.0, &Default::default());
+    let ((lp, valid), deferred) = match layers {
+        true => tape::record(forward),
+        false => (forward(), Vec::new()),
+    };
     let keep: Vec<f32> = valid.iter().map(|v| f32::from(u8::from(*v))).collect();
     let n = keep.len();
     let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
-    let grads = (lp.clone().reshape([n]) * mask).sum().backward();
-    let mut g = crate::prefix::Grads {
+    let grads = ppo::gradients(&model, (lp.clone().reshape([n]) * mask).sum(), deferred);
+    let mut g = crate::prefix::Summed::<GpuTrain> {
         grads: &grads,
         out: vec![],
+        backend: std::marker::PhantomData,
     };
     model.visit(&mut g);
     (policy::to_host(lp), g.out.concat())
@@ -163,9 +171,11 @@ fn cuda_cache_layout_and_recomputed_attention(f: &Fixture) {
                 "{arch}: reply log-probability {x} vs {y}"
             );
         }
-        let plain = trained(&dir, |_| {});
-        let ours = trained(&dir, |m| m.recompute_attention = true);
+        let plain = trained(&dir, false, |_| {});
+        let ours = trained(&dir, false, |m| m.recompute_attention = true);
         same_training(arch, "recomputed", &plain, &ours);
+        let layers = trained(&dir, true, |m| m.recompute_attention = true);
+        same_training(arch, "with checkpointed layers", &plain, &layers);
     }
 }
 
@@ -328,7 +338,7 @@ fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
         tiny_model(&dir, arch, "F32");
         let run = |kernels: bool| {
             force_kernels(Some(kernels));
-            let training = trained(&dir, |_| {});
+            let training = trained(&dir, false, |_| {});
             let gpu = load_on::<Gpu>(&dir);
             let d = Default::default();
             let replies = hf::generate::sample(&gpu, &prompts, &[1, 2], &[], &greedy, &d).unwrap();

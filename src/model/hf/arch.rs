@@ -102,6 +102,29 @@ pub fn set_attention_chunk_bytes(bytes: usize) {
     ATTENTION_CHUNK_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// What every layer of one model call shares ([`CausalLm::call`]): its shapes, RoPE's tables
+/// (and, where [`rotary`] needs them, the tables repeated over the heads), the attention's mask
+/// as an additive bias or as bytes, how the attention runs, and the adapters' scale.
+pub(super) struct Call<B: Backend> {
+    b: usize,
+    t: usize,
+    /// Keys each query row may see: the cache's and this call's (on the device layout, the
+    /// buffers' room).
+    keys: usize,
+    tables: (Tensor<B, 4>, Tensor<B, 4>),
+    rope_q: std::cell::OnceCell<(Tensor<B, 4>, Tensor<B, 4>)>,
+    rope_k: std::cell::OnceCell<(Tensor<B, 4>, Tensor<B, 4>)>,
+    bias: Option<Tensor<B, 4>>,
+    hidden_keys: Option<TensorData>,
+    /// The CPU's fused inference attention ([`super::attention`]).
+    fused: bool,
+    /// Batch rows per attention call (CPU inference), when split.
+    chunk: Option<usize>,
+    slot: Option<(usize, usize)>,
+    scale: f64,
+    lora_scale: f32,
+}
+
 /// A model's frozen projections (per layer, in [`crate::model::config::LORA_TARGETS`] order)
 /// and output head, packed for training ([`super::frozen`]).
 #[derive(Debug)]
@@ -501,6 +524,8 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// The final normed hidden states `[b, t, hidden]` ([`Self::forward`] before the head).
+    /// While an update records its micro-batch ([`crate::model::tape`]) a training call without
+    /// a cache keeps only its layers' inputs ([`super::checkpointed`]).
     pub fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
@@ -508,15 +533,66 @@ impl<B: Backend> CausalLm<B> {
         mask: Tensor<B, 3, Bool>,
         mut cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
-        let a = &self.arch;
-        let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
-        let g = h / kv;
+        let (tokens, positions, mask) = match cache.is_none() && self.packed.is_none() {
+            true => match super::checkpointed::hidden(self, tokens, positions, mask) {
+                Ok(x) => return x,
+                Err(inputs) => inputs,
+            },
+            false => (tokens, positions, mask),
+        };
         let [b, t] = tokens.dims();
-        let tokens_device = tokens.device();
         // The device layout ([`crate::model::kv`]): this call's keys are written at `slot`, the
         // cache's keys so far, in buffers of `cap` keys; the mask hides the keys past them.
-        let mut mask = mask;
         let slot = cache.as_mut().and_then(|c| c.device_slot(t));
+        let call = self.call(positions, mask, b, t, slot);
+        let mut x = self.embed(tokens);
+        // The cached keys and values are taken (not cloned), so that a cache with room
+        // ([`KvCache::reserve`]) owns its buffers and takes the new ones in place.
+        let mut old = cache
+            .as_mut()
+            .filter(|c| !c.layers.is_empty())
+            .map(|c| std::mem::take(&mut c.layers).into_iter());
+        let mut fresh = Vec::with_capacity(self.arch.layers);
+        for l in 0..self.model.layers.len() {
+            let cached = old
+                .as_mut()
+                .map(|o| o.next().expect("a cached layer per layer"));
+            let (y, kv) = self.layer(l, x, &call, cached);
+            x = y;
+            fresh.push(kv);
+        }
+        if let Some(c) = cache {
+            c.layers = fresh;
+        }
+        norm(&self.model.norm, x)
+    }
+
+    /// The embeddings of `tokens` (`[b, t]`): `[b, t, hidden]`.
+    pub(super) fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let [b, t] = tokens.dims();
+        self.model
+            .embed_tokens
+            .weight
+            .val()
+            .select(0, tokens.reshape([b * t]))
+            .reshape([b, t, self.arch.hidden])
+    }
+
+    /// What every layer of a call of `b` rows of `t` tokens shares ([`Call`]), from the call's
+    /// positions and mask and, on the device layout, where its keys go in the cache.
+    pub(super) fn call(
+        &self,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        b: usize,
+        t: usize,
+        slot: Option<(usize, usize)>,
+    ) -> Call<B> {
+        let a = &self.arch;
+        let (kv, hd) = (a.kv_heads, a.head_dim);
+        let g = a.heads / kv;
+        let device = positions.device();
+        let mut mask = mask;
         if let Some((n, cap)) = slot {
             let keys = mask.dims()[2];
             assert_eq!(
@@ -526,29 +602,14 @@ impl<B: Backend> CausalLm<B> {
             );
             if cap > keys {
                 let hidden = vec![true; b * t * (cap - keys)];
-                let pad = bool_tensor::<B, 3>(hidden, [b, t, cap - keys], &tokens_device);
+                let pad = bool_tensor::<B, 3>(hidden, [b, t, cap - keys], &device);
                 mask = Tensor::cat(vec![mask, pad], 2);
             }
         }
         let keys = mask.dims()[2];
-        let mut x = self
-            .model
-            .embed_tokens
-            .weight
-            .val()
-            .select(0, tokens.reshape([b * t]))
-            .reshape([b, t, a.hidden]);
         // The tables, and where [`rotary`] needs them, repeated over the query heads and over
         // the key heads, once per call.
         let tables = self.rope_tables(positions);
-        let over = |n: usize| {
-            (
-                tables.0.clone().repeat_dim(2, n),
-                tables.1.clone().repeat_dim(2, n),
-            )
-        };
-        let rope_q = std::cell::OnceCell::new();
-        let rope_k = std::cell::OnceCell::new();
         // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
         // With the tiles (inference or training), the mask's bytes instead: the fused masked
         // softmax reads them ([`super::softmax`]).
@@ -574,7 +635,6 @@ impl<B: Backend> CausalLm<B> {
                 (None, Some(hidden))
             }
         };
-        let scale = 1.0 / (hd as f64).sqrt();
         // Inference on the CPU with burn's attention (decoding steps; prompts run the fused
         // one): the attention in batch chunks whose scores (`[rows, kv, g·t,
         // keys]` f32, and the weights beside them) stay under glibc's mmap threshold (32 MiB,
@@ -583,151 +643,178 @@ impl<B: Backend> CausalLm<B> {
         // CPU time was page faults). Each batch row's products are the same calls on the same
         // operands either way, so the values are too. Training (autodiff) and GPUs keep one call.
         let most = ATTENTION_CHUNK_BYTES.load(std::sync::atomic::Ordering::Relaxed);
-        let chunk = (!B::ad_enabled(&tokens_device) && !crate::model::backend::is_cuda::<B>())
+        let chunk = (!B::ad_enabled(&device) && !crate::model::backend::is_cuda::<B>())
             .then(|| (most / (kv * g * t * keys * 4).max(1)).max(1));
-        // The cached keys and values are taken (not cloned), so that a cache with room
-        // ([`KvCache::reserve`]) owns its buffers and takes the new ones in place.
-        let mut old = cache
-            .as_mut()
-            .filter(|c| !c.layers.is_empty())
-            .map(|c| std::mem::take(&mut c.layers).into_iter());
-        let mut fresh = Vec::with_capacity(a.layers);
-        let scale_lora = self.lora.as_ref().map_or(0.0, LoraSpec::scale);
-        for (l, layer) in self.model.layers.iter().enumerate() {
-            let att = &layer.self_attn;
-            let normed = norm(&layer.input_layernorm, x.clone());
-            // `[b, t, n·hd]` → `[b, n, t, hd]`, normed and rotated (RoPE) while still
-            // `[b, t, n, hd]`, then moved in one copy ([`super::heads`]).
-            let split = |y: Tensor<B, 3>, n: usize, qk_norm: &Option<RmsNorm<B>>, rotate: bool| {
-                let y = y.reshape([b, t, n, hd]);
-                let y = match qk_norm {
-                    Some(n) => norm(n, y),
-                    None => y,
-                };
-                let y = match rotate {
-                    true => {
-                        let cell = if n == h { &rope_q } else { &rope_k };
-                        rotary(y, &tables, || cell.get_or_init(|| over(n)).clone())
-                    }
-                    false => y,
-                };
-                super::heads::swap_middle(y)
+        Call {
+            b,
+            t,
+            keys,
+            tables,
+            rope_q: std::cell::OnceCell::new(),
+            rope_k: std::cell::OnceCell::new(),
+            bias,
+            hidden_keys,
+            fused,
+            chunk,
+            slot,
+            scale: 1.0 / (hd as f64).sqrt(),
+            lora_scale: self.lora.as_ref().map_or(0.0, LoraSpec::scale),
+        }
+    }
+
+    /// Layer `l` of a call on its input `x` (`[b, t, hidden]`): its output, and the keys and
+    /// values of this call's positions (with `cached`, the cache's keys and values before
+    /// them, those that came before them).
+    pub(super) fn layer(
+        &self,
+        l: usize,
+        x: Tensor<B, 3>,
+        c: &Call<B>,
+        cached: Option<(Tensor<B, 4>, Tensor<B, 4>)>,
+    ) -> (Tensor<B, 3>, (Tensor<B, 4>, Tensor<B, 4>)) {
+        let a = &self.arch;
+        let (h, kv, hd) = (a.heads, a.kv_heads, a.head_dim);
+        let g = h / kv;
+        let (b, t, keys) = (c.b, c.t, c.keys);
+        let layer = &self.model.layers[l];
+        let att = &layer.self_attn;
+        let over = |n: usize| {
+            (
+                c.tables.0.clone().repeat_dim(2, n),
+                c.tables.1.clone().repeat_dim(2, n),
+            )
+        };
+        let normed = norm(&layer.input_layernorm, x.clone());
+        // `[b, t, n·hd]` → `[b, n, t, hd]`, normed and rotated (RoPE) while still
+        // `[b, t, n, hd]`, then moved in one copy ([`super::heads`]).
+        let split = |y: Tensor<B, 3>, n: usize, qk_norm: &Option<RmsNorm<B>>, rotate: bool| {
+            let y = y.reshape([b, t, n, hd]);
+            let y = match qk_norm {
+                Some(n) => norm(n, y),
+                None => y,
             };
-            let packed = self.packed.as_ref().map(|p| &p.layers[l]);
-            let frozen = self.frozen.as_ref().map(|f| &f.layers[l]);
-            let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
-                let i = || {
-                    LORA_TARGETS
-                        .iter()
-                        .position(|t| *t == target)
-                        .expect("a target")
-                };
-                match (packed, frozen) {
-                    (Some(packed), _) => apply_packed(x, &packed[i()], lin.bias.as_ref()),
-                    (None, Some(frozen)) => {
-                        proj_frozen(x, lin, &frozen[i()], layer, target, scale_lora)
-                    }
-                    (None, None) => proj(x, lin, layer, target, scale_lora),
+            let y = match rotate {
+                true => {
+                    let cell = if n == h { &c.rope_q } else { &c.rope_k };
+                    rotary(y, &c.tables, || cell.get_or_init(|| over(n)).clone())
                 }
+                false => y,
             };
-            let q = split(
-                p(normed.clone(), &att.q_proj, "q_proj"),
-                h,
-                &att.q_norm,
-                true,
-            );
-            let mut k = split(
-                p(normed.clone(), &att.k_proj, "k_proj"),
-                kv,
-                &att.k_norm,
-                true,
-            );
-            let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
-            if let Some(layers) = &mut old {
-                let (ck, cv) = layers.next().expect("a cached layer per layer");
-                match slot {
-                    Some((n, _)) => {
-                        k = ck.slice_assign([0..b, 0..kv, n..n + t, 0..hd], k);
-                        v = cv.slice_assign([0..b, 0..kv, n..n + t, 0..hd], v);
-                    }
-                    None => {
-                        k = crate::model::kv::append(ck, k);
-                        v = crate::model::kv::append(cv, v);
-                    }
+            super::heads::swap_middle(y)
+        };
+        let packed = self.packed.as_ref().map(|p| &p.layers[l]);
+        let frozen = self.frozen.as_ref().map(|f| &f.layers[l]);
+        let p = |x: Tensor<B, 3>, lin: &Linear<B>, target: &str| {
+            let i = || {
+                LORA_TARGETS
+                    .iter()
+                    .position(|t| *t == target)
+                    .expect("a target")
+            };
+            match (packed, frozen) {
+                (Some(packed), _) => apply_packed(x, &packed[i()], lin.bias.as_ref()),
+                (None, Some(frozen)) => {
+                    proj_frozen(x, lin, &frozen[i()], layer, target, c.lora_scale)
+                }
+                (None, None) => proj(x, lin, layer, target, c.lora_scale),
+            }
+        };
+        let q = split(
+            p(normed.clone(), &att.q_proj, "q_proj"),
+            h,
+            &att.q_norm,
+            true,
+        );
+        let mut k = split(
+            p(normed.clone(), &att.k_proj, "k_proj"),
+            kv,
+            &att.k_norm,
+            true,
+        );
+        let mut v = split(p(normed, &att.v_proj, "v_proj"), kv, &None, false);
+        if let Some((ck, cv)) = cached {
+            match c.slot {
+                Some((n, _)) => {
+                    k = ck.slice_assign([0..b, 0..kv, n..n + t, 0..hd], k);
+                    v = cv.slice_assign([0..b, 0..kv, n..n + t, 0..hd], v);
+                }
+                None => {
+                    k = crate::model::kv::append(ck, k);
+                    v = crate::model::kv::append(cv, v);
                 }
             }
-            fresh.push((k.clone(), v.clone()));
-            // Query head j·g + i reads key/value head j: fold the g heads into the rows.
-            let q = q.reshape([b, kv, g * t, hd]);
-            // The attention of batch rows `r0..r1`: `[r1 − r0, kv, g·t, hd]`, before the heads
-            // move back.
-            let attend =
-                |q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, r0: usize, r1: usize| {
-                    let rows = |bias: &Tensor<B, 4>| match r1 - r0 == b {
-                        true => bias.clone(),
-                        false => bias.clone().narrow(0, r0, r1 - r0),
-                    };
-                    match (&bias, &hidden_keys) {
-                        (Some(bias), _) if self.recompute_attention => {
-                            super::recompute::attention(q, k, v, rows(bias), scale)
-                        }
-                        (Some(bias), _) => {
-                            let scores = q.matmul(k.swap_dims(2, 3));
-                            // One kernel on the GPU ([`super::fused`]).
-                            super::fused::softmax(scores, rows(bias), scale)
-                                .unwrap_or_else(|(s, b)| softmax(s.mul_scalar(scale) + b, 3))
-                                .matmul(v)
-                        }
-                        (None, Some(hidden)) => super::softmax::masked_softmax(
-                            q.matmul(k.swap_dims(2, 3)),
-                            &hidden.as_bytes()[r0 * t * keys..r1 * t * keys],
-                            t,
-                            scale as f32,
+        }
+        let kv_out = (k.clone(), v.clone());
+        // Query head j·g + i reads key/value head j: fold the g heads into the rows.
+        let q = q.reshape([b, kv, g * t, hd]);
+        let scale = c.scale;
+        // The attention of batch rows `r0..r1`: `[r1 − r0, kv, g·t, hd]`, before the heads
+        // move back.
+        let attend = |q: Tensor<B, 4>, k: Tensor<B, 4>, v: Tensor<B, 4>, r0: usize, r1: usize| {
+            let rows = |bias: &Tensor<B, 4>| match r1 - r0 == b {
+                true => bias.clone(),
+                false => bias.clone().narrow(0, r0, r1 - r0),
+            };
+            match (&c.bias, &c.hidden_keys) {
+                (Some(bias), _) if self.recompute_attention => {
+                    super::recompute::attention(q, k, v, rows(bias), scale)
+                }
+                (Some(bias), _) => {
+                    let scores = q.matmul(k.swap_dims(2, 3));
+                    // One kernel on the GPU ([`super::fused`]).
+                    super::fused::softmax(scores, rows(bias), scale)
+                        .unwrap_or_else(|(s, b)| softmax(s.mul_scalar(scale) + b, 3))
+                        .matmul(v)
+                }
+                (None, Some(hidden)) => super::softmax::masked_softmax(
+                    q.matmul(k.swap_dims(2, 3)),
+                    &hidden.as_bytes()[r0 * t * keys..r1 * t * keys],
+                    t,
+                    scale as f32,
+                )
+                .matmul(v),
+                (None, None) => unreachable!("a bias or a mask"),
+            }
+        };
+        let attended = match (&c.hidden_keys, c.chunk) {
+            (Some(hidden), _) if c.fused => {
+                super::attention::attend(q, k, v, hidden.as_bytes(), t, scale as f32)
+            }
+            (_, Some(rows)) if rows < b => {
+                let parts: Vec<Tensor<B, 4>> = (0..b)
+                    .step_by(rows)
+                    .map(|r0| {
+                        let n = rows.min(b - r0);
+                        attend(
+                            q.clone().narrow(0, r0, n),
+                            k.clone().narrow(0, r0, n),
+                            v.clone().narrow(0, r0, n),
+                            r0,
+                            r0 + n,
                         )
-                        .matmul(v),
-                        (None, None) => unreachable!("a bias or a mask"),
-                    }
-                };
-            let attended = match (&hidden_keys, chunk) {
-                (Some(hidden), _) if fused => {
-                    super::attention::attend(q, k, v, hidden.as_bytes(), t, scale as f32)
-                }
-                (_, Some(rows)) if rows < b => {
-                    let parts: Vec<Tensor<B, 4>> = (0..b)
-                        .step_by(rows)
-                        .map(|r0| {
-                            let n = rows.min(b - r0);
-                            attend(
-                                q.clone().narrow(0, r0, n),
-                                k.clone().narrow(0, r0, n),
-                                v.clone().narrow(0, r0, n),
-                                r0,
-                                r0 + n,
-                            )
-                        })
-                        .collect();
-                    Tensor::cat(parts, 0)
-                }
-                _ => attend(q, k, v, 0, b),
-            };
-            let out =
-                super::heads::swap_middle(attended.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
-            x = x + p(out, &att.o_proj, "o_proj");
-            let normed = norm(&layer.post_attention_layernorm, x.clone());
-            let mlp = &layer.mlp;
-            if let Some(packed) = packed {
-                x = x + mlp_packed(normed, mlp, &packed[4..7]);
-                continue;
+                    })
+                    .collect();
+                Tensor::cat(parts, 0)
             }
-            let hidden = super::silu::silu_mul(
-                p(normed.clone(), &mlp.gate_proj, "gate_proj"),
-                p(normed, &mlp.up_proj, "up_proj"),
-            );
-            x = x + p(hidden, &mlp.down_proj, "down_proj");
+            _ => attend(q, k, v, 0, b),
+        };
+        let out =
+            super::heads::swap_middle(attended.reshape([b, h, t, hd])).reshape([b, t, h * hd]);
+        let x = x + p(out, &att.o_proj, "o_proj");
+        let normed = norm(&layer.post_attention_layernorm, x.clone());
+        let mlp = &layer.mlp;
+        if let Some(packed) = packed {
+            return (x + mlp_packed(normed, mlp, &packed[4..7]), kv_out);
         }
-        if let Some(c) = cache {
-            c.layers = fresh;
-        }
+        let hidden = super::silu::silu_mul(
+            p(normed.clone(), &mlp.gate_proj, "gate_proj"),
+            p(normed, &mlp.up_proj, "up_proj"),
+        );
+        (x + p(hidden, &mlp.down_proj, "down_proj"), kv_out)
+    }
+
+    /// The final RMSNorm, of the last layer's output.
+    pub(super) fn final_norm(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         norm(&self.model.norm, x)
     }
 

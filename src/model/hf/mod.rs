@@ -14,6 +14,7 @@
 pub mod adapter;
 pub mod arch;
 pub mod attention;
+pub mod checkpointed;
 pub mod config;
 #[cfg(feature = "cuda")]
 pub mod cube;
