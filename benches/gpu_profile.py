@@ -20,9 +20,11 @@ from a seed, the same shapes a learning run's update has.
 2. `cuda`: the same iteration again, its kernels loaded from the cache (as a user's second run),
    timed per stage, with the peak device memory in use during each stage (NVML, polled every
    20 ms: the whole device, as nvidia-smi counts it), its update dumped (`RLA_PIPE_BENCH_UPDATE`).
-   rla-pipe's own kernels (src/model/hf/cube.rs) were written without a GPU: if this run fails,
-   it is tried once with `RLA_PIPE_CUDA_KERNELS=off`, and if that runs, every later step runs
-   so too (reported), so that one failing kernel costs a lease its comparison, not its figures.
+   rla-pipe's own kernels (src/model/hf/cube.rs) and per-layer checkpointing
+   (src/model/hf/checkpointed.rs) were written without a GPU: if this run fails, it is tried
+   with `RLA_PIPE_CUDA_KERNELS=off`, then with `update.checkpoint_layers=off`, then with both,
+   and every later step runs as the first of these that runs (reported), so that one failing
+   change costs a lease its comparison, not its figures.
 3. `pytorch` (run after 4 and 5): benches/smollm2_update.py on that dump with PyTorch on the
    same GPU — the same samples, prefix-tree rows, PPO loss, clipping and AdamW; full f32.
 4. variants (`--variant NAME=KEY=VALUE,...`, `env:VAR=VALUE` items set the environment, e.g.
@@ -319,18 +321,24 @@ def main():
     bench["RLA_PIPE_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="kernels-")
     cold = None if "cold" in skip else run_iteration(bin_, model, gpu, out, "cuda-cold", bench, limit=150)
     cuda = run_iteration(bin_, model, gpu, out, "cuda", dict(bench, RLA_PIPE_BENCH_UPDATE=dump), limit=150)
-    if cuda is None and "RLA_PIPE_CUDA_KERNELS" not in os.environ:
-        # rla-pipe's own kernels (src/model/hf/cube.rs) are built without a GPU and run first
-        # here: if the iteration failed, try it once with burn's operations, and if that runs,
-        # measure everything else so (the failure is in cuda.log; its variant `burnops` is then
-        # the default).
-        off = run_iteration(bin_, model, gpu, out, "cuda-kernels-off",
-                            dict(bench, RLA_PIPE_BENCH_UPDATE=dump, RLA_PIPE_CUDA_KERNELS="off"), limit=150)
-        if off is not None:
-            log("THE KERNELS FAILED (cuda.log); the rest runs with RLA_PIPE_CUDA_KERNELS=off")
-            bench["RLA_PIPE_CUDA_KERNELS"] = "off"
-            os.environ["RLA_PIPE_CUDA_KERNELS"] = "off"
-            cuda = off
+    # rla-pipe's own kernels (src/model/hf/cube.rs) and its per-layer checkpointing
+    # (src/model/hf/checkpointed.rs) were built without a GPU and run first here: if the
+    # iteration failed, try it with burn's operations, then without the checkpointing, then
+    # without both, and measure everything else with the first that runs (the failure is in
+    # cuda.log; the variant of what failed is then the default).
+    fallbacks = [("kernels-off", {"RLA_PIPE_CUDA_KERNELS": "off"}, []),
+                 ("layers-off", {}, ["update.checkpoint_layers=off"]),
+                 ("kernels-and-layers-off", {"RLA_PIPE_CUDA_KERNELS": "off"}, ["update.checkpoint_layers=off"])]
+    for name, env, sets in ([] if cuda is not None or "RLA_PIPE_CUDA_KERNELS" in os.environ else fallbacks):
+        again = run_iteration(bin_, model, gpu, out, f"cuda-{name}",
+                              dict(bench, RLA_PIPE_BENCH_UPDATE=dump, **env), limit=150, sets=sets)
+        if again is not None:
+            log(f"THE DEFAULT ITERATION FAILED (cuda.log); the rest runs with {env} {sets}")
+            bench.update(env)
+            os.environ.update(env)
+            SETS.extend(sets)
+            cuda = again
+            break
     var, dumps = {}, {"cuda": dump}
     for name, spec in ([] if "variants" in skip else variants):
         items = spec.split(",")
