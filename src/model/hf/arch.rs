@@ -22,7 +22,7 @@ use super::frozen::{Frozen, frozen_matmul};
 use crate::model::amx::{self, matmul_packed, values};
 use crate::model::config::LORA_TARGETS;
 pub use crate::model::lm::KvCache;
-use crate::model::lm::{Lm, bool_tensor, float_tensor, int_tensor, padded_inputs};
+use crate::model::lm::{bool_tensor, float_tensor, int_tensor, padded_inputs};
 use burn::module::{Module, Param};
 use burn::nn::{Embedding, Linear, RmsNorm};
 use burn::tensor::activation::softmax;
@@ -524,8 +524,8 @@ impl<B: Backend> CausalLm<B> {
     }
 
     /// The final normed hidden states `[b, t, hidden]` ([`Self::forward`] before the head).
-    /// While an update records its micro-batch ([`crate::model::tape`]) a training call without
-    /// a cache keeps only its layers' inputs ([`super::checkpointed`]).
+    /// (As an [`Lm`](crate::model::lm::Lm), [`super::checkpointed`]: while an update records
+    /// its micro-batch, a training call there keeps only its layers' inputs.)
     pub fn hidden(
         &self,
         tokens: Tensor<B, 2, Int>,
@@ -533,13 +533,6 @@ impl<B: Backend> CausalLm<B> {
         mask: Tensor<B, 3, Bool>,
         mut cache: Option<&mut KvCache<B>>,
     ) -> Tensor<B, 3> {
-        let (tokens, positions, mask) = match cache.is_none() && self.packed.is_none() {
-            true => match super::checkpointed::hidden(self, tokens, positions, mask) {
-                Ok(x) => return x,
-                Err(inputs) => inputs,
-            },
-            false => (tokens, positions, mask),
-        };
         let [b, t] = tokens.dims();
         // The device layout ([`crate::model::kv`]): this call's keys are written at `slot`, the
         // cache's keys so far, in buffers of `cap` keys; the mask hides the keys past them.
@@ -828,35 +821,6 @@ impl<B: Backend> CausalLm<B> {
             bool_tensor(mask, [b, t, t], device),
             None,
         )
-    }
-}
-
-impl<B: Backend> Lm<B> for CausalLm<B> {
-    fn hidden(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        positions: Tensor<B, 2, Int>,
-        mask: Tensor<B, 3, Bool>,
-        cache: Option<&mut KvCache<B>>,
-    ) -> Tensor<B, 3> {
-        CausalLm::hidden(self, tokens, positions, mask, cache)
-    }
-
-    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
-        CausalLm::head(self, hidden)
-    }
-
-    fn vocab(&self) -> usize {
-        self.arch.vocab
-    }
-
-    fn packs_prefixes(&self) -> bool {
-        true
-    }
-
-    /// `max_position_embeddings` (RoPE has no table; without the key, 1 << 20).
-    fn context(&self) -> usize {
-        self.arch.max_positions.unwrap_or(1 << 20)
     }
 }
 

@@ -24,8 +24,47 @@ use burn::tensor::backend::{AutodiffBackend, Backend};
 use burn::tensor::{Bool, Int, Tensor};
 use std::any::Any;
 
-use super::arch::{Call, CausalLm};
+use super::arch::{Call, CausalLm, KvCache};
+use crate::model::lm::Lm;
 use crate::model::tape;
+
+/// A pretrained decoder as the one interface the stages use: its calls as [`CausalLm`]'s own,
+/// but for a training call without a cache while an update records its micro-batch, which is
+/// checkpointed ([`hidden`]).
+impl<B: Backend> Lm<B> for CausalLm<B> {
+    fn hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        positions: Tensor<B, 2, Int>,
+        mask: Tensor<B, 3, Bool>,
+        cache: Option<&mut KvCache<B>>,
+    ) -> Tensor<B, 3> {
+        if cache.is_some() || self.packed.is_some() {
+            return CausalLm::hidden(self, tokens, positions, mask, cache);
+        }
+        match hidden(self, tokens, positions, mask) {
+            Ok(x) => x,
+            Err((tokens, positions, mask)) => CausalLm::hidden(self, tokens, positions, mask, None),
+        }
+    }
+
+    fn head(&self, hidden: Tensor<B, 2>) -> Tensor<B, 2> {
+        CausalLm::head(self, hidden)
+    }
+
+    fn vocab(&self) -> usize {
+        self.arch.vocab
+    }
+
+    fn packs_prefixes(&self) -> bool {
+        true
+    }
+
+    /// `max_position_embeddings` (RoPE has no table; without the key, 1 << 20).
+    fn context(&self) -> usize {
+        self.arch.max_positions.unwrap_or(1 << 20)
+    }
+}
 
 /// A call's inputs, handed back when it is not checkpointed.
 type Inputs<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>, Tensor<B, 3, Bool>);
