@@ -71,7 +71,7 @@ type Inputs<B> = (Tensor<B, 2, Int>, Tensor<B, 2, Int>, Tensor<B, 3, Bool>);
 
 /// [`CausalLm::hidden`] of a call without a cache, checkpointed when this thread records an
 /// update's micro-batch ([`tape::record`]) on a training backend; otherwise its inputs back.
-pub fn hidden<B: Backend>(
+fn hidden<B: Backend>(
     m: &CausalLm<B>,
     tokens: Tensor<B, 2, Int>,
     positions: Tensor<B, 2, Int>,
