@@ -265,19 +265,23 @@ fn recomputed_attention_trains_as_the_plain_graph() {
         let (plain, plain_grads) = run(false);
         let (ours, our_grads) = run(true);
         assert_eq!(ours, plain, "{arch}: log-probabilities to the bit");
-        let scale = plain_grads
-            .iter()
-            .flatten()
-            .fold(0.0f32, |m, x| m.max(x.abs()));
-        assert!(scale > 1e-3, "{arch}: gradients are not trivially zero");
-        for (p, (a, b)) in our_grads.iter().zip(&plain_grads).enumerate() {
-            assert_eq!(a.len(), b.len(), "{arch}: parameter {p}");
-            for (x, y) in a.iter().zip(b) {
-                assert!(
-                    (x - y).abs() <= 1e-5 * scale,
-                    "{arch}: parameter {p} gradient {x} recomputed vs {y} (largest {scale})"
-                );
-            }
+        same_gradients(arch, "recomputed", &our_grads, &plain_grads);
+    }
+}
+
+/// Every parameter's gradient (flattened, visiting order) within 1e-5 of the largest of the
+/// plain graph's, which are not trivially zero; the same parameters have one.
+fn same_gradients(case: &str, what: &str, ours: &[Vec<f32>], plain: &[Vec<f32>]) {
+    let scale = plain.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
+    assert!(scale > 1e-3, "{case}: gradients are not trivially zero");
+    assert_eq!(ours.len(), plain.len(), "{case}: parameters");
+    for (p, (a, b)) in ours.iter().zip(plain).enumerate() {
+        assert_eq!(a.len(), b.len(), "{case}: parameter {p}");
+        for (x, y) in a.iter().zip(b) {
+            assert!(
+                (x - y).abs() <= 1e-5 * scale,
+                "{case}: parameter {p} gradient {x} {what} vs {y} (largest {scale})"
+            );
         }
     }
 }
@@ -521,26 +525,7 @@ fn checkpointed_layers_train_as_the_plain_graph() {
             let (plain, plain_grads) = run(false);
             let (ours, our_grads) = run(true);
             assert_eq!(ours, plain, "{case}: log-probabilities to the bit");
-            let scale = plain_grads
-                .iter()
-                .flatten()
-                .fold(0.0f32, |m, x| m.max(x.abs()));
-            assert!(scale > 1e-3, "{case}: gradients are not trivially zero");
-            let with = |g: &[Vec<f32>]| g.iter().filter(|p| !p.is_empty()).count();
-            assert_eq!(
-                with(&our_grads),
-                with(&plain_grads),
-                "{case}: trained parameters"
-            );
-            for (p, (a, b)) in our_grads.iter().zip(&plain_grads).enumerate() {
-                assert_eq!(a.len(), b.len(), "{case}: parameter {p}");
-                for (x, y) in a.iter().zip(b) {
-                    assert!(
-                        (x - y).abs() <= 1e-5 * scale,
-                        "{case}: parameter {p} gradient {x} checkpointed vs {y} (largest {scale})"
-                    );
-                }
-            }
+            same_gradients(&case, "checkpointed", &our_grads, &plain_grads);
         }
     }
 }
