@@ -467,11 +467,14 @@ impl<A: AutodiffBackend> ModuleVisitor<A> for Summed<'_, A> {
 /// (`ppo::gradients`), against the plain graph: the same log-probabilities to the bit (the
 /// untracked forward runs the same operations), and every parameter's gradient within 1e-5 of
 /// the largest (a parameter's gradients from several calls are summed in another order) — on
-/// tiny Llama, Qwen2 and Qwen3, with burn's attention and with the recomputed one, and with
+/// tiny Llama, Qwen2 and Qwen3, with burn's attention and with the recomputed one, with
 /// adapters on every projection of every layer or of the top layer only (only they get
-/// gradients; the layers below the top one are not run again).
+/// gradients; the layers below the top one are not run again), and as the GPU trains (the
+/// recomputed attention and its one-kernel operations, `force_reference`: their untracked
+/// forward too).
 #[test]
 fn checkpointed_layers_train_as_the_plain_graph() {
+    use rla_pipe::model::hf::fused::force_reference;
     use rla_pipe::model::hf::lora::{self, LoraSpec};
     use rla_pipe::model::{ppo, tape};
     let f = Fixture::new();
@@ -488,20 +491,25 @@ fn checkpointed_layers_train_as_the_plain_graph() {
     for arch in ARCHS {
         let dir = f.dir.path().join(arch);
         tiny_model(&dir, arch, "F32");
-        // Adapters: `None`, or on the top `Some(n)` layers (0: all).
-        for (recompute, lora) in [
-            (false, None),
-            (true, None),
-            (false, Some(0)),
-            (false, Some(1)),
+        // Adapters: `None`, or on the top `Some(n)` layers (0: all). `fused`: the GPU's
+        // operations forced on the CPU (`force_reference`), as the GPU trains.
+        for (recompute, lora, fused) in [
+            (false, None, false),
+            (true, None, false),
+            (false, Some(0), false),
+            (false, Some(1), false),
+            (true, None, true),
         ] {
-            let case = format!("{arch}, recomputed attention {recompute}, adapters {lora:?}");
+            let case = format!(
+                "{arch}, recomputed attention {recompute}, adapters {lora:?}, fused {fused}"
+            );
             let run = |layers: bool| {
                 let mut model = load_on::<B>(&dir);
                 if let Some(layers) = lora {
                     model = lora::attach_fresh(model, &adapters(layers), 3, &Default::default());
                 }
                 model.recompute_attention = recompute;
+                force_reference(fused);
                 let forward = || {
                     let mut lps = packed(&model, &prompts, &responses, 0.8);
                     lps.extend(independent(&model, &prompts[..2], &responses[..2], 1.0));
@@ -514,6 +522,7 @@ fn checkpointed_layers_train_as_the_plain_graph() {
                 assert_eq!(deferred.len(), if layers { 3 } else { 0 }, "{case}: calls");
                 let values: Vec<u32> = lps.iter().flat_map(host).map(f32::to_bits).collect();
                 let grads = ppo::gradients(&model, loss(&lps), deferred);
+                force_reference(false);
                 let mut g = Summed::<B> {
                     grads: &grads,
                     out: vec![],
