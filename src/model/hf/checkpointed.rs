@@ -30,7 +30,7 @@ use crate::model::tape;
 
 /// A pretrained decoder as the one interface the stages use: its calls as [`CausalLm`]'s own,
 /// but for a training call without a cache while an update records its micro-batch, which is
-/// checkpointed ([`hidden`]).
+/// checkpointed (this module).
 impl<B: Backend> Lm<B> for CausalLm<B> {
     fn hidden(
         &self,
