@@ -105,9 +105,9 @@ fn host(t: &Tensor<B, 1>) -> Vec<f32> {
 }
 
 /// Every parameter's gradient, flattened, in visiting order.
-pub(crate) struct Grads<'a, A: AutodiffBackend> {
-    pub(crate) grads: &'a A::Gradients,
-    pub(crate) out: Vec<Vec<f32>>,
+struct Grads<'a, A: AutodiffBackend> {
+    grads: &'a A::Gradients,
+    out: Vec<Vec<f32>>,
 }
 
 impl<A: AutodiffBackend> ModuleVisitor<A> for Grads<'_, A> {
