@@ -237,8 +237,9 @@ impl FusedAdamW {
 mod tests {
     use super::*;
     use crate::model::backend::CpuTrain;
+    use crate::model::ppo::Adam;
     use burn::module::{Module, Param};
-    use burn::optim::{GradientsParams, Optimizer};
+    use burn::optim::GradientsParams;
 
     #[derive(Module, Debug)]
     struct Two<B: Backend> {
@@ -274,16 +275,12 @@ mod tests {
             let adam = FusedAdamW::new(decay, 1e-8);
             let run = |fused: bool| {
                 let mut model = start();
-                let mut burn = adam.burn().init::<B, Two<B>>();
-                let mut ours = adam.clone().init::<B, Two<B>>();
+                let mut optim = Adam::<B, Two<B>>::new(&adam, fused);
                 for step in 0..4 {
                     let x = model.a.val().sin().sum() * (step as f32 + 1.0)
                         + (model.b.val() * model.b.val()).sum();
                     let grads = GradientsParams::from_grads(x.backward(), &model);
-                    model = match fused {
-                        true => ours.step(1e-2, model, grads),
-                        false => burn.step(1e-2, model, grads),
-                    };
+                    model = optim.step(1e-2, model, grads, 1.0);
                 }
                 (values(model.a.val()), values(model.b.val()))
             };
@@ -293,23 +290,11 @@ mod tests {
             // second step: Adam's first is invariant to the gradient's scale).
             let scaled = |fused: bool| {
                 let mut model = start();
-                let mut ours = adam.clone().init::<B, Two<B>>();
-                let mut burn = adam.burn().init::<B, Two<B>>();
+                let mut optim = Adam::<B, Two<B>>::new(&adam, fused);
                 for by in [1.0, 0.37] {
                     let x = model.a.val().sin().sum() + (model.b.val() * model.b.val()).sum();
-                    let mut grads = GradientsParams::from_grads(x.backward(), &model);
-                    model = match fused {
-                        true => {
-                            adam.scale_gradients(by);
-                            let model = ours.step(1e-2, model, grads);
-                            adam.scale_gradients(1.0);
-                            model
-                        }
-                        false => {
-                            crate::model::ppo::scale_gradients(&model, &mut grads, by);
-                            burn.step(1e-2, model, grads)
-                        }
-                    };
+                    let grads = GradientsParams::from_grads(x.backward(), &model);
+                    model = optim.step(1e-2, model, grads, by);
                 }
                 (values(model.a.val()), values(model.b.val()))
             };

@@ -220,10 +220,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
         return (model, metrics);
     }
     let adam = super::adamw::FusedAdamW::new(s.weight_decay, s.adam_eps);
-    let mut optim = match s.gpu && super::hf::fused::gpu_kernels() {
-        true => Adam::Fused(adam.clone().init::<B, M>()),
-        false => Adam::Burn(adam.burn().init::<B, M>()),
-    };
+    let mut optim = Adam::new(&adam, s.gpu && super::hf::fused::gpu_kernels());
     let threads = s.threads.max(1);
     for micro in steps {
         let total: usize = micro.iter().map(Vec::len).sum();
@@ -285,13 +282,7 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
             true => s.grad_clip / (norm + 1e-6),
             false => 1.0,
         };
-        match &optim {
-            // The fused step scales each gradient itself (no pass over them first).
-            Adam::Fused(_) => adam.scale_gradients(by),
-            Adam::Burn(_) if by != 1.0 => scale_gradients(&model, &mut summed, by),
-            Adam::Burn(_) => {}
-        }
-        model = optim.step(s.lr, model, summed);
+        model = optim.step(s.lr, model, summed, by);
         // A GPU backend's memory pools keep every page they once allocated, and the
         // micro-batches' shapes all differ: hand back the pages no tensor uses any more (a
         // no-op on the CPU).
@@ -311,17 +302,39 @@ pub fn train<B: AutodiffBackend, M: AutodiffModule<B>>(
     (model, metrics)
 }
 
-/// The optimizer: burn's AdamW, or on the GPU the same step as one kernel per parameter.
-enum Adam<B: AutodiffBackend, M: AutodiffModule<B>> {
+/// The optimizer: burn's AdamW, or on the GPU the same step as one kernel per parameter (with
+/// the handle that sets the clip's factor inside it).
+pub enum Adam<B: AutodiffBackend, M: AutodiffModule<B>> {
     Burn(OptimizerAdaptor<AdamW, M, B>),
-    Fused(OptimizerAdaptor<super::adamw::FusedAdamW, M, B>),
+    Fused(
+        OptimizerAdaptor<super::adamw::FusedAdamW, M, B>,
+        super::adamw::FusedAdamW,
+    ),
 }
 
 impl<B: AutodiffBackend, M: AutodiffModule<B>> Adam<B, M> {
-    fn step(&mut self, lr: f64, model: M, grads: GradientsParams) -> M {
+    /// `adam`'s optimizer for `M`: its fused step (`fused`), or burn's AdamW with its settings.
+    pub fn new(adam: &super::adamw::FusedAdamW, fused: bool) -> Self {
+        match fused {
+            true => Adam::Fused(adam.clone().init::<B, M>(), adam.clone()),
+            false => Adam::Burn(adam.burn().init::<B, M>()),
+        }
+    }
+
+    /// One step on the gradients scaled by `by` (the global-norm clip's factor): the fused step
+    /// scales each gradient itself, burn's takes a pass over them first (none at 1).
+    pub fn step(&mut self, lr: f64, model: M, mut grads: GradientsParams, by: f64) -> M {
         match self {
-            Adam::Burn(o) => o.step(lr, model, grads),
-            Adam::Fused(o) => o.step(lr, model, grads),
+            Adam::Burn(o) => {
+                if by != 1.0 {
+                    scale_gradients(&model, &mut grads, by);
+                }
+                o.step(lr, model, grads)
+            }
+            Adam::Fused(o, adam) => {
+                adam.scale_gradients(by);
+                o.step(lr, model, grads)
+            }
         }
     }
 }
@@ -527,7 +540,7 @@ impl<B: AutodiffBackend> ModuleVisitor<B> for SquaredNorm<'_> {
 
 /// Multiply every gradient of `model`'s parameters in `grads` by `by` (the global-norm clip's
 /// pass over them, before burn's AdamW steps).
-pub fn scale_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
+fn scale_gradients<B: AutodiffBackend, M: AutodiffModule<B>>(
     model: &M,
     grads: &mut GradientsParams,
     by: f64,

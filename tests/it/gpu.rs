@@ -51,7 +51,6 @@ fn trained(
     layers: bool,
     set: impl FnOnce(&mut rla_pipe::model::hf::CausalLm<rla_pipe::model::GpuTrain>),
 ) -> (Vec<Vec<f32>>, Vec<f32>) {
-    use burn::module::Module;
     use burn::tensor::Tensor;
     use rla_pipe::model::{GpuTrain, ppo, tape};
     let mut model = load_on::<GpuTrain>(dir);
@@ -65,13 +64,10 @@ fn trained(
     let n = keep.len();
     let mask = Tensor::<GpuTrain, 1>::from_floats(keep.as_slice(), &Default::default());
     let grads = ppo::gradients(&model, (lp.clone().reshape([n]) * mask).sum(), deferred);
-    let mut g = crate::prefix::Summed::<GpuTrain> {
-        grads: &grads,
-        out: vec![],
-        backend: std::marker::PhantomData,
-    };
-    model.visit(&mut g);
-    (policy::to_host(lp), g.out.concat())
+    (
+        policy::to_host(lp),
+        crate::prefix::param_grads(&model, &grads).concat(),
+    )
 }
 
 /// Two of [`trained`]'s results agree as the GPU's paths must: log-probabilities within 5e-3,
@@ -278,36 +274,25 @@ fn cuda_kernels_follow_the_reference() {
 /// 1e-5 of the largest (f32 element-wise either way, another rounding of the divisions).
 fn cuda_fused_adamw_follows_burns() {
     use burn::nn::LinearConfig;
-    use burn::optim::{GradientsParams, Optimizer};
+    use burn::optim::GradientsParams;
     use burn::tensor::{Distribution, Tensor};
     use rla_pipe::model::GpuTrain;
     use rla_pipe::model::adamw::FusedAdamW;
+    use rla_pipe::model::ppo::Adam;
     let d = Default::default();
     let start = LinearConfig::new(64, 48).init::<GpuTrain>(&d);
     let x = Tensor::<GpuTrain, 2>::random([16, 64], Distribution::Uniform(-1.0, 1.0), &d);
     let adam = FusedAdamW::new(0.01, 1e-8);
     let run = |fused: bool| {
         let mut model = start.clone();
-        let mut burn = adam.burn().init::<GpuTrain, burn::nn::Linear<GpuTrain>>();
-        let mut ours = adam.clone().init::<GpuTrain, burn::nn::Linear<GpuTrain>>();
+        let mut optim = Adam::<GpuTrain, burn::nn::Linear<GpuTrain>>::new(&adam, fused);
         for step in 0..3 {
             let y = model.forward(x.clone());
             let loss = (y.clone() * y).sum().mul_scalar(step as f32 + 1.0);
-            let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+            let grads = GradientsParams::from_grads(loss.backward(), &model);
             // The second step's gradients clipped (the factor inside the fused step).
             let by = if step == 1 { 0.5 } else { 1.0 };
-            model = match fused {
-                true => {
-                    adam.scale_gradients(by);
-                    let model = ours.step(1e-2, model, grads);
-                    adam.scale_gradients(1.0);
-                    model
-                }
-                false => {
-                    rla_pipe::model::ppo::scale_gradients(&model, &mut grads, by);
-                    burn.step(1e-2, model, grads)
-                }
-            };
+            model = optim.step(1e-2, model, grads, by);
         }
         let w: Vec<f32> = model.weight.val().into_data().to_vec().unwrap();
         let b: Vec<f32> = model.bias.unwrap().val().into_data().to_vec().unwrap();

@@ -6,7 +6,8 @@
 //! entry of the model for gradients); the two computations differ only in the order of
 //! floating-point sums.
 
-use burn::module::{ModuleVisitor, Param};
+use burn::module::{AutodiffModule, ModuleVisitor, Param};
+use burn::optim::GradientsParams;
 use burn::tensor::activation::log_softmax;
 use burn::tensor::backend::AutodiffBackend;
 use burn::tensor::{Tensor, TensorData};
@@ -104,22 +105,6 @@ fn host(t: &Tensor<B, 1>) -> Vec<f32> {
     t.clone().into_data().to_vec().unwrap()
 }
 
-/// Every parameter's gradient, flattened, in visiting order.
-struct Grads<'a, A: AutodiffBackend> {
-    grads: &'a A::Gradients,
-    out: Vec<Vec<f32>>,
-}
-
-impl<A: AutodiffBackend> ModuleVisitor<A> for Grads<'_, A> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
-        let g = param
-            .grad(self.grads)
-            .map(|g| g.into_data().to_vec::<f32>().unwrap())
-            .unwrap_or_default();
-        self.out.push(g);
-    }
-}
-
 /// A loss with a different weight on every scored token (so every gradient path counts).
 fn loss(lps: &[Tensor<B, 1>]) -> Tensor<B, 1> {
     let dev = Default::default();
@@ -140,7 +125,7 @@ fn loss(lps: &[Tensor<B, 1>]) -> Tensor<B, 1> {
     Tensor::cat(parts, 0).sum()
 }
 
-fn check<M: Lm<B> + burn::module::Module<B>>(name: &str, model: &M) {
+fn check<M: Lm<B> + AutodiffModule<B>>(name: &str, model: &M) {
     let (prompts, responses) = samples();
     let t = 0.8;
     let alone = independent(model, &prompts, &responses, t);
@@ -162,22 +147,12 @@ fn check<M: Lm<B> + burn::module::Module<B>>(name: &str, model: &M) {
         (sa - sb).abs() <= 1e-5 * sa.abs().max(1.0),
         "{name}: loss {sb} packed vs {sa} alone"
     );
-    let ga = la.backward();
-    let gb = lb.backward();
-    let mut va = Grads {
-        grads: &ga,
-        out: vec![],
-    };
-    model.visit(&mut va);
-    let mut vb = Grads {
-        grads: &gb,
-        out: vec![],
-    };
-    model.visit(&mut vb);
-    let scale = va.out.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
+    let va = param_grads(model, &GradientsParams::from_grads(la.backward(), model));
+    let vb = param_grads(model, &GradientsParams::from_grads(lb.backward(), model));
+    let scale = va.iter().flatten().fold(0.0f32, |m, x| m.max(x.abs()));
     assert!(scale > 1e-3, "{name}: gradients are not trivially zero");
-    assert_eq!(va.out.len(), vb.out.len());
-    for (p, (a, b)) in va.out.iter().zip(&vb.out).enumerate() {
+    assert_eq!(va.len(), vb.len());
+    for (p, (a, b)) in va.iter().zip(&vb).enumerate() {
         assert_eq!(a.len(), b.len(), "{name}: parameter {p}");
         for (x, y) in a.iter().zip(b) {
             assert!(
@@ -254,13 +229,8 @@ fn recomputed_attention_trains_as_the_plain_graph() {
             model.recompute_attention = recompute;
             let lps = packed(&model, &prompts, &responses, 0.8);
             let values: Vec<u32> = lps.iter().flat_map(host).map(f32::to_bits).collect();
-            let grads = loss(&lps).backward();
-            let mut g = Grads {
-                grads: &grads,
-                out: vec![],
-            };
-            burn::module::Module::visit(&model, &mut g);
-            (values, g.out)
+            let grads = GradientsParams::from_grads(loss(&lps).backward(), &model);
+            (values, param_grads(&model, &grads))
         };
         let (plain, plain_grads) = run(false);
         let (ours, our_grads) = run(true);
@@ -316,12 +286,8 @@ fn fused_operations_train_as_the_plain_graph() {
             let lps = packed(&model, &prompts, &responses, 0.8);
             force_reference(false);
             let values: Vec<f32> = lps.iter().flat_map(host).collect();
-            let grads = loss(&lps).backward();
-            let mut g = Grads {
-                grads: &grads,
-                out: vec![],
-            };
-            burn::module::Module::visit(&model, &mut g);
+            let grads = GradientsParams::from_grads(loss(&lps).backward(), &model);
+            let g = param_grads(&model, &grads);
             let plain = load_on::<rla_pipe::model::Cpu>(&dir);
             let d = Default::default();
             force_reference(fused);
@@ -330,7 +296,7 @@ fn fused_operations_train_as_the_plain_graph() {
             let replies = hf::generate::sample(&plain, &prompts, &seeds, &[], &greedy, &d);
             force_reference(false);
             let logits: Vec<f32> = logits.into_data().to_vec().unwrap();
-            (values, g.out, logits, replies.unwrap())
+            (values, g, logits, replies.unwrap())
         };
         let (plain, plain_grads, plain_logits, plain_replies) = run(false);
         let (ours, our_grads, our_logits, our_replies) = run(true);
@@ -442,23 +408,32 @@ fn reward_samples_sharing_a_prompt_cache_equal_samples_with_copies() {
     check_shared_generation("small transformer", &small("rm", 5));
 }
 
-/// Every parameter's gradient in a [`GradientsParams`], flattened, in visiting order (empty
-/// where it has none), on any training backend (the GPU check uses it too).
-pub(crate) struct Summed<'a, A> {
-    pub(crate) grads: &'a burn::optim::GradientsParams,
-    pub(crate) out: Vec<Vec<f32>>,
-    pub(crate) backend: std::marker::PhantomData<A>,
-}
-
-impl<A: AutodiffBackend> ModuleVisitor<A> for Summed<'_, A> {
-    fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
-        let g = self
-            .grads
-            .get::<A::InnerBackend, D>(param.id)
-            .map(|g| g.into_data().to_vec::<f32>().unwrap())
-            .unwrap_or_default();
-        self.out.push(g);
+/// Every parameter's gradient in `grads`, flattened, in `model`'s visiting order (empty where
+/// it has none), on any training backend (the GPU check uses it too).
+pub(crate) fn param_grads<A: AutodiffBackend, M: AutodiffModule<A>>(
+    model: &M,
+    grads: &GradientsParams,
+) -> Vec<Vec<f32>> {
+    struct Visit<'a> {
+        grads: &'a GradientsParams,
+        out: Vec<Vec<f32>>,
     }
+    impl<A: AutodiffBackend> ModuleVisitor<A> for Visit<'_> {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<A, D>>) {
+            let g = self
+                .grads
+                .get::<A::InnerBackend, D>(param.id)
+                .map(|g| g.into_data().to_vec::<f32>().unwrap())
+                .unwrap_or_default();
+            self.out.push(g);
+        }
+    }
+    let mut v = Visit {
+        grads,
+        out: Vec::new(),
+    };
+    model.visit(&mut v);
+    v.out
 }
 
 /// Per-layer activation checkpointing (`update.checkpoint_layers`, `model::hf::checkpointed`):
@@ -523,13 +498,7 @@ fn checkpointed_layers_train_as_the_plain_graph() {
                 let values: Vec<u32> = lps.iter().flat_map(host).map(f32::to_bits).collect();
                 let grads = ppo::gradients(&model, loss(&lps), deferred);
                 force_reference(false);
-                let mut g = Summed::<B> {
-                    grads: &grads,
-                    out: vec![],
-                    backend: std::marker::PhantomData,
-                };
-                burn::module::Module::visit(&model, &mut g);
-                (values, g.out)
+                (values, param_grads(&model, &grads))
             };
             let (plain, plain_grads) = run(false);
             let (ours, our_grads) = run(true);
