@@ -20,9 +20,11 @@ from a seed, the same shapes a learning run's update has.
 2. `cuda`: the same iteration again, its kernels loaded from the cache (as a user's second run),
    timed per stage, with the peak device memory in use during each stage (NVML, polled every
    20 ms: the whole device, as nvidia-smi counts it), its update dumped (`RLA_PIPE_BENCH_UPDATE`).
-   rla-pipe's own kernels (src/model/hf/cube.rs) and per-layer checkpointing
-   (src/model/hf/checkpointed.rs) were written without a GPU: if this run fails, it is tried
-   with `RLA_PIPE_CUDA_KERNELS=off`, then with `update.checkpoint_layers=off`, then with both,
+   rla-pipe's own kernels (src/model/hf/cube.rs), per-layer checkpointing
+   (src/model/hf/checkpointed.rs) and draws from the device's leading tokens
+   (src/model/hf/generate.rs) were written without a GPU: if this run fails, it is tried with
+   `RLA_PIPE_DEVICE_SAMPLING=off`, then `RLA_PIPE_CUDA_KERNELS=off`, then with
+   `update.checkpoint_layers=off`, then with the kernels and the checkpointing off,
    and every later step runs as the first of these that runs (reported), so that one failing
    change costs a lease its comparison, not its figures.
 3. `pytorch` (run after 4 and 5): benches/smollm2_update.py on that dump with PyTorch on the
@@ -65,13 +67,18 @@ STAGE_START = re.compile(r"stage started.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)"
 STAGE_DONE = re.compile(r"stage committed.*\biter=(\d+).*\bstage=\"?([A-Za-z_]+)\"?.*\bseconds=([0-9.e+-]+)")
 # one line per model call (src/model/tree.rs, at debug level): its rows and packed length
 CALL = re.compile(r"model call.*\brows=(\d+).*\blen=(\d+)")
+# one line per sampled generation on the device (src/model/hf/generate.rs, at debug level): its
+# draws, and those its rows' leading tokens did not decide (those rows' logits read whole)
+DRAWN = re.compile(r"sampled from the device's leading tokens.*\bdraws=(\d+).*\bfar=(\d+)")
 # cubecl's profiler: `| 12.3µs     | kernel name`
 KERNEL = re.compile(r"^\|\s*([0-9.]+)(ns|µs|us|ms|s)\s*\|\s*(.+?)\s*$")
 UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 
 
 # The variants a lease measures when none are named: a smaller GPU's backward passes, and each
-# GPU change since the last lease against its predecessor — training that keeps every layer's
+# GPU change since the last lease against its predecessor — sampled draws made on the host from
+# every row's logits (before draws from each row's leading tokens read from the device,
+# src/model/hf/generate.rs), training that keeps every layer's
 # activations (before per-layer checkpointing, src/model/hf/checkpointed.rs), the key/value
 # cache grown by concatenation (before bucketed buffers written in place, src/model/kv.rs) and
 # training attention that keeps its probabilities (before recomputing them,
@@ -80,7 +87,8 @@ UNIT = {"ns": 1e-9, "µs": 1e-6, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 # src/model/hf/fused.rs and src/model/adamw.rs, and picks on the device) — and one not yet
 # adopted: training with balanced checkpointing (src/model/backend.rs).
 # The newest change first: a lease whose budget runs out keeps the comparisons that matter most.
-DEFAULT_VARIANTS = ["keeplayers=update.checkpoint_layers=off", "burnops=env:RLA_PIPE_CUDA_KERNELS=off",
+DEFAULT_VARIANTS = ["hostdraw=env:RLA_PIPE_DEVICE_SAMPLING=off", "keeplayers=update.checkpoint_layers=off",
+                    "burnops=env:RLA_PIPE_CUDA_KERNELS=off",
                     "keepattn=update.recompute_attention=off", "kvcat=env:RLA_PIPE_DEVICE_KV=cat",
                     "mb512=update.cuda_micro_batch_tokens=512",
                     "balanced=env:RLA_PIPE_CUDA_CHECKPOINTING=balanced"]
@@ -138,11 +146,12 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
            "--set", f"policy.init=hf:{model}", "--set", f"reward_model.init=hf:{model}"]
     for s in SETS + list(sets):
         cmd += ["--set", s]
-    env = dict(os.environ, RUST_LOG="rla_pipe=info,rla_pipe::model::tree=debug", **(env_extra or {}))
+    env = dict(os.environ, RUST_LOG="rla_pipe=info,rla_pipe::model::tree=debug,rla_pipe::model::hf::generate=debug", **(env_extra or {}))
     mem = Memory() if device == "cuda" else None
     stages, order, kernels = {}, [], collections.defaultdict(lambda: collections.defaultdict(lambda: [0, 0.0]))
     current = "(start)"
     calls = collections.defaultdict(lambda: [0, 0, 0])  # per stage: model calls, rows, longest row
+    drawn = collections.defaultdict(lambda: [0, 0])  # per stage: draws on the device, read whole
     logf = open(os.path.join(out, f"{name}.log"), "w")
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
@@ -162,6 +171,12 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
             c[0] += 1
             c[1] += int(m.group(1))
             c[2] = max(c[2], int(m.group(2)))
+            continue
+        m = DRAWN.search(line)
+        if m:
+            d = drawn[current]
+            d[0] += int(m.group(1))
+            d[1] += int(m.group(2))
             continue
         logf.write(line)
         m = STAGE_START.search(line)
@@ -192,7 +207,7 @@ def run_iteration(bin_, model, device, out, name, env_extra=None, cwd=None, limi
     shutil.rmtree(store, ignore_errors=True)
     res = {"wall": wall, "stages": stages, "order": order, "failed": rc != 0,
            "peak": dict(mem.peak) if mem else {}, "reserved": reserved, "kernels": kernels,
-           "calls": {k: v for k, v in calls.items()}}
+           "calls": {k: v for k, v in calls.items()}, "drawn": {k: v for k, v in drawn.items()}}
     if rc != 0:
         log(f"{name}: exit {rc} after {wall:.1f} s (log: {name}.log); what it measured until then is kept")
         with open(os.path.join(out, f"{name}.log")) as f:
@@ -323,10 +338,12 @@ def main():
     cuda = run_iteration(bin_, model, gpu, out, "cuda", dict(bench, RLA_PIPE_BENCH_UPDATE=dump), limit=150)
     # rla-pipe's own kernels (src/model/hf/cube.rs) and its per-layer checkpointing
     # (src/model/hf/checkpointed.rs) were built without a GPU and run first here: if the
-    # iteration failed, try it with burn's operations, then without the checkpointing, then
-    # without both, and measure everything else with the first that runs (the failure is in
+    # iteration failed, try it with sampled draws on the host (a failure there costs a few
+    # seconds: the rollout's first draws), then with burn's operations, then without the
+    # checkpointing, then without both, and measure everything else with the first that runs (the failure is in
     # cuda.log; the variant of what failed is then the default).
-    fallbacks = [("kernels-off", {"RLA_PIPE_CUDA_KERNELS": "off"}, []),
+    fallbacks = [("draws-off", {"RLA_PIPE_DEVICE_SAMPLING": "off"}, []),
+                 ("kernels-off", {"RLA_PIPE_CUDA_KERNELS": "off"}, []),
                  ("layers-off", {}, ["update.checkpoint_layers=off"]),
                  ("kernels-and-layers-off", {"RLA_PIPE_CUDA_KERNELS": "off"}, ["update.checkpoint_layers=off"])]
     for name, env, sets in ([] if cuda is not None or "RLA_PIPE_CUDA_KERNELS" in os.environ else fallbacks):
@@ -430,6 +447,16 @@ def main():
         for _, r in runs:
             c = (r or {}).get("calls", {}).get(stage)
             cells.append(f"{c[0]:,} ({c[1]:,}, {c[2]:,})" if c else "")
+        if any(cells):
+            log(f"| {stage} | " + " | ".join(cells) + " |")
+    # Sampled draws made from the device's leading tokens, and those that read a row whole.
+    log("\n| sampled draws on the device (read whole) | " + " | ".join(n for n, _ in runs) + " |\n|---|"
+        + "---:|" * len(runs))
+    for stage in (cuda or {"order": []})["order"]:
+        cells = []
+        for _, r in runs:
+            d = (r or {}).get("drawn", {}).get(stage)
+            cells.append(f"{d[0]:,} ({d[1]:,})" if d else "")
         if any(cells):
             log(f"| {stage} | " + " | ".join(cells) + " |")
     # The update's optimizer steps per run, from each run's dump (the stage's own seconds).

@@ -114,6 +114,7 @@ fn cuda_log_probabilities_agree_with_the_cpu_and_an_iteration_commits() {
     cuda_kernels_follow_the_reference();
     cuda_fused_adamw_follows_burns();
     cuda_kernels_train_as_burns_operations(&f);
+    cuda_sampled_picks_follow_the_hosts(&f);
     let mut sets: Vec<&str> = SMALL_GRIDNAV.to_vec();
     sets.push("run.device=cuda");
     f.run_pipeline(GRIDNAV, "gpu", 1, &sets).ok();
@@ -335,6 +336,45 @@ fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
         same_training(arch, "with the kernels", &plain, &ours);
         for ((a, _), (b, _)) in plain_replies.iter().zip(&our_replies) {
             assert_eq!(a, b, "{arch}: greedy tokens with and without the kernels");
+        }
+    }
+}
+
+/// Sampled replies on CUDA drawn from each row's leading tokens (burn-cubecl's `argtopk`, the
+/// default there; 4 and 32 of the tiny model's 64, so that some draws reach past them and read
+/// the row) give the tokens of the host's draws from the same device's logits
+/// (`RLA_PIPE_DEVICE_SAMPLING=off`'s path), log-probabilities within 1e-5 relative (the
+/// device's f32 softmax sum against the host's f64 one).
+fn cuda_sampled_picks_follow_the_hosts(f: &Fixture) {
+    use rla_pipe::model::hf::generate::force_device_picks;
+    use rla_pipe::model::hf::{self, Sampling};
+    let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 33, 12], vec![7, 8], vec![3, 30, 31]];
+    let s = Sampling {
+        temperature: 0.9,
+        top_p: 1.0,
+        max_tokens: 10,
+        seed: 0,
+    };
+    for arch in ARCHS {
+        let dir = f.dir.path().join(arch);
+        tiny_model(&dir, arch, "F32");
+        let gpu = load_on::<Gpu>(&dir);
+        let d = Default::default();
+        for lead in [Some(4), None] {
+            let run = |device: bool| {
+                force_device_picks(Some(device), lead);
+                let out = hf::generate::sample(&gpu, &prompts, &[4, 5, 6], &[], &s, &d).unwrap();
+                force_device_picks(None, None);
+                out
+            };
+            let (host, device) = (run(false), run(true));
+            for ((a, x), (b, y)) in host.iter().zip(&device) {
+                assert_eq!(a, b, "{arch}, lead {lead:?}: sampled tokens");
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                    "{arch}: reply log-probability {x} on the host vs {y}"
+                );
+            }
         }
     }
 }
