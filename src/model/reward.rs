@@ -250,8 +250,7 @@ impl<'a> Draws<'a> {
         let pad = self.verdicts.pad() as i64;
         let mut fed = Vec::with_capacity(self.out.len());
         for r in 0..self.out.len() {
-            let (tokens, lp, done) = &mut self.out[r];
-            if *done {
+            if self.out[r].2 {
                 fed.push(pad);
                 continue;
             }
@@ -274,12 +273,64 @@ impl<'a> Draws<'a> {
                 }
             }
             let t = self.allowed[pick];
-            tokens.push(t);
-            *lp += z[pick] - lse;
-            *done = self.stops.contains(&t) || self.verdicts.closed(tokens);
-            fed.push(t as i64);
+            fed.push(self.take(r, t, z[pick] - lse));
         }
         fed
+    }
+
+    /// Row `r`'s token `t` of log-probability `lp`; returns what the row feeds next.
+    fn take(&mut self, r: usize, t: u32, lp: f64) -> i64 {
+        let (tokens, sum, done) = &mut self.out[r];
+        tokens.push(t);
+        *sum += lp;
+        *done = self.stops.contains(&t) || self.verdicts.closed(tokens);
+        t as i64
+    }
+
+    /// [`step`](Self::step) from `logits` (`[rows, vocab]`) left on the device: each live row's
+    /// uniform number goes to the device, where its allowed tokens' probabilities are summed in
+    /// their order (f32; the host sums in f64) and the token where the running sum first
+    /// exceeds the number is taken, with its log-probability; only those two values a row are
+    /// read back instead of the vocabulary's logits (a GPU's path,
+    /// [`device_picks`](super::hf::generate::device_picks)).
+    fn step_on_device<B: Backend>(&mut self, logits: Tensor<B, 2>, device: &B::Device) -> Vec<i64> {
+        let pad = self.verdicts.pad() as i64;
+        let [n, vocab] = logits.dims();
+        let units: Vec<f32> = (0..n)
+            .map(|r| match self.out[r].2 {
+                true => 0.0,
+                false => self.rngs[r].unit() as f32,
+            })
+            .collect();
+        let a = self.allowed.len();
+        let z = match a == vocab {
+            true => logits,
+            false => {
+                let ids = self.allowed.iter().map(|&t| i64::from(t)).collect();
+                logits.select(1, int_tensor(ids, [a], device))
+            }
+        }
+        .div_scalar(self.temperature);
+        let max = z.clone().max_dim(1);
+        let lse = (z.clone() - max.clone()).exp().sum_dim(1).log() + max;
+        let running = (z.clone() - lse.clone()).exp().cumsum(1);
+        let u = float_tensor::<B, 2>(units, [n, 1], device).expand([n, a]);
+        let pick = running
+            .lower_equal(u)
+            .int()
+            .sum_dim(1)
+            .clamp_max(a as i64 - 1);
+        let lp = z.gather(1, pick.clone()) - lse;
+        let read = to_host(Tensor::cat(vec![pick.float(), lp], 1));
+        (0..n)
+            .map(|r| match self.out[r].2 {
+                true => pad,
+                false => {
+                    let t = self.allowed[read[r][0] as usize];
+                    self.take(r, t, f64::from(read[r][1]))
+                }
+            })
+            .collect()
     }
 
     fn live(&self) -> usize {
@@ -332,9 +383,15 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let mut logits = last.select(0, row_idx);
     let mut draws = Draws::new(verdicts, model.vocab(), seeds, m, temperature);
     let ctx = model.context();
+    let on_device = super::hf::generate::device_picks::<B>(true);
     for g in 0..max_tokens {
-        let host = to_host(logits.clone());
-        let fed = draws.step(|r| &host[r]);
+        let fed = match on_device {
+            true => draws.step_on_device(logits.clone(), device),
+            false => {
+                let host = to_host(logits.clone());
+                draws.step(|r| &host[r])
+            }
+        };
         if g + 1 == max_tokens || draws.live() == 0 {
             break;
         }
@@ -391,8 +448,17 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
     // Room for the m tokens of each step to come, written in place ([`super::kv`]).
     cache.reserve(m * max_tokens);
     // Step 0 reads each prompt's own next-token logits, once for its m samples.
-    let first = to_host(last);
-    let mut fed = draws.step(|r| &first[r / m]);
+    let on_device = super::hf::generate::device_picks::<B>(true);
+    let mut fed = match on_device {
+        true => {
+            let rows = (0..p * m).map(|r| (r / m) as i64).collect();
+            draws.step_on_device(last.select(0, int_tensor(rows, [p * m], device)), device)
+        }
+        false => {
+            let first = to_host(last);
+            draws.step(|r| &first[r / m])
+        }
+    };
     for g in 0..max_tokens.saturating_sub(1) {
         if draws.live() == 0 {
             break;
@@ -417,8 +483,13 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
                 Some(&mut cache),
             )
             .reshape([p * m, v]);
-        let host = to_host(logits);
-        fed = draws.step(|r| &host[r]);
+        fed = match on_device {
+            true => draws.step_on_device(logits, device),
+            false => {
+                let host = to_host(logits);
+                draws.step(|r| &host[r])
+            }
+        };
     }
     draws.finish()
 }

@@ -342,12 +342,14 @@ fn cuda_kernels_train_as_burns_operations(f: &Fixture) {
 
 /// Sampled replies on CUDA drawn from each row's leading tokens (burn-cubecl's `argtopk`, the
 /// default there; 4 and 32 of the tiny model's 64, so that some draws reach past them and read
-/// the row) give the tokens of the host's draws from the same device's logits
-/// (`RLA_PIPE_DEVICE_SAMPLING=off`'s path), log-probabilities within 1e-5 relative (the
-/// device's f32 softmax sum against the host's f64 one).
+/// the row), and a reward model's samples drawn on the device, give the tokens of the host's
+/// draws from the same device's logits (`RLA_PIPE_DEVICE_SAMPLING=off`'s path),
+/// log-probabilities within 1e-5 relative (the device's f32 sums against the host's f64 ones).
 fn cuda_sampled_picks_follow_the_hosts(f: &Fixture) {
     use rla_pipe::model::hf::generate::force_device_picks;
-    use rla_pipe::model::hf::{self, Sampling};
+    use rla_pipe::model::hf::{self, HfArch, HfTokenizer, Sampling};
+    use rla_pipe::model::lm::Lm;
+    use rla_pipe::model::reward::{self, Verdicts};
     let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 33, 12], vec![7, 8], vec![3, 30, 31]];
     let s = Sampling {
         temperature: 0.9,
@@ -375,6 +377,27 @@ fn cuda_sampled_picks_follow_the_hosts(f: &Fixture) {
                     "{arch}: reply log-probability {x} on the host vs {y}"
                 );
             }
+        }
+        // A reward model's m samples on one shared prompt cache, drawn on the device (the
+        // running sums by burn-cubecl's `cumsum`) and on the host.
+        let tok = HfTokenizer::from_dir(&dir, &HfArch::from_dir(&dir).unwrap()).unwrap();
+        let judged = |device: bool| {
+            force_device_picks(Some(device), None);
+            let (last, cache, lens) = gpu.encode(&prompts, &d);
+            let v = Verdicts::Text(&tok, "");
+            let j = reward::generate_shared(&gpu, v, last, cache, &lens, &[7, 8, 9], 3, 8, 1.0, &d);
+            force_device_picks(None, None);
+            j.into_iter().flatten().collect::<Vec<_>>()
+        };
+        let (host, device) = (judged(false), judged(true));
+        for (a, b) in host.iter().zip(&device) {
+            assert_eq!(a.tokens, b.tokens, "{arch}: RM sample tokens");
+            assert!(
+                (a.logprob - b.logprob).abs() <= 1e-5 * a.logprob.abs().max(1.0),
+                "{arch}: RM sample log-probability {} on the host vs {}",
+                a.logprob,
+                b.logprob
+            );
         }
     }
 }

@@ -470,11 +470,17 @@ fn kv_cache_generation_equals_full_recomputation() {
 /// the host's picks from the logits: greedy, each row's first maximum and its log-probability
 /// computed there; sampled, each row's leading tokens and softmax sum read (4, 16 or the
 /// device's count of the tiny model's 64), the draw made from them, and a row whose draw
-/// reaches past them read whole. The same tokens, and reply log-probabilities within 1e-5
+/// reaches past them read whole; a reward model's samples (from a word list and from the whole
+/// vocabulary, on copied and on shared prompt caches), each row's uniform number sent to the
+/// device and the running sums taken there. The same tokens, and log-probabilities within 1e-5
 /// relative (f32 sums on the device, f64 on the host), with rows that stop at different steps.
 #[test]
 fn device_picks_follow_the_hosts() {
     use rla_pipe::model::hf::generate::force_device_picks;
+    use rla_pipe::model::hf::{HfArch, HfTokenizer};
+    use rla_pipe::model::lm::Lm;
+    use rla_pipe::model::reward::{self, Verdicts};
+    use rla_pipe::model::tokenizer::Tokenizer;
     let f = Fixture::new();
     let d = Default::default();
     let prompts: Vec<Vec<u32>> = vec![vec![1, 5, 9, 33, 12, 40], vec![7, 8], vec![3, 30, 31]];
@@ -517,6 +523,45 @@ fn device_picks_follow_the_hosts() {
                 host.iter().map(|(t, _)| t.len()).collect();
             assert!(lengths.len() > 1, "{arch}: rows stop apart");
         }
+        // A reward model's m samples (`model::reward`, drawn in their tokens' order): from a
+        // word list (the allowed tokens selected on the device) and from the whole
+        // vocabulary, each with a copy of its prompt's cache and on one shared cache.
+        let words = Tokenizer::words(&[]);
+        let mut apart = 0;
+        let hf_tok = HfTokenizer::from_dir(&dir, &HfArch::from_dir(&dir).unwrap()).unwrap();
+        for v in [Verdicts::Words(&words), Verdicts::Text(&hf_tok, "")] {
+            for shared in [false, true] {
+                let run = |device: bool| {
+                    force_device_picks(Some(device), None);
+                    let j = match shared {
+                        true => {
+                            let (last, cache, lens) = model.encode(&prompts, &d);
+                            reward::generate_shared(
+                                &model, v, last, cache, &lens, &seeds, 3, 6, 1.3, &d,
+                            )
+                        }
+                        false => reward::generate(&model, v, &prompts, &seeds, 3, 6, 1.3, &d),
+                    };
+                    force_device_picks(None, None);
+                    j.into_iter().flatten().collect::<Vec<_>>()
+                };
+                let (host, device) = (run(false), run(true));
+                let lengths: std::collections::BTreeSet<usize> =
+                    host.iter().map(|j| j.tokens.len()).collect();
+                apart += usize::from(lengths.len() > 1);
+                for (a, b) in host.iter().zip(&device) {
+                    assert_eq!(a.tokens, b.tokens, "{arch}, shared {shared}: RM tokens");
+                    assert_eq!(a.score, b.score);
+                    assert!(
+                        (a.logprob - b.logprob).abs() <= 1e-5 * a.logprob.abs().max(1.0),
+                        "{arch}: RM sample log-probability {} on the host vs {}",
+                        a.logprob,
+                        b.logprob
+                    );
+                }
+            }
+        }
+        assert!(apart > 0, "{arch}: some samples stop apart");
     }
 }
 

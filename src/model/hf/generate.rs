@@ -401,11 +401,23 @@ pub fn force_device_picks(on: Option<bool>, lead: Option<usize>) {
 /// past them reads that row's logits.
 const DEVICE_LEAD: usize = 32;
 
-/// Whether draws at a temperature are made from the device's leading tokens
+/// Whether models on `B` pick their tokens on the device on this thread, greedy or `sampled`
+/// at a temperature: as forced ([`force_device_picks`]), else on a GPU unless its kernels are
+/// off (`RLA_PIPE_CUDA_KERNELS=off`) or, for draws at a temperature, device sampling is
 /// (`RLA_PIPE_DEVICE_SAMPLING=off`: every row's logits read, as before).
-fn device_sampling() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("RLA_PIPE_DEVICE_SAMPLING").map_or(true, |v| v != "off"))
+pub(crate) fn device_picks<B: Backend>(sampled: bool) -> bool {
+    static SAMPLING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    DEVICE_PICKS
+        .with(std::cell::Cell::get)
+        .0
+        .unwrap_or_else(|| {
+            crate::model::backend::is_cuda::<B>()
+                && super::fused::gpu_kernels()
+                && (!sampled
+                    || *SAMPLING.get_or_init(|| {
+                        std::env::var("RLA_PIPE_DEVICE_SAMPLING").map_or(true, |v| v != "off")
+                    }))
+        })
 }
 
 /// The next token of every cache row: its logits read to the host, where [`pick_rows`]
@@ -451,11 +463,8 @@ impl Lead {
 
 impl<B: Backend> Next<B> {
     fn read(logits: Tensor<B, 2>, s: &Sampling, vocab: usize) -> Result<Next<B>> {
-        let (forced, lead) = DEVICE_PICKS.with(std::cell::Cell::get);
-        let on_device = forced.unwrap_or_else(|| {
-            crate::model::backend::is_cuda::<B>() && super::fused::gpu_kernels()
-        });
-        if s.temperature <= 0.0 && on_device {
+        let lead = DEVICE_PICKS.with(std::cell::Cell::get).1;
+        if s.temperature <= 0.0 && device_picks::<B>(false) {
             // A maximum (on ties, the backend's argmax: the host takes the lowest id) and its
             // log-probability, −log Σ exp(l − max); read in one transfer, the ids as f32
             // (exact below 2²⁴, far above any vocabulary).
@@ -467,7 +476,7 @@ impl<B: Backend> Next<B> {
             return Ok(Next::Greedy(picks.collect()));
         }
         let k = lead.unwrap_or(DEVICE_LEAD).min(vocab.saturating_sub(1));
-        if s.temperature > 0.0 && on_device && (forced.is_some() || device_sampling()) && k > 0 {
+        if s.temperature > 0.0 && device_picks::<B>(true) && k > 0 {
             // The k largest logits and their ids, and Σ exp((l − max) / T): one transfer.
             let max = logits.clone().max_dim(1);
             let total = (logits.clone() - max)
