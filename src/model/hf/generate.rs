@@ -402,22 +402,25 @@ pub fn force_device_picks(on: Option<bool>, lead: Option<usize>) {
 const DEVICE_LEAD: usize = 32;
 
 /// Whether models on `B` pick their tokens on the device on this thread, greedy or `sampled`
-/// at a temperature: as forced ([`force_device_picks`]), else on a GPU unless its kernels are
-/// off (`RLA_PIPE_CUDA_KERNELS=off`) or, for draws at a temperature, device sampling is
+/// at a temperature: as forced ([`force_device_picks`]; `RLA_PIPE_DEVICE_PICKS=on` forces them
+/// on any backend, to see on a CPU what a GPU reads), else on a GPU unless its kernels are off
+/// (`RLA_PIPE_CUDA_KERNELS=off`) or, for draws at a temperature, device sampling is
 /// (`RLA_PIPE_DEVICE_SAMPLING=off`: every row's logits read, as before).
 pub(crate) fn device_picks<B: Backend>(sampled: bool) -> bool {
     static SAMPLING: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    DEVICE_PICKS
-        .with(std::cell::Cell::get)
-        .0
-        .unwrap_or_else(|| {
-            crate::model::backend::is_cuda::<B>()
-                && super::fused::gpu_kernels()
-                && (!sampled
-                    || *SAMPLING.get_or_init(|| {
-                        std::env::var("RLA_PIPE_DEVICE_SAMPLING").map_or(true, |v| v != "off")
-                    }))
-        })
+    static FORCED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    let forced = FORCED.get_or_init(|| {
+        (std::env::var("RLA_PIPE_DEVICE_PICKS").as_deref() == Ok("on")).then_some(true)
+    });
+    let thread = DEVICE_PICKS.with(std::cell::Cell::get).0;
+    thread.or(*forced).unwrap_or_else(|| {
+        crate::model::backend::is_cuda::<B>()
+            && super::fused::gpu_kernels()
+            && (!sampled
+                || *SAMPLING.get_or_init(|| {
+                    std::env::var("RLA_PIPE_DEVICE_SAMPLING").map_or(true, |v| v != "off")
+                }))
+    })
 }
 
 /// The next token of every cache row: its logits read to the host, where [`pick_rows`]
