@@ -233,14 +233,21 @@ fn cuda_kernels_follow_the_reference() {
     bias = bias.slice_assign([0..2, 0..3, 0..7, 0..1], Tensor::zeros([2, 3, 7, 1], &d));
     let rows4 = |x: Tensor<G, 4>| values(x.reshape([42, 130]));
     let rows1 = |x: Tensor<G, 4>| values(x.reshape([42, 1]));
-    let (pk, mk, sk) = Cube::softmax(scores.clone(), bias.clone(), 0.125);
-    let (pr, mr, sr) = Reference::softmax(scores.clone(), bias.clone(), 0.125);
-    close(rows4(pk.clone()), rows4(pr.clone()), "softmax");
-    close(rows1(mk.clone()), rows1(mr), "softmax's max");
-    close(rows1(sk.clone()), rows1(sr), "softmax's sum");
-    let again = Cube::softmax_again(scores.clone(), bias.clone(), mk.clone(), sk.clone(), 0.125);
-    let want = Reference::softmax_again(scores, bias, mk, sk, 0.125);
-    close(rows4(again), rows4(want), "softmax again");
+    // And a bias shared by the heads (`[b, 1, q, keys]`, the GPU's layout: each batch row's
+    // query rows read it in turn).
+    let shared = bias.clone().narrow(1, 1, 1);
+    for bias in [shared, bias.clone()] {
+        let (pk, mk, sk) = Cube::softmax(scores.clone(), bias.clone(), 0.125);
+        let (pr, mr, sr) = Reference::softmax(scores.clone(), bias.clone(), 0.125);
+        close(rows4(pk), rows4(pr), "softmax");
+        close(rows1(mk.clone()), rows1(mr), "softmax's max");
+        close(rows1(sk.clone()), rows1(sr), "softmax's sum");
+        let again =
+            Cube::softmax_again(scores.clone(), bias.clone(), mk.clone(), sk.clone(), 0.125);
+        let want = Reference::softmax_again(scores.clone(), bias, mk, sk, 0.125);
+        close(rows4(again), rows4(want), "softmax again");
+    }
+    let (pk, _, _) = Cube::softmax(scores, bias, 0.125);
     let dp = s4(random(dims.to_vec()));
     let row = s4(random(dims.to_vec())).narrow(3, 0, 1);
     close(

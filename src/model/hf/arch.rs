@@ -603,7 +603,9 @@ impl<B: Backend> CausalLm<B> {
         // The tables, and where [`rotary`] needs them, repeated over the query heads and over
         // the key heads, once per call.
         let tables = self.rope_tables(positions);
-        // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it.
+        // Additive mask `[b, kv, g·t, keys]`: the g query heads of a key/value head share it;
+        // on the GPU `[b, 1, g·t, keys]`, broadcast over the key/value heads, a kv-th of the
+        // memory (a call's mask is kept until its backward pass).
         // With the tiles (inference or training), the mask's bytes instead: the fused masked
         // softmax reads them ([`super::softmax`]).
         // CPU inference over more than one position: the fused attention, which reads the
@@ -614,8 +616,11 @@ impl<B: Backend> CausalLm<B> {
                 let bias = crate::model::transformer::attention_bias(mask)
                     .unsqueeze_dim::<4>(1)
                     .repeat_dim(1, g)
-                    .reshape([b, 1, g * t, keys])
-                    .repeat_dim(1, kv);
+                    .reshape([b, 1, g * t, keys]);
+                let bias = match super::fused::bias_shared_by_heads::<B>() {
+                    true => bias,
+                    false => bias.repeat_dim(1, kv),
+                };
                 (Some(bias), None)
             }
             false => {

@@ -102,7 +102,9 @@ mod kernel {
     }
 
     /// Attention's softmax over a row of `keys` scores: one cube of `lanes` units per row, the
-    /// plane's max and sum; writes the probabilities and the row's max and sum.
+    /// plane's max and sum; writes the probabilities and the row's max and sum. The bias's rows
+    /// repeat over the heads when it has fewer: batch row `r`'s `span` score rows read its
+    /// `bspan` bias rows in turn ([`bias_row`]).
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_kernel<F: Float + CubeElement>(
@@ -113,22 +115,25 @@ mod kernel {
         sum: &mut Tensor<F>,
         keys: usize,
         lanes: usize,
+        span: usize,
+        bspan: usize,
         scale: F,
     ) {
         let row = CUBE_POS_X as usize;
         let lane = UNIT_POS_X as usize;
         let base = row * keys;
-        let mut m = s[base] * scale + bias[base];
+        let at = bias_row(row, span, bspan) * keys;
+        let mut m = s[base] * scale + bias[at];
         let mut j = lane;
         while j < keys {
-            m = F::max(m, s[base + j] * scale + bias[base + j]);
+            m = F::max(m, s[base + j] * scale + bias[at + j]);
             j += lanes;
         }
         let top = plane_max(m);
         let mut part = F::new(0.0);
         let mut k = lane;
         while k < keys {
-            let e = F::exp(s[base + k] * scale + bias[base + k] - top);
+            let e = F::exp(s[base + k] * scale + bias[at + k] - top);
             p[base + k] = e;
             part += e;
             k += lanes;
@@ -145,7 +150,16 @@ mod kernel {
         }
     }
 
-    /// The probabilities again from each row's max and sum: one unit per value.
+    /// The row of a bias of `bspan` rows per batch row that score row `row` reads, with
+    /// `span` score rows per batch row (`bspan` divides `span`; equal when the bias has a row
+    /// per score row).
+    #[cube]
+    pub fn bias_row(row: usize, span: usize, bspan: usize) -> usize {
+        (row / span) * bspan + row % bspan
+    }
+
+    /// The probabilities again from each row's max and sum: one unit per value (the bias as in
+    /// [`softmax_kernel`]).
     #[cube(launch)]
     #[allow(clippy::too_many_arguments)]
     pub fn softmax_again_kernel<F: Float + CubeElement>(
@@ -156,6 +170,8 @@ mod kernel {
         p: &mut Tensor<F>,
         n: usize,
         keys: usize,
+        span: usize,
+        bspan: usize,
         scale: F,
     ) {
         let i = ABSOLUTE_POS;
@@ -163,7 +179,8 @@ mod kernel {
             terminate!();
         }
         let row = i / keys;
-        p[i] = F::exp(s[i] * scale + bias[i] - max[row]) / sum[row];
+        let b = bias_row(row, span, bspan) * keys + i % keys;
+        p[i] = F::exp(s[i] * scale + bias[b] - max[row]) / sum[row];
     }
 
     /// `scale · P ⊙ (dP − row)`: one unit per value.
@@ -302,6 +319,18 @@ const UNITS: u32 = 256;
 
 /// Units per cube of the row kernels: one plane (a warp) per row.
 const LANES: u32 = 32;
+
+/// Score rows and bias rows per batch row for a bias of shape `bias` added to scores of
+/// shape `scores` (`[b, h, q, keys]`): a bias per score (`[b, h, q, keys]`), or one shared by
+/// the heads (`[b, 1, q, keys]`).
+fn spans(scores: [usize; 4], bias: [usize; 4]) -> (usize, usize) {
+    let [b, h, q, keys] = scores;
+    assert!(
+        bias[0] == b && (bias[1] == h || bias[1] == 1) && bias[2] == q && bias[3] == keys,
+        "a bias {bias:?} per score {scores:?} or shared by its heads"
+    );
+    (h * q, bias[1] * q)
+}
 
 /// One cube of [`LANES`] units per row (at least one row: the callers return before an
 /// empty launch).
@@ -483,7 +512,7 @@ impl Kernels<Gpu> for Cube {
     ) -> (Tensor<Gpu, 4>, Tensor<Gpu, 4>, Tensor<Gpu, 4>) {
         let dims = s.dims();
         let [b, h, q, keys] = dims;
-        assert_eq!(bias.dims(), dims, "a bias per score");
+        let (span, bspan) = spans(dims, bias.dims());
         let rows = b * h * q;
         let (s, bias) = (storage(s), storage(bias));
         let p = empty(&s, &dims);
@@ -503,6 +532,8 @@ impl Kernels<Gpu> for Cube {
             sum.clone().into_tensor_arg(),
             keys,
             LANES as usize,
+            span,
+            bspan,
             scale as f32,
         );
         (tensor(p), tensor(max), tensor(sum))
@@ -517,6 +548,7 @@ impl Kernels<Gpu> for Cube {
     ) -> Tensor<Gpu, 4> {
         let dims = s.dims();
         let n = dims.iter().product();
+        let (span, bspan) = spans(dims, bias.dims());
         let (s, bias, max, sum) = (storage(s), storage(bias), storage(max), storage(sum));
         let p = empty(&s, &dims);
         if n == 0 {
@@ -534,6 +566,8 @@ impl Kernels<Gpu> for Cube {
             p.clone().into_tensor_arg(),
             n,
             dims[3],
+            span,
+            bspan,
             scale as f32,
         );
         tensor(p)

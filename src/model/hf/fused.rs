@@ -195,6 +195,14 @@ pub(crate) fn gpu_kernels() -> bool {
     *ON.get_or_init(|| std::env::var("RLA_PIPE_CUDA_KERNELS").map_or(true, |v| v != "off"))
 }
 
+/// Whether models on `B` lay out the attention's additive mask once for all key/value heads
+/// (`[b, 1, g·t, keys]`, broadcast over them; the GPU's kernels index it so): on the GPU, and
+/// anywhere when [`force_reference`]. Elsewhere it is repeated over the heads, as the CPU's
+/// committed numbers were computed.
+pub(super) fn bias_shared_by_heads<B: Backend>() -> bool {
+    crate::model::backend::is_cuda::<B>() || REFERENCE.with(Cell::get)
+}
+
 /// Whether models on `B` run this module's operations: on the GPU (unless turned off), or
 /// anywhere when [`force_reference`] (a cheap check before any reshaping).
 fn applies<B: Backend>() -> bool {
@@ -334,7 +342,7 @@ pub fn silu_mul<B: Backend>(
 }
 
 /// Attention's probabilities `softmax(scale · s + bias)` over the keys (`s = q kᵀ`, `[b, h,
-/// queries, keys]`; `bias` that shape) as one kernel on the GPU's inference backend (decoding
+/// queries, keys]`; `bias` that shape or `[b, 1, queries, keys]`) as one kernel on the GPU's inference backend (decoding
 /// and scoring; training attention is [`super::recompute`]'s); `Err` with both back elsewhere.
 pub fn softmax<B: Backend>(
     s: Tensor<B, 4>,

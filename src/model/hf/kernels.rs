@@ -31,8 +31,9 @@ pub trait Kernels<B: Backend>: std::fmt::Debug + 'static {
         up: Tensor<B, 3>,
     ) -> (Tensor<B, 3>, Tensor<B, 3>);
     /// Attention's probabilities from the products `s = q kᵀ` (`[b, h, queries, keys]`) and
-    /// the additive mask `bias` (that shape; −∞ hides a key): `softmax(scale · s + bias)` over
-    /// the keys, with each query row's max and sum of exponentials (`[b, h, queries, 1]`).
+    /// the additive mask `bias` (that shape, or `[b, 1, queries, keys]` shared by the heads;
+    /// −∞ hides a key): `softmax(scale · s + bias)` over the keys, with each query row's max
+    /// and sum of exponentials (`[b, h, queries, 1]`).
     fn softmax(
         s: Tensor<B, 4>,
         bias: Tensor<B, 4>,

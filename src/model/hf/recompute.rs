@@ -164,7 +164,7 @@ fn tracked<I: Backend, C: CheckpointStrategy, K: Kernels<I>>(
 }
 
 /// `softmax(scale · q kᵀ + bias) · v` (`q [b, kv, g·t, d]`, `k` and `v` `[b, kv, keys, d]`,
-/// `bias [b, kv, g·t, keys]`, constant): on a training backend (the CPU's, the GPU's) one
+/// `bias [b, kv, g·t, keys]` or `[b, 1, g·t, keys]`, constant): on a training backend (the CPU's, the GPU's) one
 /// operation whose backward recomputes the probabilities; elsewhere burn's operations.
 pub fn attention<B: Backend>(
     q: Tensor<B, 4>,
