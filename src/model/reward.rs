@@ -333,6 +333,23 @@ impl<'a> Draws<'a> {
             .collect()
     }
 
+    /// [`step`](Self::step) from every row's logits (`[rows, vocab]`), on the device or read
+    /// to the host.
+    fn step_from<B: Backend>(
+        &mut self,
+        logits: Tensor<B, 2>,
+        on_device: bool,
+        device: &B::Device,
+    ) -> Vec<i64> {
+        match on_device {
+            true => self.step_on_device(logits, device),
+            false => {
+                let host = to_host(logits);
+                self.step(|r| &host[r])
+            }
+        }
+    }
+
     fn live(&self) -> usize {
         self.out.iter().filter(|o| !o.2).count()
     }
@@ -385,13 +402,7 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let ctx = model.context();
     let on_device = super::hf::generate::device_picks::<B>(true);
     for g in 0..max_tokens {
-        let fed = match on_device {
-            true => draws.step_on_device(logits.clone(), device),
-            false => {
-                let host = to_host(logits.clone());
-                draws.step(|r| &host[r])
-            }
-        };
+        let fed = draws.step_from(logits.clone(), on_device, device);
         if g + 1 == max_tokens || draws.live() == 0 {
             break;
         }
@@ -483,13 +494,7 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
                 Some(&mut cache),
             )
             .reshape([p * m, v]);
-        fed = match on_device {
-            true => draws.step_on_device(logits, device),
-            false => {
-                let host = to_host(logits);
-                draws.step(|r| &host[r])
-            }
-        };
+        fed = draws.step_from(logits, on_device, device);
     }
     draws.finish()
 }

@@ -342,8 +342,9 @@ pub fn silu_mul<B: Backend>(
 }
 
 /// Attention's probabilities `softmax(scale · s + bias)` over the keys (`s = q kᵀ`, `[b, h,
-/// queries, keys]`; `bias` that shape or `[b, 1, queries, keys]`) as one kernel on the GPU's inference backend (decoding
-/// and scoring; training attention is [`super::recompute`]'s); `Err` with both back elsewhere.
+/// queries, keys]`; `bias` that shape or `[b, 1, queries, keys]`) as one kernel on the GPU's
+/// inference backend (decoding and scoring; training attention is [`super::recompute`]'s);
+/// `Err` with both back elsewhere.
 pub fn softmax<B: Backend>(
     s: Tensor<B, 4>,
     bias: Tensor<B, 4>,

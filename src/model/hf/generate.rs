@@ -87,11 +87,11 @@ fn pick_at(logits: &[f32], s: &Sampling, unit: f64, leads: &[usize]) -> (u32, us
             keys.select_nth_unstable(k);
         }
         keys[..k].sort_unstable();
-        let mut order: Vec<usize> = keys[..k].iter().map(|&k| (k as u32) as usize).collect();
+        let mut order: Vec<usize> = keys[..k].iter().map(|&key| (key as u32) as usize).collect();
         // The largest probability past the first k (none when they are all).
         let rest = keys[k..]
             .iter()
-            .map(|&k| probs[(k as u32) as usize])
+            .map(|&key| probs[(key as u32) as usize])
             .fold(f64::NEG_INFINITY, f64::max);
         // exp is monotone, so a lower logit never has a higher probability — checked, since
         // the draw must not depend on the platform's exp: an inversion takes the definition's
@@ -427,7 +427,7 @@ pub(crate) fn device_picks<B: Backend>(sampled: bool) -> bool {
 /// draws; or, on a GPU, only what decides the pick: greedy, each row's token and
 /// log-probability picked on the device (two values a row cross instead of the vocabulary's);
 /// at a temperature, each row's [`DEVICE_LEAD`] most likely tokens with their logits and the
-/// row's softmax sum. `RLA_PIPE_CUDA_KERNELS=off` reads the logits, as before.
+/// row's softmax sum ([`device_picks`] says which).
 enum Next<B: Backend> {
     Logits(Vec<Vec<f32>>),
     Greedy(Vec<(u32, f64)>),
