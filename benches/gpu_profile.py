@@ -438,27 +438,20 @@ def main():
         + " | ".join(f"{it(var.get(n)):.1f} | {(var.get(n) or {}).get('peak', {}).get('(run)', 0):,.0f}" for n in names) + " |")
     log(f"process wall: cuda compiling {w(cold)} s, cuda {w(cuda)} s, profiled {w(prof)} s, cpu {w(cpu)} s, "
         + ", ".join(f"{n} {w(var.get(n))} s" for n in names))
-    # Model calls per stage and run: each launches the same kernels whatever its size.
     runs = [("cuda", cuda)] + [(n, var.get(n)) for n in names]
-    log("\n| model calls (rows, longest packed row) | " + " | ".join(n for n, _ in runs) + " |\n|---|"
-        + "---:|" * len(runs))
-    for stage in (cuda or {"order": []})["order"]:
-        cells = []
-        for _, r in runs:
-            c = (r or {}).get("calls", {}).get(stage)
-            cells.append(f"{c[0]:,} ({c[1]:,}, {c[2]:,})" if c else "")
-        if any(cells):
-            log(f"| {stage} | " + " | ".join(cells) + " |")
+
+    def per_stage(title, field, cell):
+        """A table of one counted field per stage (rows) and run (columns)."""
+        log(f"\n| {title} | " + " | ".join(n for n, _ in runs) + " |\n|---|" + "---:|" * len(runs))
+        for stage in (cuda or {"order": []})["order"]:
+            cells = [(lambda c: cell(c) if c else "")((r or {}).get(field, {}).get(stage)) for _, r in runs]
+            if any(cells):
+                log(f"| {stage} | " + " | ".join(cells) + " |")
+
+    # Model calls per stage and run: each launches the same kernels whatever its size.
+    per_stage("model calls (rows, longest packed row)", "calls", lambda c: f"{c[0]:,} ({c[1]:,}, {c[2]:,})")
     # Sampled draws made from the device's leading tokens, and those that read a row whole.
-    log("\n| sampled draws on the device (read whole) | " + " | ".join(n for n, _ in runs) + " |\n|---|"
-        + "---:|" * len(runs))
-    for stage in (cuda or {"order": []})["order"]:
-        cells = []
-        for _, r in runs:
-            d = (r or {}).get("drawn", {}).get(stage)
-            cells.append(f"{d[0]:,} ({d[1]:,})" if d else "")
-        if any(cells):
-            log(f"| {stage} | " + " | ".join(cells) + " |")
+    per_stage("sampled draws on the device (read whole)", "drawn", lambda d: f"{d[0]:,} ({d[1]:,})")
     # The update's optimizer steps per run, from each run's dump (the stage's own seconds).
     log("\n| run | policy optimizer steps (s) | RM optimizer steps (s) |\n|---|---:|---:|")
     for name, d in dumps.items():
