@@ -4,8 +4,8 @@
 //! words, at the RM temperature, m samples per step, each with its own seed; the prompt is
 //! encoded once per step and every sample continues from the key/value cache.
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
 
 use super::hf::HfTokenizer;
 use super::hf::prompt::parse_verdict;
@@ -313,13 +313,8 @@ impl<'a> Draws<'a> {
         .div_scalar(self.temperature);
         let max = z.clone().max_dim(1);
         let lse = (z.clone() - max.clone()).exp().sum_dim(1).log() + max;
-        let running = (z.clone() - lse.clone()).exp().cumsum(1);
-        let u = float_tensor::<B, 2>(units, [n, 1], device).expand([n, a]);
-        let pick = running
-            .lower_equal(u)
-            .int()
-            .sum_dim(1)
-            .clamp_max(a as i64 - 1);
+        let u = float_tensor::<B, 2>(units, [n, 1], device);
+        let pick = first_past((z.clone() - lse.clone()).exp(), u).clamp_max(a as i64 - 1);
         let lp = z.gather(1, pick.clone()) - lse;
         let read = to_host(Tensor::cat(vec![pick.float(), lp], 1));
         (0..n)
@@ -370,6 +365,45 @@ impl<'a> Draws<'a> {
         }
         per_prompt
     }
+}
+
+/// Per row of `p` (`[rows, a]`, non-negative), the first index whose running sum exceeds the
+/// row's `u` (`[rows, 1]`), `a` if none: the count of running sums at most `u`. burn-cubecl's
+/// running sum computes each entry's prefix alone (a² additions a row), so the row is cut into
+/// about √a blocks of about √a: the block where the sum passes `u` is found from the blocks'
+/// running sums, then the index within it.
+fn first_past<B: Backend>(p: Tensor<B, 2>, u: Tensor<B, 2>) -> Tensor<B, 2, Int> {
+    let [rows, a] = p.dims();
+    let width = (a as f64).sqrt().ceil().max(1.0) as usize;
+    let blocks = a.div_ceil(width);
+    let pad = blocks * width - a;
+    let device = p.device();
+    let p = match pad {
+        0 => p,
+        _ => Tensor::cat(vec![p, Tensor::zeros([rows, pad], &device)], 1),
+    }
+    .reshape([rows, blocks, width]);
+    let sums = p.clone().sum_dim(2).reshape([rows, blocks]);
+    let running = sums.clone().cumsum(1);
+    let count = |running: Tensor<B, 2>, u: &Tensor<B, 2>| {
+        let [_, c] = running.dims();
+        running
+            .lower_equal(u.clone().expand([rows, c]))
+            .int()
+            .sum_dim(1)
+    };
+    let block = count(running.clone(), &u).clamp_max(blocks as i64 - 1);
+    // The sum before that block, and its entries' running sums from there.
+    let before = (running - sums).gather(1, block.clone());
+    let inside = p
+        .gather(
+            1,
+            block.clone().reshape([rows, 1, 1]).expand([rows, 1, width]),
+        )
+        .reshape([rows, width])
+        .cumsum(1)
+        + before;
+    block.mul_scalar(width as i64) + count(inside, &u)
 }
 
 /// `m` judgements for each prompt; sample `j` of prompt `p` draws from `derive_seed(seeds[p], j)`.

@@ -6,8 +6,8 @@
 use crate::determinism::{Rng, derive_seed};
 use crate::error::{Error, Result};
 use crate::model::lm::{KvCache, Lm, bool_tensor, int_tensor};
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
 
 /// How tokens are picked.
 #[derive(Debug, Clone, PartialEq)]
@@ -486,15 +486,7 @@ impl<B: Backend> Next<B> {
                 .div_scalar(s.temperature)
                 .exp()
                 .sum_dim(1);
-            let ids = match crate::model::backend::is_cuda::<B>() {
-                true => logits.clone().argtopk(k, 1),
-                // Backends without a top-k (the CPU's, in tests): a sort.
-                false => logits
-                    .clone()
-                    .sort_descending_with_indices(1)
-                    .1
-                    .narrow(1, 0, k),
-            };
+            let ids = leading(logits.clone(), k);
             let values = logits.clone().gather(1, ids.clone());
             let read = to_vec(Tensor::cat(vec![values, ids.float(), total], 1), "leads")?;
             let leads = read
@@ -558,6 +550,45 @@ impl<B: Backend> Next<B> {
                 Ok(picked.into_iter().flatten().collect())
             }
         }
+    }
+}
+
+/// The ids of each row's `k` largest values (`x [rows, n]`, `k < n`; in no particular order,
+/// ties taken either way). burn-cubecl's top-k runs a row on one unit, so a vocabulary's row is
+/// cut into blocks of `8k` first: each block's `k` largest on a unit of its own, then the `k`
+/// largest of those.
+fn leading<B: Backend>(x: Tensor<B, 2>, k: usize) -> Tensor<B, 2, Int> {
+    let [rows, n] = x.dims();
+    let width = 8 * k;
+    let blocks = n.div_ceil(width);
+    if blocks < 2 {
+        return top(x, k);
+    }
+    let device = x.device();
+    // The last block padded with the lowest value (never above a real one: `k < n`).
+    let pad = blocks * width - n;
+    let x = match pad {
+        0 => x,
+        _ => Tensor::cat(vec![x, Tensor::full([rows, pad], f32::MIN, &device)], 1),
+    }
+    .reshape([rows * blocks, width]);
+    let first = top(x.clone(), k);
+    let values = x.gather(1, first.clone()).reshape([rows, blocks * k]);
+    // Each block's ids in its row: the offset of its block added.
+    let offsets: Vec<i64> = (0..rows * blocks)
+        .map(|b| ((b % blocks) * width) as i64)
+        .collect();
+    let ids = (first + int_tensor::<B, 2>(offsets, [rows * blocks, 1], &device))
+        .reshape([rows, blocks * k]);
+    ids.gather(1, top(values, k))
+}
+
+/// The ids of each row's `k` largest values: burn's top-k on a GPU; a sort elsewhere (the CPU's
+/// backend has no top-k; tests).
+fn top<B: Backend>(x: Tensor<B, 2>, k: usize) -> Tensor<B, 2, Int> {
+    match crate::model::backend::is_cuda::<B>() {
+        true => x.argtopk(k, 1),
+        false => x.sort_descending_with_indices(1).1.narrow(1, 0, k),
     }
 }
 
