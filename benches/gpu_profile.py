@@ -46,7 +46,8 @@ from a seed, the same shapes a learning run's update has.
    batch 1 and 32 against `transformers`' `generate` on the same GPU (benches/smollm2_generate.py);
    `--generate-variant NAME=VAR=VALUE,...` runs it again with that environment (by default
    DEFAULT_GENERATE: burn's operations for RMSNorm, RoPE, the activation and the softmax, and
-   greedy picks on the host; the key/value cache grown by concatenation).
+   greedy picks on the host; the key/value cache grown by concatenation;
+   `sampled=GENERATE_TEMPERATURE=1` samples on both sides instead of greedy).
 7. `cpu`: the iteration on the machine's CPU cores, for the GPU/CPU ratio.
 
 Every run also counts its model calls per stage (`model call` lines at debug level,
@@ -92,6 +93,9 @@ DEFAULT_VARIANTS = ["hostdraw=env:RLA_PIPE_DEVICE_SAMPLING=off", "keeplayers=upd
                     "keepattn=update.recompute_attention=off", "kvcat=env:RLA_PIPE_DEVICE_KV=cat",
                     "mb512=update.cuda_micro_batch_tokens=512",
                     "balanced=env:RLA_PIPE_CUDA_CHECKPOINTING=balanced"]
+# (`--generate-variant sampled=GENERATE_TEMPERATURE=1` samples on both sides instead: with random
+# weights every row's distribution is nearly flat, so nearly every draw reaches past the device's
+# leading tokens and reads its row: the worst case of src/model/hf/generate.rs's draws.)
 DEFAULT_GENERATE = ["burnops=RLA_PIPE_CUDA_KERNELS=off", "kvcat=RLA_PIPE_DEVICE_KV=cat"]
 
 

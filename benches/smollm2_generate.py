@@ -16,6 +16,8 @@
 Usage:  python3 benches/smollm2_generate.py [DIR] [--batches 1,8] [--max-tokens 48]
         (batches above 8 repeat the prompts, each numbered: "(9) Write a haiku ...")
 Env:    RLA_PIPE_BIN (default: $CARGO_TARGET_DIR/debug/rla-pipe),
+        GENERATE_TEMPERATURE (0, greedy, the default; above 0 both sides sample at it, no top-k
+        or top-p, and the ids are not compared),
         TORCH_DEVICE (cpu, the default; or cuda: both on the GPU, rla-pipe with --device cuda
         and a --features cuda binary; benches/gpu_profile.py)
 Needs:  torch, transformers, gguf, numpy (installed with pip if missing)
@@ -55,6 +57,9 @@ def ensure_model(d):
 
 
 DEVICE = os.environ.get("TORCH_DEVICE", "cpu")
+# Greedy (0, the default) or sampled at this temperature on both sides (no top-k, no top-p):
+# then the ids are not compared, only the speed.
+TEMPERATURE = float(os.environ.get("GENERATE_TEMPERATURE", "0"))
 
 
 def prompts_for(b):
@@ -64,7 +69,7 @@ def prompts_for(b):
 
 def rla_generate(d, prompts, max_tokens):
     cmd = [BIN, "model", "generate", d, "--chat", "--max-tokens", str(max_tokens), "--format", "json",
-           "--device", DEVICE]
+           "--device", DEVICE, "--temperature", str(TEMPERATURE), "--seed", "0"]
     for p in prompts:
         cmd += ["--prompt", p]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
@@ -72,15 +77,18 @@ def rla_generate(d, prompts, max_tokens):
 
 
 def hf_generate(model, prompt_ids, eos, max_tokens):
-    """Greedy generation of a left-padded batch; returns (ids per row up to EOS, seconds)."""
+    """Generation of a left-padded batch, greedy or at TEMPERATURE; returns (ids per row up to
+    EOS, seconds)."""
     width = max(len(p) for p in prompt_ids)
     pad = eos[0]
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompt_ids], device=DEVICE)
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids], device=DEVICE)
     t = time.perf_counter()
     with torch.no_grad():
+        sampling = dict(do_sample=True, temperature=TEMPERATURE, top_k=0, top_p=1.0) if TEMPERATURE > 0 \
+            else dict(do_sample=False)
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_tokens,
-                             do_sample=False, eos_token_id=eos, pad_token_id=pad)
+                             eos_token_id=eos, pad_token_id=pad, **sampling)
     if DEVICE != "cpu":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t
@@ -145,9 +153,11 @@ def main():
         same = sum(x == y for x, y in zip(burn_ids, hf_ids))
         diffs = [first_difference(x, y) for x, y in zip(burn_ids, hf_ids) if x != y]
         print(f"batch {b}: {sum(len(p) for p in prompt_ids)} prompt tokens, {burn_tokens} generated; "
-              f"greedy ids equal for {same}/{b} prompts" + (f" (first differences at positions {diffs})" if diffs else ""),
+              + (f"sampled at temperature {TEMPERATURE}: ids not compared" if TEMPERATURE > 0 else
+                 f"greedy ids equal for {same}/{b} prompts" + (f" (first differences at positions {diffs})" if diffs else "")),
               flush=True)
-    print(f"\ntorch {torch.__version__}, max {a.max_tokens} new tokens, f32 weights\n")
+    print(f"\ntorch {torch.__version__}, max {a.max_tokens} new tokens, f32 weights, "
+          + (f"sampled at temperature {TEMPERATURE}" if TEMPERATURE > 0 else "greedy") + "\n")
     print("| batch | implementation | threads | seconds | generated tokens/s | transformers speed-up |")
     print("|---:|---|---:|---:|---:|---:|")
     for b, impl, threads, sec, tps, ratio in rows:
