@@ -296,6 +296,9 @@ impl<'a> Draws<'a> {
     fn step_on_device<B: Backend>(&mut self, logits: Tensor<B, 2>, device: &B::Device) -> Vec<i64> {
         let pad = self.verdicts.pad() as i64;
         let [n, vocab] = logits.dims();
+        if n == 0 || self.live() == 0 {
+            return vec![pad; n];
+        }
         let units: Vec<f32> = (0..n)
             .map(|r| match self.out[r].2 {
                 true => 0.0,
