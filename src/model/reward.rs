@@ -293,9 +293,10 @@ impl<'a> Draws<'a> {
     /// exceeds the number is taken, with its log-probability; only those two values a row are
     /// read back instead of the vocabulary's logits (a GPU's path,
     /// [`device_picks`](super::hf::generate::device_picks)).
-    fn step_on_device<B: Backend>(&mut self, logits: Tensor<B, 2>, device: &B::Device) -> Vec<i64> {
+    fn step_on_device<B: Backend>(&mut self, logits: Tensor<B, 2>) -> Vec<i64> {
         let pad = self.verdicts.pad() as i64;
         let [n, vocab] = logits.dims();
+        let device = &logits.device();
         if n == 0 || self.live() == 0 {
             return vec![pad; n];
         }
@@ -331,16 +332,11 @@ impl<'a> Draws<'a> {
             .collect()
     }
 
-    /// [`step`](Self::step) from every row's logits (`[rows, vocab]`), on the device or read
-    /// to the host.
-    fn step_from<B: Backend>(
-        &mut self,
-        logits: Tensor<B, 2>,
-        on_device: bool,
-        device: &B::Device,
-    ) -> Vec<i64> {
-        match on_device {
-            true => self.step_on_device(logits, device),
+    /// [`step`](Self::step) from every row's logits (`[rows, vocab]`), on the device where
+    /// [`device_picks`](super::hf::generate::device_picks) says so, else read to the host.
+    fn step_from<B: Backend>(&mut self, logits: Tensor<B, 2>) -> Vec<i64> {
+        match super::hf::generate::device_picks::<B>(true) {
+            true => self.step_on_device(logits),
             false => {
                 let host = to_host(logits);
                 self.step(|r| &host[r])
@@ -437,9 +433,8 @@ pub fn generate<B: Backend, M: Lm<B>>(
     let mut logits = last.select(0, row_idx);
     let mut draws = Draws::new(verdicts, model.vocab(), seeds, m, temperature);
     let ctx = model.context();
-    let on_device = super::hf::generate::device_picks::<B>(true);
     for g in 0..max_tokens {
-        let fed = draws.step_from(logits.clone(), on_device, device);
+        let fed = draws.step_from(logits.clone());
         if g + 1 == max_tokens || draws.live() == 0 {
             break;
         }
@@ -496,11 +491,10 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
     // Room for the m tokens of each step to come, written in place ([`super::kv`]).
     cache.reserve(m * max_tokens);
     // Step 0 reads each prompt's own next-token logits, once for its m samples.
-    let on_device = super::hf::generate::device_picks::<B>(true);
-    let mut fed = match on_device {
+    let mut fed = match super::hf::generate::device_picks::<B>(true) {
         true => {
             let rows = (0..p * m).map(|r| (r / m) as i64).collect();
-            draws.step_on_device(last.select(0, int_tensor(rows, [p * m], device)), device)
+            draws.step_on_device(last.select(0, int_tensor(rows, [p * m], device)))
         }
         false => {
             let first = to_host(last);
@@ -531,7 +525,7 @@ pub fn generate_shared<B: Backend, M: Lm<B>>(
                 Some(&mut cache),
             )
             .reshape([p * m, v]);
-        fed = draws.step_from(logits, on_device, device);
+        fed = draws.step_from(logits);
     }
     draws.finish()
 }

@@ -330,7 +330,7 @@ pub fn sample_encoded<B: Backend, M: Lm<B>>(
             true => live.iter().map(|&slot| rngs[rows[slot]].unit()).collect(),
             false => Vec::new(),
         };
-        let picked = last.pick(&live, &units, s, vocab, &mut far, device)?;
+        let picked = last.pick(&live, &units, s, vocab, &mut far)?;
         draws += live.len();
         for (&slot, (tok, lp)) in live.iter().zip(picked) {
             let r = rows[slot];
@@ -511,7 +511,6 @@ impl<B: Backend> Next<B> {
         s: &Sampling,
         vocab: usize,
         far: &mut usize,
-        device: &B::Device,
     ) -> Result<Vec<(u32, f64)>> {
         match self {
             Next::Greedy(picks) => Ok(live.iter().map(|&slot| picks[slot]).collect()),
@@ -538,9 +537,8 @@ impl<B: Backend> Next<B> {
                 }
                 *far += past.len();
                 let which: Vec<i64> = past.iter().map(|&j| live[j] as i64).collect();
-                let rows = logits
-                    .clone()
-                    .select(0, int_tensor(which, [past.len()], device));
+                let which = int_tensor(which, [past.len()], &logits.device());
+                let rows = logits.clone().select(0, which);
                 let rows = to_vec(rows, "logits")?;
                 let rows: Vec<&[f32]> = rows.chunks(vocab).collect();
                 let units: Vec<f64> = past.iter().map(|&j| units[j]).collect();
