@@ -17,9 +17,9 @@
 #                                           # benches/gpu_profile.py in what is left of S seconds
 #                                           # (default 540)
 #
-# `run` unpacks lease/, places the CLI where the test binary looks for it (Cargo writes the
-# build's own paths into it: the CLI's and this repository's root) unless something is there
-# already, runs `it gpu --ignored` (GPU_TEST_TIMEOUT, default 150 s), then the profile with the
+# `run` unpacks lease/, points the test binary at the unpacked CLI (RLA_PIPE_TEST_BIN), links
+# the build's repository root (Cargo writes it into the test binary) to this one unless something
+# is there already, runs `it gpu --ignored` (GPU_TEST_TIMEOUT, default 150 s), then the profile with the
 # rest of the budget, and writes to $OUT (or ./lease-out): summary.txt (the profile's table
 # and the test's verdict), gpu-test.log, and profile.tar.xz (every log of the profile).
 # PROFILE_ARGS go to benches/gpu_profile.py as they are; LEASE_MODEL overrides the model's
@@ -47,7 +47,7 @@ for line in sys.stdin:
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "it" and m.get("executable"):
         print(m["executable"])')
   [ -x "$it" ] || { echo "pack: cargo built no \`it\` test binary" >&2; exit 1; }
-  # The test binary's CLI (env!("CARGO_BIN_EXE_rla-pipe")), built with the same features.
+  # The CLI the test binary was built with (the same features).
   local cli=$CARGO_TARGET_DIR/debug/rla-pipe
   rm -rf "$lease"
   mkdir -p "$lease/model"
@@ -64,7 +64,6 @@ for line in sys.stdin:
   rm -rf "$staged"
   {
     echo "commit=$(git rev-parse HEAD)$(git diff --quiet HEAD || echo +changes)"
-    echo "cli_path=$cli"
     echo "manifest_dir=$PWD"
     echo "built=$(date -u +%FT%TZ) on $(uname -m)"
   } >"$lease/paths"
@@ -91,14 +90,11 @@ run() {
   python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
     "$lease/bin.tar.xz" "$bin"
   chmod +x "$bin/rla-pipe" "$bin/it"
-  local cli_path manifest_dir
-  cli_path=$(sed -n 's/^cli_path=//p' "$lease/paths")
+  local manifest_dir
   manifest_dir=$(sed -n 's/^manifest_dir=//p' "$lease/paths")
-  # The test binary runs the CLI and reads pipelines/ at the paths of the build.
-  if [ ! -e "$cli_path" ]; then
-    mkdir -p "$(dirname "$cli_path")" && ln -s "$bin/rla-pipe" "$cli_path" \
-      || echo "run: could not place the CLI at $cli_path: the test's iteration will fail" >&2
-  fi
+  # The test binary runs this CLI (tests/it/main.rs, `rla_pipe_bin`), and reads pipelines/ under
+  # the repository's root of the build.
+  export RLA_PIPE_TEST_BIN=$bin/rla-pipe
   if [ ! -e "$manifest_dir" ]; then
     mkdir -p "$(dirname "$manifest_dir")" && ln -s "$PWD" "$manifest_dir" \
       || echo "run: could not link $manifest_dir to $PWD: the test's iteration will fail" >&2
@@ -141,11 +137,15 @@ run() {
 # while a call is made; `unslim` puts them back. Between the two, a commit is refused (a hook):
 # it would delete them from the repository.
 kept='docs/src/ablation/*/kept/*'
-marker=$(git rev-parse --git-path rla-pipe-slim)
-hook=$(git rev-parse --git-path hooks/pre-commit)
-exclude=$(git rev-parse --git-path info/exclude)
+# (Here only: the lent machine's copy of the working tree need not be a git repository.)
+git_paths() {
+  marker=$(git rev-parse --git-path rla-pipe-slim)
+  hook=$(git rev-parse --git-path hooks/pre-commit)
+  exclude=$(git rev-parse --git-path info/exclude)
+}
 
 slim() {
+  git_paths
   [ ! -e "$marker" ] || { echo "slim: slimmed already (benches/gpu_lease.sh unslim undoes it)"; return 0; }
   git diff --cached --quiet || { echo "slim: the index has staged changes: commit or unstage them first" >&2; exit 1; }
   [ ! -e "$hook" ] || { echo "slim: $hook exists; this command installs its own there" >&2; exit 1; }
@@ -160,6 +160,7 @@ slim() {
 }
 
 unslim() {
+  git_paths
   [ -e "$marker" ] || { echo "unslim: not slimmed"; return 0; }
   git reset -q HEAD -- "$kept"
   sed -i '\|^# benches/gpu_lease.sh slim |,+1d' "$exclude"
@@ -172,6 +173,7 @@ unslim() {
 
 # What a call carries: the working tree (tracked files and untracked ones not ignored) and lease/.
 travels() {
+  git_paths
   local lease_b=0 tree_b
   [ ! -d "$lease" ] || lease_b=$(du -sb "$lease" | cut -f1)
   tree_b=$(git ls-files -z -co --exclude-standard | du -cb --files0-from=- | tail -n 1 | cut -f1)

@@ -29,6 +29,13 @@ mod web;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+/// The `rla-pipe` binary that [`Fixture`]'s commands run: Cargo's, or `RLA_PIPE_TEST_BIN` where
+/// this test binary runs away from the build that made it (a lent GPU machine:
+/// benches/gpu_lease.sh).
+pub fn rla_pipe_bin() -> std::ffi::OsString {
+    std::env::var_os("RLA_PIPE_TEST_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_rla-pipe").into())
+}
+
 /// The class of CPU whose f32 kernels a bit-exact reference was computed on: burn's f32 products
 /// and reductions run in AVX-512 registers where the CPU has them (`x86-v4`), in AVX2 registers
 /// elsewhere, and round differently. The committed references (the ablation fingerprints, the
@@ -313,7 +320,7 @@ impl Fixture {
     }
     /// [`Fixture::rla`] with more environment variables (the crash hooks).
     pub fn rla_env(&self, vars: &[(&str, &str)], args: &[&str]) -> Run {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+        let mut cmd = Command::new(rla_pipe_bin());
         cmd.current_dir(self.dir.path())
             .env_remove("RUST_LOG")
             .env("RLA_PIPE_STORE", self.store());
