@@ -185,7 +185,7 @@ fn ablation_script_rejects_malformed_settings() {
                 out.to_str().unwrap(),
                 "gridnav",
             ])
-            .env("RLA_PIPE_BIN", env!("CARGO_BIN_EXE_rla-pipe"))
+            .env("RLA_PIPE_BIN", crate::rla_pipe_bin())
             .env(key, value)
             .output()
             .unwrap();
@@ -215,7 +215,7 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
                 path("out").to_str().unwrap(),
                 "gridnav",
             ])
-            .env("RLA_PIPE_BIN", env!("CARGO_BIN_EXE_rla-pipe"))
+            .env("RLA_PIPE_BIN", crate::rla_pipe_bin())
             .env("KEEP", &keep)
             .env("REEVAL", "4")
             .env("SEEDS", "1")
@@ -235,7 +235,7 @@ fn ablation_script_keeps_reevaluates_and_adds_a_variant_elsewhere() {
     let kept = |run: &str| keep.join(run).join("_commits").exists();
     let provenance = || std::fs::read_to_string(keep.join("provenance.csv")).unwrap();
     let rla = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        let o = std::process::Command::new(crate::rla_pipe_bin())
             .args(args)
             .output()
             .unwrap();

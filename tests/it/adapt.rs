@@ -616,7 +616,7 @@ fn openai_adapter_against_a_local_server() {
     };
     let secret = "sk-test-5ecret-do-not-log";
     let run = |args: Vec<String>, key: Option<&str>| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+        let mut cmd = std::process::Command::new(crate::rla_pipe_bin());
         cmd.current_dir(f.dir.path())
             .env_remove("RUST_LOG")
             .args(&args);
@@ -867,7 +867,7 @@ fn household_runs_replays_and_resumes_after_ctrl_c_to_the_same_tables() {
             std::fs::remove_dir_all(dir).unwrap();
         }
     }
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+    let mut child = std::process::Command::new(crate::rla_pipe_bin())
         .current_dir(f.dir.path())
         .env_remove("RUST_LOG")
         .args(args("resumed"))

@@ -413,7 +413,7 @@ fn written_files_get_the_usual_mode() {
         let output = std::process::Command::new("sh")
             .arg("-c")
             .arg(r#"umask 022 && exec "$0" "$@""#)
-            .arg(env!("CARGO_BIN_EXE_rla-pipe"))
+            .arg(crate::rla_pipe_bin())
             .args(args)
             .current_dir(f.dir.path())
             .env_remove("RUST_LOG")
@@ -620,7 +620,7 @@ fn corrupt_files_are_named() {
 fn unreachable_store_is_a_clear_error() {
     let f = Fixture::new();
     let cfg = f.config().display().to_string();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    let mut cmd = std::process::Command::new(crate::rla_pipe_bin());
     cmd.args(["run", &cfg, "--store", "s3://bucket/prefix"])
         .env("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
         .env("AWS_ALLOW_HTTP", "true")
@@ -1013,7 +1013,7 @@ fn the_command_line_has_no_rough_edges() {
     ];
     for args in &commands {
         // The reader closes its end before the command writes anything: every write fails.
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        let mut child = std::process::Command::new(crate::rla_pipe_bin())
             .args(args)
             .current_dir(f.dir.path())
             .env_remove("RUST_LOG")
@@ -1126,7 +1126,7 @@ fn the_command_line_has_no_rough_edges() {
 #[test]
 fn missing_s3_credentials_are_named() {
     let f = Fixture::new();
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    let mut cmd = std::process::Command::new(crate::rla_pipe_bin());
     cmd.args(["runs", "--store", "s3://bucket/prefix"])
         .env_remove("AWS_ACCESS_KEY_ID")
         .env_remove("AWS_SECRET_ACCESS_KEY")

@@ -23,7 +23,7 @@ impl Worker {
             .into_temp_path()
             .keep()
             .unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+        let mut child = Command::new(crate::rla_pipe_bin())
             .args(["-v", "worker", "--listen", "127.0.0.1:0", "--store", store])
             .env_remove("RUST_LOG")
             .stdout(Stdio::piped())

@@ -194,7 +194,7 @@ fn coding_rewards_match_the_reference() {
     let work = dir.join("reference");
     let out = Command::new("python3")
         .arg(DRIVER)
-        .arg(env!("CARGO_BIN_EXE_rla-pipe"))
+        .arg(crate::rla_pipe_bin())
         .arg(f.store())
         .args(["par", "0"])
         .arg(&work)

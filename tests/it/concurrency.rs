@@ -8,7 +8,7 @@ use std::process::{Child, Command, Stdio};
 use crate::{Fixture, GRIDNAV, Run, SMALL_GRIDNAV};
 
 fn spawn_run(store: &str, iterations: &str) -> Child {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    let mut cmd = Command::new(crate::rla_pipe_bin());
     cmd.args(["-q", "run", GRIDNAV, "--store", store, "--run-id", "race"])
         .args(["--iterations", iterations])
         .env_remove("RUST_LOG")
@@ -96,7 +96,7 @@ fn eight_sql_readers_during_a_run_never_fail_or_see_a_partial_stage() {
             std::thread::spawn(move || {
                 let mut seen = Vec::new();
                 for _ in 0..40 {
-                    let o = Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+                    let o = Command::new(crate::rla_pipe_bin())
                         .args(["sql", "--store", &store, "--format", "csv"])
                         .arg("SELECT (SELECT count(*) FROM steps) AS s, (SELECT count(*) FROM trajectories) AS t")
                         .output()

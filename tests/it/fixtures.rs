@@ -70,7 +70,7 @@ fn a_store_written_by_an_earlier_build_stays_readable_replayable_and_resumable()
         "ORDER BY the key returned rows out of key order, first: {:?}",
         &got[..4]
     );
-    let one_partition = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+    let one_partition = std::process::Command::new(crate::rla_pipe_bin())
         .env("RLA_PIPE_STORE", f.store())
         .env("DATAFUSION_EXECUTION_TARGET_PARTITIONS", "1")
         .args([

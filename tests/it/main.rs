@@ -29,7 +29,7 @@ mod web;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The `rla-pipe` binary that [`Fixture`]'s commands run: Cargo's, or `RLA_PIPE_TEST_BIN` where
+/// The `rla-pipe` binary the integration tests run: Cargo's, or `RLA_PIPE_TEST_BIN` where
 /// this test binary runs away from the build that made it (a lent GPU machine:
 /// benches/gpu_lease.sh).
 pub fn rla_pipe_bin() -> std::ffi::OsString {

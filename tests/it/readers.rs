@@ -114,14 +114,9 @@ fn readers_agree_with_sql(
         "/tests/readers/read_committed.py"
     );
     let out = std::process::Command::new("python3")
-        .args([
-            script,
-            env!("CARGO_BIN_EXE_rla-pipe"),
-            store,
-            "small",
-            "step_rewards",
-            "reward",
-        ])
+        .arg(script)
+        .arg(crate::rla_pipe_bin())
+        .args([store, "small", "step_rewards", "reward"])
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();

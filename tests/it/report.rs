@@ -504,7 +504,7 @@ fn report_has_every_section_and_the_right_numbers() {
 fn a_watched_report_follows_a_run_to_its_end() {
     let f = Fixture::new();
     let out = f.dir.path().join("live.html");
-    let watch = std::process::Command::new(env!("CARGO_BIN_EXE_rla-pipe"))
+    let watch = std::process::Command::new(crate::rla_pipe_bin())
         .current_dir(f.dir.path())
         .env_remove("RUST_LOG")
         .args(["report", "small", "--store", &f.store_arg(), "--out"])

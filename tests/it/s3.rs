@@ -82,7 +82,7 @@ const ACCESS_KEY: &str = "AKIARLAPIPETESTKEY01";
 const SECRET_KEY: &str = "rla-pipe-test-secret-3f9c2e71b6";
 
 pub(crate) fn rla_s3(f: &Fixture, moto: &Moto, args: &[&str]) -> Run {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_rla-pipe"));
+    let mut cmd = Command::new(crate::rla_pipe_bin());
     cmd.current_dir(f.dir.path())
         .env_remove("RUST_LOG")
         .envs(moto.env())

@@ -44,7 +44,7 @@ static USER_LEG: Mutex<()> = Mutex::new(());
 /// The binary, where `nobody` can run it (the build directory may be private to root).
 fn binary(leg: As) -> PathBuf {
     static COPY: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let built = PathBuf::from(env!("CARGO_BIN_EXE_rla-pipe"));
+    let built = PathBuf::from(crate::rla_pipe_bin());
     if leg == As::Root || !root() {
         return built;
     }
